@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Set up .venv with ggml-python (Vulkan backend where this machine can have it)
+# and ggrad installed editable. Idempotent: a second run does nothing costly.
+#
+#   GGRAD_BACKEND=auto|vulkan|cpu   (auto: vulkan when apt-get can install as root)
+#   GGRAD_CACHE=~/.cache/ggrad      built wheels and the header work-around live here
+set -euo pipefail
+shopt -s inherit_errexit
+
+GGML_PYTHON_VERSION=0.0.45
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+CACHE="${GGRAD_CACHE:-$HOME/.cache/ggrad}"
+BACKEND="${GGRAD_BACKEND:-auto}"
+PYTHON="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+EXTRAS="${GGRAD_EXTRAS:-test}"
+mkdir -p "$CACHE"
+
+log() { echo "[bootstrap] $*" >&2; }
+
+can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
+
+if [ "$BACKEND" = auto ]; then
+  for stamp in "$VENV"/.ggrad-*; do [ -e "$stamp" ] && BACKEND="${stamp##*/.ggrad-}"; done
+fi
+if [ "$BACKEND" = auto ]; then
+  if can_apt; then BACKEND=vulkan; else BACKEND=cpu; fi
+fi
+
+apt_install() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if ! can_apt; then
+    log "the Vulkan build needs these Debian packages: ${missing[*]}; install them as root, or use GGRAD_BACKEND=cpu"
+    exit 1
+  fi
+  log "apt-get install ${missing[*]}"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which ggml 0.15.3
+# uses; take libvulkan-dev's headers from Debian 13 into a private folder.
+vulkan_include_dir() {
+  local major
+  major="$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 0)"
+  if [ "$major" -ge 13 ] 2>/dev/null || grep -q VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h 2>/dev/null; then
+    echo /usr/include; return
+  fi
+  local dir="$CACHE/vulkan-headers"
+  if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
+    log "fetching Debian 13 Vulkan headers into $dir"
+    local work; work="$(mktemp -d)"
+    local mirror
+    mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
+    mirror="${mirror:-http://deb.debian.org/debian}"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$work/sources.list"
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+    local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+                -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
+    apt-get "${opts[@]}" update -qq >/dev/null
+    (cd "$work" && apt-get "${opts[@]}" download -qq libvulkan-dev >/dev/null)
+    rm -rf "$dir"; mkdir -p "$dir"
+    dpkg -x "$work"/libvulkan-dev_*.deb "$dir"
+    rm -rf "$work"
+  fi
+  echo "$dir/usr/include"
+}
+
+build_wheel() {
+  local flavor="$1" args="$2"
+  local out="$CACHE/wheels/$flavor"
+  if ls "$out"/ggml_python-$GGML_PYTHON_VERSION-*.whl >/dev/null 2>&1; then
+    echo "$out"; return
+  fi
+  log "building ggml-python $GGML_PYTHON_VERSION ($flavor): a few minutes"
+  mkdir -p "$out.tmp"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/pip" wheel -q --no-deps --no-binary ggml-python \
+    --no-cache-dir -w "$out.tmp" "ggml-python==$GGML_PYTHON_VERSION" \
+    --config-settings=cmake.args="$args" >&2
+  rm -rf "$out"; mv "$out.tmp" "$out"
+  echo "$out"
+}
+
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
+
+case "$BACKEND" in
+  vulkan)
+    apt_install glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools
+    inc="$(vulkan_include_dir)"
+    wheels="$(build_wheel "vulkan-native" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc")"
+    ;;
+  cpu)
+    wheels="$(build_wheel "cpu-native" "")"
+    ;;
+  *) log "unknown GGRAD_BACKEND=$BACKEND (auto, vulkan or cpu)"; exit 2 ;;
+esac
+
+stamp="$VENV/.ggrad-$BACKEND"
+if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
+  log "installing ggml-python ($BACKEND) and ggrad[$EXTRAS] into $VENV"
+  "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/ggml_python-*.whl
+  "$VENV/bin/pip" install -q --find-links "$wheels" -e "$ROOT[$EXTRAS]"
+  rm -f "$VENV"/.ggrad-*; touch "$stamp"
+fi
+log "ready: backend $BACKEND"

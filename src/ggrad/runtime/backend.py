@@ -1,0 +1,150 @@
+"""Devices: finding ggml's backends, naming them, starting one on first use, releasing it.
+
+Names users see: ``cpu``, ``vulkan`` / ``vulkan:N``, ``cuda`` / ``cuda:N`` and ``gpu``
+(the best real GPU: CUDA before Vulkan). A Vulkan device that is really the CPU
+(Mesa's llvmpipe, "lavapipe") is usable by name but never counts as a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+from ggml import ggml as G
+
+# Vulkan drivers that run on the CPU: real Vulkan, but not a GPU.
+_SOFTWARE_VULKAN = ("llvmpipe", "lavapipe", "swiftshader")
+
+_BUILD_HINT = (
+    "ggrad found no GPU backend in this ggml build. Build ggml-python with one: "
+    "`make vulkan` (Vulkan) or `bash bench/gpu/build_cuda.sh` (CUDA); see the README."
+)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One usable device, as `ggrad.devices()` reports it."""
+
+    name: str
+    kind: str
+    description: str
+    memory_total: int
+    memory_free: int
+    is_gpu: bool
+    ggml_name: str
+
+
+def _threads() -> int:
+    env = os.environ.get("GGRAD_NUM_THREADS")
+    if env:
+        return max(1, int(env))
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class Backend:
+    """A started ggml backend of one device: the handle, its buffer type and traits."""
+
+    def __init__(self, info: DeviceInfo, dev: int) -> None:
+        self.info = info
+        self.name = info.name
+        self._dev = dev
+        handle = G.ggml_backend_dev_init(dev, None)
+        if not handle:
+            raise RuntimeError(f"ggml could not start device {info.name!r} ({info.description})")
+        self.handle = handle
+        if info.kind == "cpu":
+            G.ggml_backend_cpu_set_n_threads(handle, _threads())
+        # NOTE: ggml_backend_vk_buffer_type and friends return pointers cut to 32 bits
+        # in ggml-python 0.0.45; the device's buffer type is bound correctly.
+        self.buft = G.ggml_backend_dev_buffer_type(dev)
+        self.alignment = G.ggml_backend_buft_get_alignment(self.buft)
+        self.max_buffer = G.ggml_backend_buft_get_max_size(self.buft)
+        self.host_memory = bool(G.ggml_backend_buft_is_host(self.buft))
+
+    def supports(self, node) -> bool:
+        return bool(G.ggml_backend_supports_op(self.handle, node))
+
+    def compute(self, graph) -> None:
+        status = G.ggml_backend_graph_compute(self.handle, graph)
+        if status != 0:
+            raise RuntimeError(f"ggml graph compute failed on {self.name} (status {status})")
+
+    def free(self) -> None:
+        if self.handle:
+            G.ggml_backend_free(self.handle)
+            self.handle = None
+
+
+_registry: dict[str, tuple[DeviceInfo, int]] | None = None
+
+
+def _discover() -> dict[str, tuple[DeviceInfo, int]]:
+    """Enumerate ggml's devices once (starting Vulkan's instance is not free)."""
+    global _registry
+    if _registry is not None:
+        return _registry
+    found: dict[str, tuple[DeviceInfo, int]] = {}
+    per_kind: dict[str, int] = {}
+    for i in range(G.ggml_backend_dev_count()):
+        dev = G.ggml_backend_dev_get(i)
+        reg = G.ggml_backend_dev_backend_reg(dev)
+        kind = G.ggml_backend_reg_name(reg).decode().lower()
+        if kind not in ("cpu", "vulkan", "cuda"):
+            continue
+        description = G.ggml_backend_dev_description(dev).decode(errors="replace")
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        G.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        software = any(s in description.lower() for s in _SOFTWARE_VULKAN)
+        dev_type = G.ggml_backend_dev_type(dev)
+        is_gpu = kind != "cpu" and not software and dev_type in (
+            G.GGML_BACKEND_DEVICE_TYPE_GPU, G.GGML_BACKEND_DEVICE_TYPE_IGPU)
+        index = per_kind.get(kind, 0)
+        per_kind[kind] = index + 1
+        name = "cpu" if kind == "cpu" else f"{kind}:{index}"
+        if kind == "cpu" and "cpu" in found:
+            continue
+        found[name] = (DeviceInfo(name, kind, description, total.value, free.value, is_gpu,
+                                  G.ggml_backend_dev_name(dev).decode()), dev)
+    _registry = found
+    return found
+
+
+def devices() -> list[DeviceInfo]:
+    """Every usable device: name, kind, description, memory, whether it is a real GPU."""
+    order = {"cpu": 0, "cuda": 1, "vulkan": 2}
+    return sorted((info for info, _ in _discover().values()), key=lambda i: (order[i.kind], i.name))
+
+
+def gpu_available() -> bool:
+    return any(info.is_gpu for info in devices())
+
+
+def resolve(name: str) -> str:
+    """The canonical device name for a user's name, or a clear error."""
+    if not isinstance(name, str):
+        raise TypeError(f"device name must be a str, got {type(name).__name__}")
+    found = _discover()
+    key = name.strip().lower()
+    if key == "gpu":
+        for kind in ("cuda", "vulkan"):
+            for info, _ in found.values():
+                if info.kind == kind and info.is_gpu:
+                    return info.name
+        raise RuntimeError(_BUILD_HINT if not any(i.kind != "cpu" for i, _ in found.values())
+                           else "no GPU device: the only non-CPU devices here run on the CPU "
+                                f"({', '.join(n for n in found if n != 'cpu')}); use them by name")
+    if key in ("vulkan", "cuda"):
+        key += ":0"
+    if key in found:
+        return key
+    usable = ", ".join(sorted(found) + (["gpu"] if gpu_available() else []))
+    raise ValueError(f"unknown device {name!r}; usable devices: {usable}")
+
+
+def start(name: str) -> Backend:
+    info, dev = _discover()[name]
+    return Backend(info, dev)

@@ -1,0 +1,107 @@
+"""The current device and its state: backend, pools, graph allocator, live handles.
+
+One device is active at a time. Switching away from it releases it: every live
+persistent handle is first downloaded to the host (nothing lost), then its pools and
+backend are freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Iterator
+
+from ggml import ggml as G
+
+from . import backend as _backend
+from .handle import Handle
+from .pools import PassPool, PersistentPool
+
+
+class ActiveDevice:
+    """A started device: everything that must be freed together when it is released."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.backend = _backend.start(name)
+        self.persistent = PersistentPool(self.backend)
+        self.passes = PassPool(self.backend)
+        self.galloc = G.ggml_gallocr_new(self.backend.buft)
+        self._persistent_handles: weakref.WeakSet[Handle] = weakref.WeakSet()
+        self.released = False
+
+    def new_handle(self, shape: tuple[int, ...], dtype, scope: str) -> Handle:
+        pool = self.persistent if scope == "persistent" else self.passes
+        handle = Handle(pool, shape, dtype, self.name)
+        if scope == "persistent":
+            self._persistent_handles.add(handle)
+        return handle
+
+    def scratch_bytes(self) -> int:
+        return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self.galloc else 0
+
+    def release(self) -> None:
+        for handle in list(self._persistent_handles):
+            handle.evict()
+        self._persistent_handles = weakref.WeakSet()
+        G.ggml_gallocr_free(self.galloc)
+        self.galloc = None
+        self.passes.release()
+        self.persistent.release()
+        self.backend.free()
+        self.released = True
+
+
+_name = "cpu"
+_active: ActiveDevice | None = None
+
+
+def current() -> ActiveDevice:
+    """The active device, started on first use."""
+    global _active
+    if _active is None:
+        _active = ActiveDevice(_name)
+    return _active
+
+
+def get_device() -> str:
+    return _name
+
+
+def set_device(name: str) -> str:
+    """Make `name` the current device and return the previous name. Switching releases
+    the previous device after moving its live persistent data to the host."""
+    global _name, _active
+    new = _backend.resolve(name)
+    previous = _name
+    if new != _name:
+        if _active is not None:
+            _active.release()
+            _active = None
+        _name = new
+    return previous
+
+
+@contextlib.contextmanager
+def device(name: str) -> Iterator[str]:
+    """``with device("vulkan"):`` runs the block on that device and restores the previous
+    one afterwards, also when the block raises."""
+    previous = set_device(name)
+    try:
+        yield get_device()
+    finally:
+        set_device(previous)
+
+
+def reset_pass() -> None:
+    """Start a new pass: every pass-scope handle made before is dead from now on."""
+    if _active is not None:
+        _active.passes.reset()
+
+
+def memory() -> dict:
+    """Bytes of backend buffers held now by the current device's pools."""
+    if _active is None:
+        return {"device": _name, "persistent_bytes": 0, "pass_bytes": 0, "scratch_bytes": 0}
+    return {"device": _name, "persistent_bytes": _active.persistent.nbytes,
+            "pass_bytes": _active.passes.nbytes, "scratch_bytes": _active.scratch_bytes()}

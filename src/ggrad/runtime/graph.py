@@ -1,0 +1,200 @@
+"""Building one ggml graph on the current device and running it as one dispatch.
+
+`Graph` is the executor the layers above use: inputs are new host arrays (uploaded
+once, after allocation) or live handles (used where they are); results are copied into
+handles. Intermediate nodes live in the device's graph allocator, which reuses one
+scratch buffer across graphs. Every node is checked with the backend's supports-op
+before anything runs: ggml's Vulkan backend would silently skip an unsupported node.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import numbers
+from typing import Callable, Sequence
+
+import numpy as np
+from ggml import ggml as G
+
+from . import transfers
+from .device import ActiveDevice, current
+from .handle import DTYPES, GGML_TO_NUMPY, MAX_DIMS, Handle, ggml_ne, new_tensor
+
+DEFAULT_MAX_NODES = 4096
+SCOPES = ("pass", "persistent")
+
+
+def as_host_array(data, what: str = "input") -> np.ndarray:
+    """A C-contiguous array of a dtype ggml stores, or a clear error."""
+    if isinstance(data, Handle):
+        raise TypeError(f"{what} is already a device Handle; pass it where handles are accepted")
+    try:
+        array = np.asarray(data)
+    except ValueError as err:  # numpy's message for ragged nesting is cryptic
+        raise ValueError(f"{what} is ragged (rows of different lengths) or not numeric: {err}") from None
+    if array.dtype not in DTYPES:
+        names = ", ".join(str(d) for d in DTYPES)
+        raise TypeError(f"{what} has dtype {array.dtype}; ggrad's runtime stores {names} "
+                        f"(convert with .astype(np.float32))")
+    if array.ndim > MAX_DIMS:
+        raise ValueError(f"{what} has {array.ndim} dimensions; ggml supports at most {MAX_DIMS}")
+    if array.size == 0:
+        raise ValueError(f"{what} is empty (shape {array.shape}); ggml tensors need at least one element")
+    return np.ascontiguousarray(array)
+
+
+def check_shape(shape, what: str = "shape") -> tuple[int, ...]:
+    """A tuple of positive ints, at most 4 of them, or a clear error."""
+    if isinstance(shape, numbers.Integral):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{what} must be a tuple of ints, got {shape!r}") from None
+    out = []
+    for d in dims:
+        if isinstance(d, float) and math.isnan(d):
+            raise ValueError(f"{what} {dims!r} contains NaN")
+        if not isinstance(d, numbers.Integral) or isinstance(d, bool):
+            raise TypeError(f"{what} {dims!r} must hold ints, got {type(d).__name__}")
+        if d <= 0:
+            raise ValueError(f"{what} {dims!r} must hold positive sizes")
+        out.append(int(d))
+    if len(out) > MAX_DIMS:
+        raise ValueError(f"{what} {dims!r} has more than {MAX_DIMS} dimensions")
+    return tuple(out)
+
+
+def check_handle(handle, dev: ActiveDevice, what: str) -> Handle:
+    if not isinstance(handle, Handle):
+        raise TypeError(f"{what} must be a ggrad Handle, got {type(handle).__name__}")
+    if not handle.live:
+        handle.check_live()
+    if handle.device != dev.name:
+        raise ValueError(f"{what} lives on {handle.device!r}, but the current device is {dev.name!r}")
+    return handle
+
+
+def node_shape(node) -> tuple[int, int, int, int]:
+    return tuple(node.contents.ne)  # type: ignore[return-value]
+
+
+class Graph:
+    """One graph on `dev`: add inputs and outputs, then `run()` it once."""
+
+    def __init__(self, dev: ActiveDevice, max_nodes: int = DEFAULT_MAX_NODES) -> None:
+        self.dev = dev
+        mem = G.ggml_tensor_overhead() * (2 * max_nodes) + G.ggml_graph_overhead_custom(max_nodes, False)
+        self.ctx = G.ggml_init(G.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+        if not self.ctx:
+            raise MemoryError("ggml_init failed for a graph context")
+        self.graph = G.ggml_new_graph_custom(self.ctx, max_nodes, False)
+        self._uploads: list[tuple[object, np.ndarray]] = []
+        self._keep: list[Handle] = []  # handles the graph reads or writes stay alive until it ran
+
+    def input(self, array: np.ndarray):
+        """A new leaf holding `array` (uploaded after allocation)."""
+        tensor = new_tensor(self.ctx, array.dtype, array.shape)
+        G.ggml_set_input(tensor)
+        self._uploads.append((tensor, array))
+        return tensor
+
+    def bind(self, handle: Handle):
+        """The ggml tensor of a live handle on this device, read where it lives."""
+        self._keep.append(handle)
+        return handle.tensor
+
+    def write(self, node, out: Handle) -> None:
+        """Copy `node`'s value into `out`'s buffer when the graph runs."""
+        self._keep.append(out)
+        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, out.tensor))
+
+    def run(self) -> None:
+        try:
+            self._check_supported()
+            if not G.ggml_gallocr_alloc_graph(self.dev.galloc, self.graph):
+                raise MemoryError(f"{self.dev.name}: could not allocate the graph's scratch memory")
+            host = self.dev.backend.host_memory
+            for tensor, array in self._uploads:
+                if tensor.contents.buffer:  # an input no node reads is never allocated
+                    transfers.upload(tensor, array, host)
+            self.dev.backend.compute(self.graph)
+            transfers.count_dispatch()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.ctx:
+            G.ggml_free(self.ctx)
+            self.ctx = None
+        self._uploads.clear()
+        self._keep.clear()
+
+    def _check_supported(self) -> None:
+        backend = self.dev.backend
+        for i in range(G.ggml_graph_n_nodes(self.graph)):
+            node = G.ggml_graph_node(self.graph, i)
+            if not backend.supports(node):
+                desc = G.ggml_op_desc(node).decode()
+                ne = tuple(node.contents.ne)
+                raise NotImplementedError(
+                    f"ggml's {backend.info.kind} backend ({self.dev.name}) does not support "
+                    f"{desc} on {GGML_TO_NUMPY.get(node.contents.type, node.contents.type)} "
+                    f"of ggml shape {ne}; nothing was run")
+
+
+def to_device(array, scope: str = "pass") -> Handle:
+    """Upload a host array into a new handle of `scope` on the current device."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    host = as_host_array(array)
+    handle = current().new_handle(host.shape, host.dtype, scope)
+    handle.write(host)
+    return handle
+
+
+def run_op(fn: Callable, inputs: Sequence, out_shape, scope: str = "pass",
+           out: Handle | None = None) -> Handle:
+    """Run ``fn(ctx, tensors) -> node`` as one graph and return the result's handle.
+
+    `inputs` are host arrays (uploaded) or live handles (read in place). With `out`, the
+    result is written into that handle's buffer and the same handle is returned: no
+    allocation, so a persistent tensor updated this way keeps its address and its pool
+    never grows.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    shape = check_shape(out_shape, "out_shape")
+    dev = current()
+    if out is not None:
+        check_handle(out, dev, "out")
+        if out.shape != shape:
+            raise ValueError(f"shape mismatch: out has shape {out.shape}, out_shape is {shape}")
+    if isinstance(inputs, (np.ndarray, Handle)):
+        raise TypeError("inputs must be a sequence of arrays or handles, e.g. [a, b]")
+    prepared = [check_handle(x, dev, f"inputs[{i}]") if isinstance(x, Handle)
+                else as_host_array(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
+
+    graph = Graph(dev)
+    try:
+        tensors = [graph.bind(x) if isinstance(x, Handle) else graph.input(x) for x in prepared]
+        node = fn(graph.ctx, tensors)
+        if not isinstance(node, ctypes.POINTER(G.ggml_tensor)) or not node:
+            raise TypeError(f"fn must return a ggml tensor, got {type(node).__name__}")
+        if node_shape(node) != ggml_ne(shape):
+            got = tuple(reversed([d for d in node_shape(node)]))
+            raise ValueError(f"shape mismatch: fn's result has ggml sizes {node_shape(node)} "
+                             f"(numpy order {got}), out_shape is {shape}")
+        dtype = GGML_TO_NUMPY.get(node.contents.type)
+        if dtype is None:
+            raise TypeError(f"fn's result has ggml type {node.contents.type}, which ggrad does not store")
+        if out is not None and out.dtype != dtype:
+            raise TypeError(f"dtype mismatch: fn's result is {dtype}, out is {out.dtype}")
+        target = out if out is not None else dev.new_handle(shape, dtype, scope)
+        graph.write(node, target)
+    except BaseException:
+        graph.close()
+        raise
+    graph.run()
+    return target

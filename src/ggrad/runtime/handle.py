@@ -1,0 +1,126 @@
+"""`Handle`: a tensor's data in one pool of one device, and the checks that keep it honest.
+
+A handle is dead once its pool is reset (pass scope) or its device released (both
+scopes). A dead handle never hands out its ggml tensor, so nothing reads freed memory.
+When a device is released, the values of its live persistent handles are downloaded
+first and kept in `host_copy`, so the layer above can move them to the next device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+
+import numpy as np
+from ggml import ggml as G
+
+from . import transfers
+
+DTYPES = {
+    np.dtype(np.float32): G.GGML_TYPE_F32,
+    np.dtype(np.float16): G.GGML_TYPE_F16,
+    np.dtype(np.int32): G.GGML_TYPE_I32,
+}
+GGML_TO_NUMPY = {v: k for k, v in DTYPES.items()}
+MAX_DIMS = G.GGML_MAX_DIMS
+
+
+def ggml_ne(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """ggml's sizes for a numpy shape: innermost first, padded with ones."""
+    ne = tuple(reversed(shape)) + (1,) * (MAX_DIMS - len(shape))
+    return ne  # type: ignore[return-value]
+
+
+def new_tensor(ctx, dtype: np.dtype, shape: tuple[int, ...]):
+    ne = (ctypes.c_int64 * MAX_DIMS)(*ggml_ne(shape))
+    return G.ggml_new_tensor(ctx, DTYPES[dtype], max(len(shape), 1), ne)
+
+
+def _metadata_context(n_tensors: int = 1):
+    params = G.ggml_init_params(mem_size=n_tensors * G.ggml_tensor_overhead(), mem_buffer=None,
+                                no_alloc=True)
+    ctx = G.ggml_init(params)
+    if not ctx:
+        raise MemoryError("ggml_init failed for a tensor's metadata")
+    return ctx
+
+
+class Handle:
+    """Data of one tensor in a device pool: `.ptr`, `.shape`, `.dtype`, `.scope`, `.live`."""
+
+    __slots__ = ("shape", "dtype", "scope", "device", "host_copy", "_pool", "_generation",
+                 "_tensor", "_block", "_host_memory", "__weakref__")
+
+    def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str) -> None:
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.scope: str = pool.scope
+        self.device = device
+        self.host_copy: np.ndarray | None = None
+        self._pool = pool
+        self._generation = pool.generation
+        self._host_memory = pool.backend.host_memory
+        ctx = _metadata_context()
+        tensor = new_tensor(ctx, self.dtype, self.shape)
+        block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
+        G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
+        self._tensor = tensor
+        self._block = block
+        weakref.finalize(self, _release, ctx, pool, block)
+
+    @property
+    def live(self) -> bool:
+        pool = self._pool
+        return not pool.released and pool.generation == self._generation
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def _why_dead(self) -> str:
+        if self._pool.released:
+            return (f"its device {self.device!r} was released (ggrad.set_device switched away); "
+                    "its values were moved to the host")
+        return (f"the pass pool of {self.device!r} was reset (generation {self._generation}, "
+                f"now {self._pool.generation}); pass-scope data lives for one pass only")
+
+    def check_live(self) -> None:
+        if not self.live:
+            raise RuntimeError(f"dead handle {self.shape} {self.dtype}: {self._why_dead()}")
+
+    @property
+    def tensor(self):
+        """The ggml tensor; only handed out while the handle is live."""
+        self.check_live()
+        return self._tensor
+
+    @property
+    def ptr(self) -> int:
+        """Address of the data in its backend buffer; stable while the handle is live."""
+        self.check_live()
+        return self._block.addr
+
+    def numpy(self) -> np.ndarray:
+        """Download the values (a counted crossing unless the device is host memory)."""
+        self.check_live()
+        return transfers.download(self._tensor, self.shape, self.dtype, self._host_memory)
+
+    def write(self, array: np.ndarray) -> None:
+        """Upload a host array of this handle's shape and dtype into its buffer."""
+        self.check_live()
+        transfers.upload(self._tensor, array, self._host_memory)
+
+    def evict(self) -> None:
+        """Keep the values on the host; called just before the device is released."""
+        if self.live and self.scope == "persistent":
+            self.host_copy = self.numpy()
+
+    def __repr__(self) -> str:
+        state = "live" if self.live else "dead"
+        return f"Handle(shape={self.shape}, dtype={self.dtype}, scope={self.scope!r}, device={self.device!r}, {state})"
+
+
+def _release(ctx, pool, block) -> None:
+    G.ggml_free(ctx)
+    if pool.scope == "persistent":
+        pool.free(block)

@@ -1,0 +1,50 @@
+"""Device fixtures: every device test runs on cpu and on each Vulkan device present.
+
+ggml lists a Vulkan device that runs on the CPU (lavapipe, as in CI) only when
+GGML_VK_VISIBLE_DEVICES is set, so it is set before ggml enumerates devices.
+"""
+
+import os
+from collections import Counter
+
+os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+
+import pytest  # noqa: E402
+
+import ggrad  # noqa: E402
+
+AVAILABLE = [d.name for d in ggrad.devices()]
+DEVICE_PARAMS = ["cpu", "vulkan:0"]
+_ran = Counter()
+
+
+def pytest_report_header(config):
+    lines = [f"ggrad devices: {', '.join(f'{d.name} ({d.description})' for d in ggrad.devices())}"]
+    if "vulkan:0" not in AVAILABLE:
+        lines.append("no Vulkan device: Vulkan tests are skipped")
+    return lines
+
+
+@pytest.fixture(params=DEVICE_PARAMS)
+def dev(request):
+    """Run the test with `request.param` as the current device; cpu afterwards."""
+    name = request.param
+    if name not in AVAILABLE:
+        pytest.skip(f"no {name} device in this ggml build")
+    previous = ggrad.set_device(name)
+    try:
+        yield name
+    finally:
+        ggrad.set_device(previous if previous in AVAILABLE else "cpu")
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" and report.passed:
+        for name in DEVICE_PARAMS:
+            if f"[{name}" in report.nodeid or f"-{name}]" in report.nodeid:
+                _ran[name] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    counts = ", ".join(f"{name}: {_ran[name]}" for name in DEVICE_PARAMS)
+    terminalreporter.write_line(f"device tests passed per device -- {counts}")

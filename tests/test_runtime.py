@@ -1,0 +1,191 @@
+"""The runtime's invariants, on every device: in place, pools, handles, counted transfers."""
+
+import numpy as np
+import pytest
+from ggml import ggml as G
+
+import ggrad
+from ggrad import runtime as rt
+
+
+def scale(k):
+    return lambda ctx, t: G.ggml_scale(ctx, t[0], k)
+
+
+def test_run_op_out_writes_in_place(dev):
+    a = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    h = rt.to_device(a, scope="persistent")
+    ptr = h.ptr
+    result = rt.run_op(scale(2.0), [h], (4, 4), out=h)
+    assert result is h and h.ptr == ptr and h.live and h.scope == "persistent"
+    np.testing.assert_allclose(h.numpy(), 2 * a.astype(np.float64), rtol=1e-6)
+
+
+def test_run_op_new_result_lands_in_its_scope(dev):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.ones(4, dtype=np.float32)
+    h = rt.to_device(a, scope="persistent")
+    for scope in ("pass", "persistent"):
+        out = rt.run_op(lambda ctx, t: G.ggml_add(ctx, t[0], t[1]), [h, b], (3, 4), scope=scope)
+        assert out.scope == scope and out.shape == (3, 4) and out.dtype == np.float32
+        np.testing.assert_array_equal(out.numpy(), a + b)
+    np.testing.assert_array_equal(h.numpy(), a)  # the input was read, not written
+
+
+def test_run_op_out_shape_mismatch_runs_nothing(dev):
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)
+    h = rt.to_device(a, scope="persistent")
+    with ggrad.count_transfers() as t, pytest.raises(ValueError, match="shape mismatch"):
+        rt.run_op(scale(2.0), [h], (2, 8), out=h)
+    assert t.dispatches == 0 and t.crossings == 0
+    np.testing.assert_array_equal(h.numpy(), a)
+
+
+def test_run_op_fn_result_shape_mismatch(dev):
+    a = np.zeros((2, 3), dtype=np.float32)
+    with ggrad.count_transfers() as t, pytest.raises(ValueError, match="shape mismatch"):
+        rt.run_op(scale(1.0), [a], (3, 2))
+    assert t.dispatches == 0
+
+
+def test_reset_pass_kills_pass_handles_only(dev):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    scratch = rt.to_device(a)
+    kept = rt.to_device(a, scope="persistent")
+    assert scratch.live and scratch.scope == "pass"
+    rt.reset_pass()
+    assert not scratch.live and kept.live
+    with pytest.raises(RuntimeError, match="pass pool .* was reset"):
+        scratch.numpy()
+    with pytest.raises(RuntimeError, match="reset"):
+        scratch.ptr
+    np.testing.assert_array_equal(kept.numpy(), a)
+
+
+def test_dead_handles_are_refused_before_anything_runs(dev):
+    a = np.ones((2, 2), dtype=np.float32)
+    dead = rt.to_device(a)
+    live = rt.to_device(a, scope="persistent")
+    rt.reset_pass()
+    with ggrad.count_transfers() as t:
+        with pytest.raises(RuntimeError, match="dead handle"):
+            rt.run_op(scale(1.0), [dead], (2, 2))
+        with pytest.raises(RuntimeError, match="dead handle"):
+            rt.run_op(scale(1.0), [live], (2, 2), out=dead)
+    assert t.dispatches == 0 and t.crossings == 0
+
+
+def test_in_place_writes_do_not_grow_memory(dev):
+    h = rt.to_device(np.ones((8, 8), dtype=np.float32), scope="persistent")
+    rt.run_op(scale(1.0), [h], (8, 8), out=h)
+    before = rt.memory()
+    for _ in range(100):
+        rt.run_op(scale(1.0), [h], (8, 8), out=h)
+    assert rt.memory() == before
+    np.testing.assert_array_equal(h.numpy(), np.ones((8, 8)))
+
+
+def test_dropped_persistent_handles_give_their_memory_back(dev):
+    rt.to_device(np.zeros((64, 64), dtype=np.float32), scope="persistent")
+    before = rt.memory()["persistent_bytes"]
+    for i in range(1000):  # a data loader: a fresh batch per step, the last one dropped
+        batch = rt.to_device(np.full((64, 64), i, dtype=np.float32), scope="persistent")
+    assert batch.numpy()[0, 0] == 999
+    assert rt.memory()["persistent_bytes"] == before
+
+
+def test_pass_pool_settles_after_a_pass_that_spills(dev):
+    sizes = []
+    for _ in range(4):
+        rt.reset_pass()
+        held = [rt.to_device(np.ones((1024, 1024), dtype=np.float32)) for _ in range(3)]  # 12 MiB
+        sizes.append(rt.memory()["pass_bytes"])
+        assert all(h.live for h in held)
+    assert sizes[1] == sizes[2] == sizes[3]
+
+
+def test_transfer_counts_are_exact(dev):
+    a = np.ones((4, 4), dtype=np.float32)
+    crossing = dev != "cpu"  # copies to host memory are not crossings
+    with ggrad.count_transfers() as up:
+        h = rt.to_device(a)
+    with ggrad.count_transfers() as down:
+        h.numpy()
+    assert (up.uploads, up.bytes_up, up.crossings) == ((1, 64, 1) if crossing else (0, 0, 0))
+    assert (down.downloads, down.bytes_down) == ((1, 64) if crossing else (0, 0))
+    totals = rt.transfers()
+    assert set(totals) >= {"uploads", "downloads", "bytes_up", "bytes_down", "dispatches"}
+
+
+def test_run_op_counts_one_dispatch_and_no_crossing_for_handles(dev):
+    h = rt.to_device(np.ones((4, 4), dtype=np.float32), scope="persistent")
+    with ggrad.count_transfers() as t:
+        rt.run_op(scale(3.0), [h], (4, 4), out=h)
+    assert (t.dispatches, t.crossings) == (1, 0)
+
+
+def test_unsupported_node_raises_instead_of_being_skipped():
+    if "vulkan:0" not in [d.name for d in ggrad.devices()]:
+        pytest.skip("no Vulkan device")
+    with ggrad.device("vulkan"):
+        a = np.ones((4, 4), dtype=np.float32)
+        with ggrad.count_transfers() as t, pytest.raises(NotImplementedError, match="OUT_PROD"):
+            rt.run_op(lambda ctx, x: G.ggml_out_prod(ctx, x[0], x[1]), [a, a], (4, 4))
+        assert t.dispatches == 0
+
+
+def test_release_moves_persistent_values_to_the_host():
+    if "vulkan:0" not in [d.name for d in ggrad.devices()]:
+        pytest.skip("no Vulkan device")
+    a = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
+    with ggrad.device("vulkan"):
+        kept = rt.to_device(a, scope="persistent")
+        rt.run_op(scale(2.0), [kept], (5, 3), out=kept)
+        scratch = rt.to_device(a)
+    assert ggrad.get_device() == "cpu"
+    assert not kept.live and not scratch.live
+    with pytest.raises(RuntimeError, match="released"):
+        kept.numpy()
+    np.testing.assert_array_equal(kept.host_copy, 2 * a)
+    assert scratch.host_copy is None
+    with ggrad.device("vulkan"):  # switching back later works
+        again = rt.to_device(kept.host_copy, scope="persistent")
+        np.testing.assert_array_equal(again.numpy(), 2 * a)
+
+
+def test_set_device_returns_previous_and_context_restores_on_error():
+    assert ggrad.get_device() == "cpu"
+    names = [d.name for d in ggrad.devices()]
+    other = "vulkan:0" if "vulkan:0" in names else "cpu"
+    assert ggrad.set_device(other) == "cpu"
+    assert ggrad.set_device("cpu") == other
+    with pytest.raises(KeyError):
+        with ggrad.device(other):
+            assert ggrad.get_device() == other
+            raise KeyError("boom")
+    assert ggrad.get_device() == "cpu"
+
+
+def test_device_names_and_errors():
+    infos = {d.name: d for d in ggrad.devices()}
+    assert "cpu" in infos and infos["cpu"].kind == "cpu" and not infos["cpu"].is_gpu
+    assert all(d.memory_total > 0 for d in infos.values())
+    with pytest.raises(ValueError, match="usable devices: .*cpu"):
+        ggrad.set_device("tpu")
+    with pytest.raises(TypeError):
+        ggrad.set_device(3)
+    lavapipe = [d for d in infos.values() if "llvmpipe" in d.description]
+    assert all(not d.is_gpu for d in lavapipe)
+    if not ggrad.gpu_available():
+        with pytest.raises(RuntimeError, match="GPU"):
+            ggrad.set_device("gpu")
+        assert ggrad.get_device() == "cpu"
+    else:
+        assert infos[ggrad.runtime.backend.resolve("gpu")].is_gpu
+
+
+def test_memory_reports_pools():
+    mem = rt.memory()
+    assert {"persistent_bytes", "pass_bytes"} <= set(mem)
+    h = rt.to_device(np.ones(4, dtype=np.float32), scope="persistent")
+    assert rt.memory()["persistent_bytes"] >= h.nbytes
