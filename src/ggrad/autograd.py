@@ -1,0 +1,133 @@
+"""The gradient tape: which operations are recorded, and `backward`, which walks them.
+
+Inside ``with grad_tape():`` every operation on a tensor that requires grad records a
+`Context` on its result: the rule that maps the output's gradient to its inputs'
+gradients, the inputs, and what the rule needs. `backward` walks the records in
+reverse topological order. Rules are written with ggrad's own (lazy) operations, so
+the backward pass is more nodes in the same graph as the forward pass; it runs when a
+value is needed. After backward the records are dropped, like PyTorch's graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from . import lazy, runtime
+
+_recording = False
+_tape_generation = 0  # bumps at every grad_tape entry
+
+
+class Context:
+    """One recorded operation: ``rule(ctx, grad) -> grads of parents`` (None: no grad)."""
+
+    __slots__ = ("rule", "parents", "saved", "generation")
+
+    def __init__(self, rule: Callable, parents: tuple, saved: dict) -> None:
+        self.rule = rule
+        self.parents = parents
+        self.saved = saved
+        self.generation = _tape_generation
+
+    def __getattr__(self, name: str):
+        try:
+            return self.saved[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def is_recording() -> bool:
+    return _recording
+
+
+@contextlib.contextmanager
+def grad_tape() -> Iterator[None]:
+    """Record operations for `backward`. Entering starts a new pass: pending work that
+    is still wanted runs first, then the pass pool is reset."""
+    global _recording, _tape_generation
+    if lazy.has_pending_work():
+        lazy.realize()
+    runtime.reset_pass()
+    _tape_generation += 1
+    previous, _recording = _recording, True
+    try:
+        yield
+    finally:
+        _recording = previous
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Suspend recording (inside a grad_tape): results need no gradient."""
+    global _recording
+    previous, _recording = _recording, False
+    try:
+        yield
+    finally:
+        _recording = previous
+
+
+def backward(loss, grad=None) -> None:
+    """Accumulate d(loss)/d(leaf) into `.grad` of every leaf that requires grad."""
+    from .tensor import Tensor, ones_like  # the tensor layer sits on this module
+
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"backward needs a ggrad Tensor, got {type(loss).__name__}")
+    if loss._ctx is None:
+        if not loss.requires_grad:
+            raise RuntimeError(
+                "backward: this tensor was not recorded on a grad tape (wrap the forward pass in "
+                "`with ggrad.grad_tape():`), or none of its inputs requires grad")
+        if not loss.is_leaf:
+            raise RuntimeError("backward: the tape of this tensor was already used by a backward "
+                               "call and freed; record the forward pass again")
+    elif loss._ctx.generation != _tape_generation:
+        raise RuntimeError("backward: this tensor's tape was reset (a newer grad_tape was entered); "
+                           "its pass memory is gone, record the forward pass again")
+    if grad is None:
+        if loss.size != 1:
+            raise ValueError(f"backward on a tensor of shape {loss.shape} needs an explicit grad= "
+                             "seed of that shape (only a scalar loss has an implied seed of 1)")
+        seed = ones_like(loss)
+    else:
+        seed = grad if isinstance(grad, Tensor) else Tensor(grad)
+        if seed.shape != loss.shape:
+            raise ValueError(f"backward: grad has shape {seed.shape}, loss has shape {loss.shape}")
+
+    order = _topological(loss)
+    grads = {id(loss): seed}
+    with no_grad():
+        for t in reversed(order):
+            g = grads.pop(id(t), None)
+            if g is None:
+                continue
+            ctx = t._ctx
+            if ctx is None:
+                t._accumulate_grad(g)
+                continue
+            for parent, pg in zip(ctx.parents, ctx.rule(ctx, g)):
+                if pg is None or not parent.requires_grad:
+                    continue
+                if pg.shape != parent.shape:
+                    raise AssertionError(f"gradient rule gave {pg.shape} for an input of {parent.shape}")
+                prev = grads.get(id(parent))
+                grads[id(parent)] = pg if prev is None else prev + pg
+    for t in order:
+        t._ctx = None
+
+
+def _topological(root) -> list:
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t._ctx is not None:
+            stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
+    return order

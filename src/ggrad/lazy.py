@@ -1,0 +1,176 @@
+"""Lazy values: nodes of pending ggml work, and `realize`, which runs them as one graph.
+
+An operation on tensors only adds a `Node`. When a value is needed, `realize` gathers
+every pending node that something still wants -- the node asked for, every pending
+node a live Tensor wraps, and every pending in-place store -- builds them into one
+ggml graph on the current device and runs it as one dispatch. Results land in pool
+handles; intermediates live in the graph allocator's scratch and are gone after.
+
+Stores are versioned: ``store(target, value)`` makes the writer's tensor point at
+`value` from now on (later reads see the new value) and, when the graph runs, copies
+`value` into the target's existing buffer (same address) after every read of the old
+one. Stores are the graph's last nodes, so every read of the old value comes first.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable, Iterable
+
+import numpy as np
+
+from . import runtime
+from .runtime.graph import Graph
+
+# op name -> fn(ctx, src_ggml_tensors, node) -> ggml tensor of node.shape
+BUILDERS: dict[str, Callable] = {}
+
+
+def builder(name: str):
+    def register(fn: Callable) -> Callable:
+        BUILDERS[name] = fn
+        return fn
+    return register
+
+
+class Node:
+    """A value: realized (a live `handle`), on the host (`host`, uploaded on first use),
+    or pending (`op` applied to `srcs`)."""
+
+    __slots__ = ("shape", "dtype", "op", "srcs", "arg", "handle", "host", "scope", "owners",
+                 "__weakref__")
+
+    def __init__(self, shape: tuple[int, ...], dtype, op: str | None = None, srcs: tuple = (),
+                 arg=None, handle=None, host: np.ndarray | None = None, scope: str = "pass") -> None:
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+        self.op = op
+        self.srcs = srcs
+        self.arg = arg
+        self.handle = handle
+        self.host = host
+        self.scope = scope  # where the value goes when realized
+        self.owners = 0  # live Tensors wrapping this node: a pending node with owners is wanted
+        if op is not None:
+            _pending.add(self)
+
+    @property
+    def pending(self) -> bool:
+        return self.op is not None
+
+    def wanted(self) -> bool:
+        return self.owners > 0
+
+    def __repr__(self) -> str:
+        state = f"op={self.op}" if self.op else ("realized" if self.handle is not None else "host")
+        return f"Node({self.shape}, {self.dtype}, {state})"
+
+
+_pending: "weakref.WeakSet[Node]" = weakref.WeakSet()
+_stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target node, value node)
+
+
+def from_host(array: np.ndarray, scope: str = "persistent") -> Node:
+    return Node(array.shape, array.dtype, host=array, scope=scope)
+
+
+def from_handle(handle) -> Node:
+    return Node(handle.shape, handle.dtype, handle=handle, scope=handle.scope)
+
+
+def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.float32, arg=None) -> Node:
+    return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg)
+
+
+def store(target: Node, value: Node) -> None:
+    """Write `value` into `target`'s persistent buffer when the graph next runs."""
+    handle = ensure_on_device(target)
+    if value is target:
+        return
+    _stores[id(handle)] = (target, value)
+
+
+def has_pending_work() -> bool:
+    return bool(_stores) or any(n.pending and n.wanted() for n in _pending)
+
+
+def ensure_on_device(node: Node):
+    """A live handle on the current device for a leaf node: uploads host data once,
+    and moves values that a released device left on the host."""
+    if node.pending:
+        realize([node])
+        return node.handle
+    handle = node.handle
+    if handle is not None and handle.live and handle.device == runtime.get_device():
+        return handle
+    if handle is not None and handle.host_copy is not None:
+        node.host, handle.host_copy = handle.host_copy, None  # the device was released
+    elif handle is not None and handle.live:  # on another device: move it
+        node.host = handle.numpy()
+    elif handle is not None:
+        handle.check_live()  # raises: its pass was reset
+    node.handle = runtime.to_device(node.host, scope=node.scope)
+    if node.dtype.kind == "f":  # integer data (class targets, indices) stays checkable on the host
+        node.host = None
+    return node.handle
+
+
+def realize(nodes: Iterable[Node] = ()) -> None:
+    """Run every pending node that is asked for or still wanted, and every store, as one graph."""
+    stores = list(_stores.values())
+    skip = {id(value) for _, value in stores}  # a stored value lands in its target's buffer
+    asked = [n for n in nodes if n.pending and id(n) not in skip]
+    skip.update(id(n) for n in asked)
+    outputs = asked + [n for n in list(_pending) if n.pending and n.wanted() and id(n) not in skip]
+    if not outputs and not stores:
+        for n in nodes:
+            ensure_on_device(n)
+        return
+    order = _topological([*outputs, *(value for _, value in stores)])
+    for node in order:
+        if not node.pending:
+            ensure_on_device(node)
+    dev = runtime.current()
+    graph = Graph(dev, max_nodes=8 * len(order) + 64)
+    try:
+        built: dict[int, object] = {}
+        for node in order:
+            if node.pending:
+                built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
+            else:
+                built[id(node)] = graph.bind(node.handle)
+        results = []
+        for node in outputs:
+            handle = dev.new_handle(node.shape, node.dtype, node.scope)
+            graph.write(built[id(node)], handle)
+            results.append((node, handle))
+        for target, value in stores:
+            graph.write(built[id(value)], target.handle)
+            results.append((value, target.handle))
+    except BaseException:
+        graph.close()
+        raise
+    graph.run()
+    _stores.clear()
+    for node, handle in results:
+        node.op, node.srcs, node.arg, node.handle = None, (), None, handle
+        _pending.discard(node)
+
+
+def _topological(roots: list[Node]) -> list[Node]:
+    """Nodes reachable from `roots` through pending nodes, sources first (no recursion)."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if node.pending:
+            stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in seen)
+    return order

@@ -1,0 +1,234 @@
+"""ggml builders: how each primitive op becomes ggml nodes, in numpy layout.
+
+A numpy shape ``(..., rows, cols)`` is a ggml tensor with ``ne = (cols, rows, ...)``.
+Every builder takes contiguous sources and returns a contiguous result of
+`node.shape`, so the next builder may reshape it freely. Shapes were validated when
+the node was made (functional.py); nothing here may reach a ggml assert.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+from ggml import ggml as G
+
+from .lazy import builder
+from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
+
+F32 = G.GGML_TYPE_F32
+
+
+def reshape(ctx, x, shape):
+    return G.ggml_reshape_4d(ctx, x, *ggml_ne(shape))
+
+
+def template(ctx, shape, dtype=F32):
+    """A shape-only tensor: never allocated, only read for its sizes."""
+    ne = (ctypes.c_int64 * MAX_DIMS)(*ggml_ne(shape))
+    return G.ggml_new_tensor(ctx, dtype, MAX_DIMS, ne)
+
+
+def expand(ctx, x, shape):
+    """`x` repeated (numpy broadcasting) to `shape`, unless it already has it."""
+    if tuple(x.contents.ne) == ggml_ne(shape):
+        return x
+    return G.ggml_repeat_4d(ctx, x, *ggml_ne(shape))
+
+
+def _binary(fn, commutative: bool):
+    def build(ctx, s, node):
+        a, b = s
+        shape = node.shape
+        if tuple(a.contents.ne) != ggml_ne(shape):
+            if commutative and tuple(b.contents.ne) == ggml_ne(shape):
+                a, b = b, a
+            else:
+                a = expand(ctx, a, shape)
+        return fn(ctx, a, b)  # ggml broadcasts b into a
+    return build
+
+
+builder("add")(_binary(G.ggml_add, True))
+builder("sub")(_binary(G.ggml_sub, False))
+builder("mul")(_binary(G.ggml_mul, True))
+builder("div")(_binary(G.ggml_div, False))
+
+_UNARY = {
+    "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
+    "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn, "step": G.ggml_step,
+    "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
+    "gelu": G.ggml_gelu_erf, "gelu_tanh": G.ggml_gelu, "silu": G.ggml_silu,
+    "softmax": G.ggml_soft_max, "cont": G.ggml_cont,
+}
+for _name, _fn in _UNARY.items():
+    builder(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
+
+
+@builder("affine")
+def _affine(ctx, s, node):
+    scale, bias = node.arg
+    if bias == 0.0:
+        return G.ggml_scale(ctx, s[0], scale)
+    return G.ggml_scale_bias(ctx, s[0], scale, bias)
+
+
+@builder("leaky_relu")
+def _leaky_relu(ctx, s, node):
+    return G.ggml_leaky_relu(ctx, s[0], node.arg, False)
+
+
+@builder("clamp")
+def _clamp(ctx, s, node):
+    lo, hi = node.arg
+    return G.ggml_clamp(ctx, s[0], lo, hi)
+
+
+@builder("pow")
+def _pow(ctx, s, node):
+    x, p = s[0], node.arg
+    if p == 2:
+        return G.ggml_sqr(ctx, x)
+    if p == 0.5:
+        return G.ggml_sqrt(ctx, x)
+    if float(p).is_integer() and abs(p) <= 16:
+        n, result, base = abs(int(p)), None, x
+        while n:  # exponentiation by squaring
+            if n & 1:
+                result = base if result is None else G.ggml_mul(ctx, result, base)
+            n >>= 1
+            if n:
+                base = G.ggml_sqr(ctx, base)
+        if result is None:  # p == 0
+            return G.ggml_fill(ctx, x, 1.0)
+        if p < 0:
+            return G.ggml_div(ctx, G.ggml_fill(ctx, x, 1.0), result)
+        return G.ggml_cont(ctx, result) if result is x else result
+    return G.ggml_exp(ctx, G.ggml_scale(ctx, G.ggml_log(ctx, x), p))
+
+
+@builder("softmax_back")
+def _softmax_back(ctx, s, node):
+    grad, y = s
+    return G.ggml_soft_max_ext_back(ctx, grad, y, 1.0, 0.0)
+
+
+@builder("matmul_nt")
+def _matmul_nt(ctx, s, node):
+    """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes."""
+    a, b = s
+    return reshape(ctx, G.ggml_mul_mat(ctx, b, a), node.shape)
+
+
+@builder("permute")
+def _permute(ctx, s, node):
+    axes = node.arg
+    d = len(axes)
+    dest = list(range(MAX_DIMS))
+    for j, src_axis in enumerate(axes):
+        dest[d - 1 - src_axis] = d - 1 - j
+    return G.ggml_cont(ctx, G.ggml_permute(ctx, s[0], *dest))
+
+
+@builder("reshape")
+def _reshape(ctx, s, node):
+    return reshape(ctx, s[0], node.shape)
+
+
+@builder("sum_to")
+def _sum_to(ctx, s, node):
+    """Sum over the axes where node.shape has 1 (keepdims shape of the same rank)."""
+    x = s[0]
+    if all(n == 1 for n in node.shape):
+        return reshape(ctx, G.ggml_sum(ctx, x), node.shape)
+    return G.ggml_repeat_back(ctx, x, template(ctx, node.shape))
+
+
+@builder("broadcast_to")
+def _broadcast_to(ctx, s, node):
+    return expand(ctx, s[0], node.shape)
+
+
+@builder("onehot_argmax")
+def _onehot_argmax(ctx, s, node):
+    """1.0 at the first maximum of each row (last axis), 0.0 elsewhere."""
+    x = s[0]
+    cols = node.shape[-1]
+    rows = math.prod(node.shape[:-1])
+    index = G.ggml_cast(ctx, G.ggml_argmax(ctx, reshape(ctx, x, (rows, cols))), F32)
+    return reshape(ctx, _onehot(ctx, reshape(ctx, index, (rows, 1)), rows, cols), node.shape)
+
+
+@builder("onehot")
+def _onehot_build(ctx, s, node):
+    """Integer class indices (any shape) -> float one-hot rows of node.arg classes."""
+    rows = math.prod(node.shape[:-1])
+    index = reshape(ctx, G.ggml_cast(ctx, s[0], F32), (rows, 1))
+    return reshape(ctx, _onehot(ctx, index, rows, node.arg), node.shape)
+
+
+def _onehot(ctx, index, rows: int, cols: int):
+    # relu(1 - |j - index|) is exactly 1 where j == index and 0 elsewhere, for integers.
+    columns = G.ggml_repeat_4d(ctx, G.ggml_arange(ctx, 0.0, float(cols), 1.0), cols, rows, 1, 1)
+    distance = G.ggml_abs(ctx, G.ggml_sub(ctx, columns, index))
+    return G.ggml_relu(ctx, G.ggml_scale_bias(ctx, distance, -1.0, 1.0))
+
+
+@builder("argmax")
+def _argmax(ctx, s, node):
+    x = s[0]
+    rows = math.prod(node.shape) if node.shape else 1
+    return reshape(ctx, G.ggml_argmax(ctx, reshape(ctx, x, (rows, x.contents.ne[0]))), node.shape)
+
+
+@builder("cast")
+def _cast(ctx, s, node):
+    return G.ggml_cast(ctx, s[0], DTYPES[node.dtype])
+
+
+@builder("gather_rows")
+def _gather_rows(ctx, s, node):
+    table, index = s
+    flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
+    return reshape(ctx, flat, node.shape)
+
+
+@builder("scatter_rows")
+def _scatter_rows(ctx, s, node):
+    """Gradient of gather_rows: rows of `grad` summed into a table of node.shape."""
+    grad, index = s
+    n = math.prod(index.contents.ne)
+    return G.ggml_get_rows_back(ctx, reshape(ctx, grad, (n, node.shape[-1])),
+                                reshape(ctx, index, (n,)), template(ctx, node.shape))
+
+
+@builder("concat")
+def _concat(ctx, s, node):
+    axis = node.arg
+    return G.ggml_concat(ctx, s[0], s[1], len(node.shape) - 1 - axis)
+
+
+@builder("slice")
+def _slice(ctx, s, node):
+    axis, start = node.arg
+    x = s[0]
+    nb = x.contents.nb
+    dim = len(node.shape) - 1 - axis
+    ne = ggml_ne(node.shape)
+    view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], start * nb[dim])
+    return G.ggml_cont(ctx, view)
+
+
+@builder("pad")
+def _pad(ctx, s, node):
+    """Zeros around `x` along one axis: the gradient of slice."""
+    axis, before, after = node.arg
+    pads = [0] * (2 * MAX_DIMS)
+    dim = len(node.shape) - 1 - axis
+    pads[2 * dim], pads[2 * dim + 1] = before, after
+    return G.ggml_pad_ext(ctx, s[0], *pads)
+
+
+@builder("fill")
+def _fill(ctx, s, node):
+    return G.ggml_fill(ctx, s[0], node.arg)
