@@ -68,6 +68,34 @@ vulkan_include_dir() {
   echo "$dir/usr/include"
 }
 
+# Debian 12's lavapipe (Mesa 22.3.6) corrupts the heap while compiling some of ggml's
+# shaders (seen: a matmul-vector pipeline after a scale; reproduced with plain ggml).
+# Mesa 25 from bookworm-backports does not: unpack its lavapipe into a private folder
+# (nothing on the system changes); tests point the Vulkan loader at it.
+private_lavapipe() {
+  local dir="$CACHE/lavapipe" version
+  version="$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || echo 0)"
+  if [ "${version%%.*}" -ge 25 ] 2>/dev/null || [ ! -f /etc/debian_version ]; then return; fi
+  [ -f "$dir/lvp_icd.json" ] && return
+  log "fetching Mesa 25 lavapipe from bookworm-backports into $dir"
+  local work; work="$(mktemp -d)"
+  local mirror
+  mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm-backports main" >"$work/sources.list"
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+  local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+              -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
+  apt-get "${opts[@]}" update -qq >/dev/null
+  (cd "$work" && apt-get "${opts[@]}" download -qq mesa-vulkan-drivers/bookworm-backports >/dev/null 2>&1)
+  rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
+  dpkg -x "$work"/mesa-vulkan-drivers_*.deb "$dir.tmp/root"
+  local lib; lib="$(find "$dir.tmp/root" -name libvulkan_lvp.so | head -1)"
+  lib="$dir${lib#"$dir.tmp"}"
+  printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}\n' "$lib" >"$dir.tmp/lvp_icd.json"
+  rm -rf "$dir" "$work"; mv "$dir.tmp" "$dir"
+}
+
 build_wheel() {
   local flavor="$1" args="$2"
   local out="$CACHE/wheels/$flavor"
@@ -89,6 +117,7 @@ case "$BACKEND" in
   vulkan)
     apt_install glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools
     inc="$(vulkan_include_dir)"
+    private_lavapipe
     wheels="$(build_wheel "vulkan-native" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc")"
     ;;
   cpu)

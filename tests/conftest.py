@@ -4,10 +4,17 @@ ggml lists a Vulkan device that runs on the CPU (lavapipe, as in CI) only when
 GGML_VK_VISIBLE_DEVICES is set, so it is set before ggml enumerates devices.
 """
 
+import glob
 import os
 from collections import Counter
+from pathlib import Path
 
 os.environ.setdefault("GGML_VK_VISIBLE_DEVICES", "0")
+# On a machine without a GPU, use the newer lavapipe that scripts/bootstrap.sh unpacked
+# (Debian 12's corrupts the heap compiling some ggml shaders; see the script).
+_LAVAPIPE = Path(os.environ.get("GGRAD_CACHE", Path.home() / ".cache" / "ggrad")) / "lavapipe" / "lvp_icd.json"
+if _LAVAPIPE.exists() and not glob.glob("/dev/dri/renderD*") and not glob.glob("/dev/nvidia*"):
+    os.environ.setdefault("VK_DRIVER_FILES", str(_LAVAPIPE))
 
 import pytest  # noqa: E402
 

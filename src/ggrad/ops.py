@@ -56,13 +56,19 @@ builder("div")(_binary(G.ggml_div, False))
 
 _UNARY = {
     "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
-    "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn, "step": G.ggml_step,
+    "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
-    "gelu": G.ggml_gelu_erf, "gelu_tanh": G.ggml_gelu, "silu": G.ggml_silu,
+    "gelu": G.ggml_gelu_erf, "silu": G.ggml_silu,
     "softmax": G.ggml_soft_max, "cont": G.ggml_cont,
 }
 for _name, _fn in _UNARY.items():
     builder(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
+
+
+@builder("step")
+def _step(ctx, s, node):
+    # relu(sign(x)), not ggml_step: Vulkan's step(0) is 1, the CPU's is 0.
+    return G.ggml_relu(ctx, G.ggml_sgn(ctx, s[0]))
 
 
 @builder("affine")

@@ -81,12 +81,24 @@ class Backend:
 
 _registry: dict[str, tuple[DeviceInfo, int]] | None = None
 
+# ggml-vulkan reads these when it creates a device; the user's own settings win.
+_VULKAN_DEFAULTS = {
+    # Its f16 paths round f32 matmul operands to f16 (~1e-3 relative error seen on
+    # batched products); training in f32 must compute in f32.
+    "GGML_VK_DISABLE_F16": "1",
+    # Its graph optimizer reorders nodes by their sources, but cannot see that an in-place
+    # store into a weight must wait for every read of the old weight (lazy.py).
+    "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1",
+}
+
 
 def _discover() -> dict[str, tuple[DeviceInfo, int]]:
     """Enumerate ggml's devices once (starting Vulkan's instance is not free)."""
     global _registry
     if _registry is not None:
         return _registry
+    for key, value in _VULKAN_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     found: dict[str, tuple[DeviceInfo, int]] = {}
     per_kind: dict[str, int] = {}
     for i in range(G.ggml_backend_dev_count()):

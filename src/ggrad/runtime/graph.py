@@ -41,7 +41,7 @@ def as_host_array(data, what: str = "input") -> np.ndarray:
         raise ValueError(f"{what} has {array.ndim} dimensions; ggml supports at most {MAX_DIMS}")
     if array.size == 0:
         raise ValueError(f"{what} is empty (shape {array.shape}); ggml tensors need at least one element")
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # keeps 0-d as 0-d
 
 
 def check_shape(shape, what: str = "shape") -> tuple[int, ...]:
