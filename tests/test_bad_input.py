@@ -39,6 +39,47 @@ CHILD = textwrap.dedent(r"""
         "inputs not a list": (lambda: rt.run_op(ident, good, (2, 2)), "sequence"),
         "unknown device": (lambda: ggrad.set_device("cuda:7"), "unknown device"),
     }
+    import ggrad.functional as F
+    t = ggrad.tensor
+    a, ids = t(np.ones((3, 4))), t([0, 1, 2])
+    W = ggrad.param(np.ones((3, 4)))
+
+    def backward_of_a_matrix():
+        with ggrad.grad_tape():
+            (W * 2.0).backward()
+
+    cases.update({
+        "ragged tensor": (lambda: t([[1.0], [2.0, 3.0]]), "ragged"),
+        "string tensor": (lambda: t(["x"]), "dtype <U1"),
+        "complex tensor": (lambda: t(np.ones(2, complex)), "complex128"),
+        "5-d tensor": (lambda: t(np.ones((1,) * 5)), "at most 4"),
+        "add shapes": (lambda: a + t(np.ones(5)), "(3, 4) and (5,)"),
+        "matmul shapes": (lambda: a @ t(np.ones((3, 2))), "(3, 4) @ (3, 2)"),
+        "matmul 0-d": (lambda: a @ t(2.0), "at least 1 dimension"),
+        "reshape": (lambda: a.reshape(5, 2), "cannot reshape"),
+        "reshape -1 twice": (lambda: a.reshape(-1, -1), "cannot reshape"),
+        "permute": (lambda: a.permute(0, 0), "permutation"),
+        "sum axis": (lambda: a.sum(axis=2), "out of range"),
+        "index": (lambda: a[3], "out of range"),
+        "empty slice": (lambda: a[2:1], "empty"),
+        "slice step": (lambda: a[::2], "step 1"),
+        "pow tensor": (lambda: a ** a, "scalar exponent"),
+        "pow NaN": (lambda: a ** float("nan"), "NaN"),
+        "clamp NaN": (lambda: a.clamp(float("nan"), 1.0), "min <= max"),
+        "clamp inverted": (lambda: a.clamp(2.0, 1.0), "min <= max"),
+        "int arithmetic": (lambda: ids * ids, "float"),
+        "float index": (lambda: F.embedding(t([0.5]), a), "integer index"),
+        "gather range": (lambda: F.embedding(t([7]), a), "out of range"),
+        "concat shapes": (lambda: F.concat([a, t(np.ones((2, 5)))], axis=0), "concat"),
+        "cross_entropy range": (lambda: F.cross_entropy(a, t([0, 1, 9])), "out of range"),
+        "cross_entropy shape": (lambda: F.cross_entropy(a, t([0, 1])), "shape mismatch"),
+        "mse shapes": (lambda: F.mse_loss(a, t(np.ones((4, 3)))), "shape mismatch"),
+        "dropout p": (lambda: F.dropout(a, 1.0), "[0, 1)"),
+        "grad shape": (lambda: setattr(W, "grad", np.ones(3)), "grad of shape"),
+        "backward non-scalar": (backward_of_a_matrix, "explicit grad"),
+        "int requires grad": (lambda: t([1, 2], requires_grad=True), "float"),
+        "wrong device": (lambda: t([1.0], device="cuda"), "unknown device"),
+    })
     for name, (call, needle) in cases.items():
         try:
             call()
@@ -56,4 +97,4 @@ def test_bad_input_raises_and_never_aborts(dev):
                           timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, (
         f"child exited {proc.returncode} (negative: killed by signal)\n{proc.stdout}\n{proc.stderr}")
-    assert "all 18 cases raised" in proc.stdout, proc.stdout
+    assert "all 48 cases raised" in proc.stdout, proc.stdout

@@ -37,6 +37,11 @@ class Context:
             raise AttributeError(name) from None
 
 
+# What a consumed record becomes: the tensor is still not a leaf, but its tape is gone.
+FREED = Context(lambda ctx, g: (), (), {})
+FREED.generation = -1
+
+
 def is_recording() -> bool:
     return _recording
 
@@ -74,14 +79,14 @@ def backward(loss, grad=None) -> None:
 
     if not isinstance(loss, Tensor):
         raise TypeError(f"backward needs a ggrad Tensor, got {type(loss).__name__}")
+    if loss._ctx is FREED:
+        raise RuntimeError("backward: the tape of this tensor was already used by a backward "
+                           "call and freed; record the forward pass again")
     if loss._ctx is None:
         if not loss.requires_grad:
             raise RuntimeError(
                 "backward: this tensor was not recorded on a grad tape (wrap the forward pass in "
                 "`with ggrad.grad_tape():`), or none of its inputs requires grad")
-        if not loss.is_leaf:
-            raise RuntimeError("backward: the tape of this tensor was already used by a backward "
-                               "call and freed; record the forward pass again")
     elif loss._ctx.generation != _tape_generation:
         raise RuntimeError("backward: this tensor's tape was reset (a newer grad_tape was entered); "
                            "its pass memory is gone, record the forward pass again")
@@ -114,7 +119,8 @@ def backward(loss, grad=None) -> None:
                 prev = grads.get(id(parent))
                 grads[id(parent)] = pg if prev is None else prev + pg
     for t in order:
-        t._ctx = None
+        if t._ctx is not None:
+            t._ctx = FREED
 
 
 def _topological(root) -> list:
@@ -128,6 +134,9 @@ def _topological(root) -> list:
             continue
         seen.add(id(t))
         stack.append((t, True))
+        if t._ctx is FREED:
+            raise RuntimeError("backward: part of this graph was already used by a backward call "
+                               "and freed; record the forward pass again")
         if t._ctx is not None:
             stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
     return order

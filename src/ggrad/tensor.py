@@ -303,6 +303,11 @@ def ones_like(t: Tensor) -> Tensor:
     return F.fill(t, 1.0)
 
 
+def realize(*tensors: Tensor) -> None:
+    """Run everything pending now (as one graph) without reading any value back."""
+    lazy.realize([t.node for t in tensors])
+
+
 def _shape_args(shape) -> tuple:
     if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
         shape = tuple(shape[0])

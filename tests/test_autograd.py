@@ -1,0 +1,219 @@
+"""The tape, backward, laziness and residency, on every device."""
+
+import numpy as np
+import pytest
+
+import ggrad
+import ggrad.functional as F
+from ggrad import runtime as rt
+
+rng = np.random.default_rng(3)
+
+
+def mlp_params():
+    return [ggrad.param(rng.standard_normal((16, 8)) * 0.3), ggrad.param(np.zeros(16)),
+            ggrad.param(rng.standard_normal((3, 16)) * 0.3), ggrad.param(np.zeros(3))]
+
+
+def mlp_loss(params, x, y):
+    w1, b1, w2, b2 = params
+    hidden = F.relu(x @ w1.T + b1)
+    return F.cross_entropy(hidden @ w2.T + b2, y)
+
+
+def test_forward_and_backward_of_an_mlp_is_one_dispatch(dev):
+    params = mlp_params()
+    x = ggrad.tensor(rng.standard_normal((32, 8)))
+    y = ggrad.tensor(rng.integers(0, 3, 32))
+    with ggrad.grad_tape():  # warm-up: uploads the parameters and data once
+        mlp_loss(params, x, y).backward()
+    ggrad.realize()
+    for p in params:
+        p.grad = None
+    with ggrad.count_transfers() as t:
+        with ggrad.grad_tape():
+            loss = mlp_loss(params, x, y)
+            loss.backward()
+        ggrad.realize()
+    assert (t.dispatches, t.crossings) == (1, 0)
+    with ggrad.count_transfers() as t:
+        value = loss.item()
+    assert t.dispatches == 0 and t.downloads == (1 if dev != "cpu" else 0)
+    assert np.isfinite(value)
+
+
+def test_gradients_equal_a_float64_reference(dev):
+    w = rng.standard_normal((4, 8))
+    x, y = rng.standard_normal((8, 16)), rng.standard_normal((4, 16))
+    W = ggrad.param(w)
+    with ggrad.grad_tape():
+        F.mse_loss(W @ ggrad.tensor(x), ggrad.tensor(y)).backward()
+    expected = 2 * (w @ x - y) @ x.T / y.size
+    np.testing.assert_allclose(W.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_descent_converges(dev):
+    W = ggrad.param(rng.standard_normal((4, 8)) * 0.1)
+    x = ggrad.tensor(rng.standard_normal((8, 16)))
+    y = ggrad.tensor(rng.standard_normal((4, 16)))
+    losses = []
+    for _ in range(25):
+        with ggrad.grad_tape():
+            loss = F.mse_loss(W @ x, y)
+            loss.backward()
+        with ggrad.no_grad():
+            W -= 0.5 * W.grad
+        W.grad = None
+        losses.append(loss.item())
+    assert np.isfinite(losses[-1]) and losses[-1] < losses[0]
+    assert all(b < a for a, b in zip(losses, losses[1:]))  # a small step only ever descends
+
+
+def test_in_place_update_keeps_the_buffer(dev):
+    W = ggrad.param(np.ones((4, 4)))
+    ptr = W.handle.ptr
+    for _ in range(5):
+        with ggrad.grad_tape():
+            (W * W).sum().backward()
+        with ggrad.no_grad():
+            W -= 0.1 * W.grad
+        W.grad = None
+    assert W.handle.ptr == ptr and W.handle.scope == "persistent"
+    np.testing.assert_allclose(W.numpy(), np.full((4, 4), 0.8 ** 5), rtol=1e-6)
+
+
+def test_inputs_are_uploaded_once(dev):
+    W = ggrad.param(rng.standard_normal((4, 8)))
+    x = ggrad.tensor(rng.standard_normal((8, 16)))
+    with ggrad.count_transfers() as first:
+        (W @ x).sum().item()
+    with ggrad.count_transfers() as later:
+        for _ in range(3):
+            (W @ x).sum().item()
+    if dev != "cpu":
+        assert first.uploads == 2
+    assert later.uploads == 0 and later.downloads == (3 if dev != "cpu" else 0)
+
+
+def test_memory_stays_flat_with_a_fresh_batch_every_step(dev):
+    W = ggrad.param(rng.standard_normal((4, 8)) * 0.1)
+    batches = rng.standard_normal((8, 8, 16)).astype(np.float32)
+    sizes = {}
+    for step in range(1000):
+        x = ggrad.tensor(batches[step % 8])  # a data loader: a new tensor each step
+        with ggrad.grad_tape():
+            loss = F.square(W @ x).mean()
+            loss.backward()
+        with ggrad.no_grad():
+            W -= 0.01 * W.grad
+        W.grad = None
+        ggrad.realize()
+        if step in (10, 999):
+            sizes[step] = rt.memory()
+    assert sizes[10] == sizes[999]
+
+
+def test_grads_accumulate_across_backward_and_survive_tape_resets(dev):
+    W = ggrad.param(np.arange(6.0).reshape(2, 3))
+    for _ in range(2):
+        with ggrad.grad_tape():
+            (W * 3.0).sum().backward()
+    ggrad.realize()
+    ptr = W.grad.handle.ptr
+    with ggrad.grad_tape():
+        (W * W).sum().backward()
+    np.testing.assert_allclose(W.grad.numpy(), 6.0 + 2 * np.arange(6.0).reshape(2, 3))
+    assert W.grad.handle.ptr == ptr and W.grad.handle.scope == "persistent"
+
+
+def test_grad_assignment(dev):
+    W = ggrad.param(np.zeros((2, 3)))
+    with ggrad.count_transfers() as t:
+        W.grad = np.ones((2, 3))
+        ggrad.realize(W.grad)
+    assert t.uploads == (1 if dev != "cpu" else 0)
+    np.testing.assert_array_equal(W.grad.numpy(), np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"\(3, 2\).*\(2, 3\)"):
+        W.grad = np.ones((3, 2))
+    W.grad = None
+    assert W.grad is None
+
+
+def test_backward_errors(dev):
+    W = ggrad.param(np.ones((2, 2)))
+    with pytest.raises(RuntimeError, match="grad_tape"):
+        (W * 2.0).sum().backward()
+    with ggrad.grad_tape():
+        out = W * 2.0
+        with pytest.raises(ValueError, match="explicit grad"):
+            out.backward()
+        loss = out.sum()
+        loss.backward()
+        with pytest.raises(RuntimeError, match="already used"):
+            loss.backward()
+        stale = (W * W).sum()
+    with ggrad.grad_tape():
+        with pytest.raises(RuntimeError, match="reset"):
+            stale.backward()
+    with ggrad.grad_tape():
+        out = W * 2.0
+        out.backward(grad=np.ones((2, 2)))
+    with ggrad.grad_tape():
+        with pytest.raises(ValueError, match="grad has shape"):
+            (W * 2.0).backward(grad=np.ones(3))
+
+
+def test_no_grad_suspends_recording(dev):
+    W = ggrad.param(np.ones(3))
+    with ggrad.grad_tape():
+        with ggrad.no_grad():
+            assert not (W * 2.0).requires_grad
+        assert (W * 2.0).requires_grad
+
+
+def test_in_place_on_a_recorded_param_is_refused(dev):
+    W = ggrad.param(np.ones(3))
+    with ggrad.grad_tape():
+        with pytest.raises(RuntimeError, match="no_grad"):
+            W -= 1.0
+
+
+def test_pass_values_die_with_their_tape(dev):
+    W = ggrad.param(np.ones(3))
+    with ggrad.grad_tape():
+        h = W * 2.0
+        h.numpy()
+    with ggrad.grad_tape():
+        with pytest.raises(RuntimeError, match="reset"):
+            h.numpy()
+    np.testing.assert_array_equal(W.numpy(), np.ones(3))
+
+
+def test_shape_errors_name_both_shapes(dev):
+    a, b = ggrad.tensor(np.ones((3, 4))), ggrad.tensor(np.ones(5))
+    for op in (lambda: a + b, lambda: a - b, lambda: a * b, lambda: a / b):
+        with pytest.raises(ValueError, match=r"\(3, 4\).*\(5,\)"):
+            op()
+    with pytest.raises(ValueError, match=r"\(3, 4\) @ \(5, 2\)"):
+        a @ ggrad.tensor(np.ones((5, 2)))
+    with pytest.raises(IndexError, match="out of range"):
+        F.cross_entropy(a, ggrad.tensor([0, 1, 4]))
+    with pytest.raises(IndexError, match="out of range"):
+        F.cross_entropy(a, ggrad.tensor([0, -1, 2]))
+    with pytest.raises(TypeError, match="float"):
+        ggrad.tensor([1, 2]) + ggrad.tensor([1, 2])
+
+
+def test_device_release_moves_tensors():
+    if "vulkan:0" not in [d.name for d in ggrad.devices()]:
+        pytest.skip("no Vulkan device")
+    ggrad.set_device("vulkan")
+    W = ggrad.param(np.arange(4.0))
+    with ggrad.no_grad():
+        W *= 2.0
+    ggrad.realize()
+    ggrad.set_device("cpu")
+    np.testing.assert_array_equal(W.numpy(), 2 * np.arange(4.0))
+    with ggrad.grad_tape():
+        (W * W).sum().backward()
+    np.testing.assert_array_equal(W.grad.numpy(), 4 * np.arange(4.0))
