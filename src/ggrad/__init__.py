@@ -1,6 +1,6 @@
 """ggrad: PyTorch-style autograd and device-resident training on ggml backends."""
 
-from . import functional, runtime
+from . import functional, optim, runtime
 from .autograd import backward, grad_tape, no_grad
 from .gradcheck import gradcheck
 from .runtime import count_transfers, device, devices, get_device, gpu_available, set_device
@@ -11,5 +11,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Tensor", "backward", "count_transfers", "device", "devices", "full", "functional",
     "get_device", "gpu_available", "grad_tape", "gradcheck", "no_grad", "ones", "ones_like",
-    "param", "realize", "runtime", "set_device", "tensor", "zeros", "zeros_like",
+    "optim", "param", "realize", "runtime", "set_device", "tensor", "zeros", "zeros_like",
 ]

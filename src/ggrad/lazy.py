@@ -174,3 +174,11 @@ def _topological(roots: list[Node]) -> list[Node]:
         if node.pending:
             stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in seen)
     return order
+
+
+def _finish_before_release() -> None:
+    if has_pending_work():
+        realize()
+
+
+runtime.on_release(_finish_before_release)

@@ -54,6 +54,13 @@ class ActiveDevice:
 
 _name = "cpu"
 _active: ActiveDevice | None = None
+_before_release: list = []  # callbacks run before a device is released (pending work)
+
+
+def on_release(callback) -> None:
+    """Run `callback()` before the active device is released (the lazy layer finishes
+    its pending work there, so nothing recorded is lost)."""
+    _before_release.append(callback)
 
 
 def current() -> ActiveDevice:
@@ -76,6 +83,8 @@ def set_device(name: str) -> str:
     previous = _name
     if new != _name:
         if _active is not None:
+            for callback in _before_release:
+                callback()
             _active.release()
             _active = None
         _name = new

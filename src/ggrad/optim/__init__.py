@@ -1,0 +1,10 @@
+"""Optimizers whose state lives on the device (sorted by increasing complexity)."""
+
+from . import lr_scheduler
+from .adam import Adam, AdamW, adam_update
+from .clip import clip_grad_norm_, clip_grad_value_
+from .optimizer import Optimizer
+from .sgd import SGD, sgd_update
+
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "adam_update", "clip_grad_norm_",
+           "clip_grad_value_", "lr_scheduler", "sgd_update"]

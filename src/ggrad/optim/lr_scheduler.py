@@ -1,0 +1,199 @@
+"""Learning-rate schedules: host arithmetic that sets each group's lr (PyTorch's formulas).
+
+Setting an lr costs one 4-byte upload at the next optimizer step, and only when it changed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .optimizer import Optimizer
+
+
+class LRScheduler:
+    """Calls to `step()` advance `last_epoch` and set every group's lr from `lr_at`."""
+
+    def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(self).__name__} needs a ggrad optimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
+        self.last_epoch = last_epoch
+        self.step()
+
+    def lr_at(self, epoch: int, base_lr: float) -> float:
+        raise NotImplementedError
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = self.lr_at(self.last_epoch, base)
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+class StepLR(LRScheduler):
+    """lr = base * gamma ** (epoch // step_size)"""
+
+    def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        if step_size < 1:
+            raise ValueError(f"step_size must be >= 1, got {step_size}")
+        self.step_size, self.gamma = int(step_size), float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return base_lr * self.gamma ** (epoch // self.step_size)
+
+
+class CosineAnnealingLR(LRScheduler):
+    """lr = eta_min + (base - eta_min) * (1 + cos(pi * epoch / T_max)) / 2"""
+
+    def __init__(self, optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        if T_max < 1:
+            raise ValueError(f"T_max must be >= 1, got {T_max}")
+        self.T_max, self.eta_min = int(T_max), float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine from base to eta_min over T_i epochs, then restart with T_i *= T_mult."""
+
+    def __init__(self, optimizer, T_0: int, T_mult: int = 1, eta_min: float = 0.0, last_epoch: int = -1) -> None:
+        if T_0 < 1 or T_mult < 1:
+            raise ValueError(f"T_0 and T_mult must be >= 1, got {T_0}, {T_mult}")
+        self.T_0, self.T_mult, self.eta_min = int(T_0), int(T_mult), float(eta_min)
+        super().__init__(optimizer, last_epoch)
+
+    def _cycle(self, epoch: int) -> tuple[int, int]:
+        if self.T_mult == 1:
+            return epoch % self.T_0, self.T_0
+        n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+        t_cur = epoch - self.T_0 * (self.T_mult ** n - 1) // (self.T_mult - 1)
+        return t_cur, self.T_0 * self.T_mult ** n
+
+    def lr_at(self, epoch, base_lr):
+        t_cur, t_i = self._cycle(epoch)
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
+
+
+class OneCycleLR(LRScheduler):
+    """Warm up from max_lr/div_factor to max_lr over pct_start of the steps, then anneal
+    (cosine or linear) to max_lr/(div_factor*final_div_factor); optionally three phases."""
+
+    def __init__(self, optimizer, max_lr: float, total_steps: int, pct_start: float = 0.3,
+                 anneal_strategy: str = "cos", div_factor: float = 25.0,
+                 final_div_factor: float = 1e4, three_phase: bool = False, last_epoch: int = -1) -> None:
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+        if not 0.0 <= pct_start <= 1.0:
+            raise ValueError(f"pct_start must be in [0, 1], got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        self.total_steps, self.anneal = int(total_steps), anneal_strategy
+        initial = max_lr / div_factor
+        final = initial / final_div_factor
+        warm_end = float(pct_start * total_steps) - 1
+        if three_phase:
+            self.phases = [(warm_end, initial, max_lr), (2 * warm_end, max_lr, initial),
+                           (total_steps - 1, initial, final)]
+        else:
+            self.phases = [(warm_end, initial, max_lr), (total_steps - 1, max_lr, final)]
+        for group in optimizer.param_groups:
+            group["initial_lr"] = initial
+        super().__init__(optimizer, last_epoch)
+
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal == "cos":
+            return end + (start - end) / 2 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def lr_at(self, epoch, base_lr):
+        if epoch >= self.total_steps:
+            raise ValueError(f"OneCycleLR stepped {epoch + 1} times, more than total_steps={self.total_steps}")
+        start_step = 0.0
+        for i, (end_step, start, end) in enumerate(self.phases):
+            if epoch <= end_step or i == len(self.phases) - 1:
+                pct = (epoch - start_step) / (end_step - start_step) if end_step > start_step else 1.0
+                return self._anneal(start, end, pct)
+            start_step = end_step
+        raise AssertionError("unreachable")
+
+
+class LinearWarmupCosine(LRScheduler):
+    """Linear warm-up from base*start_factor to base over warmup_steps, then cosine
+    annealing to eta_min until total_steps (PyTorch's SequentialLR of LinearLR and
+    CosineAnnealingLR, in closed form)."""
+
+    def __init__(self, optimizer, warmup_steps: int, total_steps: int, eta_min: float = 0.0,
+                 start_factor: float | None = None, last_epoch: int = -1) -> None:
+        if not 0 <= warmup_steps < total_steps:
+            raise ValueError(f"need 0 <= warmup_steps < total_steps, got {warmup_steps}, {total_steps}")
+        self.warmup, self.total, self.eta_min = int(warmup_steps), int(total_steps), float(eta_min)
+        self.start_factor = float(start_factor) if start_factor is not None else 1.0 / max(warmup_steps, 1)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        if epoch < self.warmup:
+            return base_lr * (self.start_factor + (1 - self.start_factor) * epoch / self.warmup)
+        t = min(epoch - self.warmup, self.total - self.warmup)
+        return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / (self.total - self.warmup))) / 2
+
+
+class ReduceLROnPlateau:
+    """Multiply lr by `factor` once the metric has not improved for `patience` epochs."""
+
+    def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
+                 threshold: float = 1e-4, threshold_mode: str = "rel", cooldown: int = 0,
+                 min_lr: float = 0.0, eps: float = 1e-8) -> None:
+        if factor >= 1.0:
+            raise ValueError("factor should be < 1.0")
+        if mode not in ("min", "max") or threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"mode must be 'min'/'max' and threshold_mode 'rel'/'abs', got {mode!r}, {threshold_mode!r}")
+        self.optimizer = optimizer
+        self.mode, self.factor, self.patience = mode, float(factor), int(patience)
+        self.threshold, self.threshold_mode = float(threshold), threshold_mode
+        self.cooldown, self.min_lr, self.eps = int(cooldown), float(min_lr), float(eps)
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs = 0
+        self.cooldown_counter = 0
+        self.last_epoch = 0
+
+    def _better(self, value: float) -> bool:
+        if self.mode == "min":
+            bound = self.best * (1 - self.threshold) if self.threshold_mode == "rel" else self.best - self.threshold
+            return value < bound
+        bound = self.best * (1 + self.threshold) if self.threshold_mode == "rel" else self.best + self.threshold
+        return value > bound
+
+    def step(self, metric) -> None:
+        value = float(metric)
+        self.last_epoch += 1
+        if self._better(value):
+            self.best, self.num_bad_epochs = value, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for group in self.optimizer.param_groups:
+                new = max(group["lr"] * self.factor, self.min_lr)
+                if group["lr"] - new > self.eps:
+                    group["lr"] = new
+            self.cooldown_counter = self.cooldown
+            self.num_bad_epochs = 0
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]

@@ -1,0 +1,219 @@
+"""`Optimizer`: parameter groups, state, accumulation and the step loop.
+
+Subclasses implement ``_update(p, g, group, state)``: build the new values with lazy
+tensor operations and assign them in place (``state["m"]._assign(...)``, ``p._assign``).
+Nothing is read back, so a step adds nodes to the pending graph and costs no crossing:
+the learning rate lives on the device (uploaded only when it changes) and so does
+every piece of state, bias-correction powers included.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import autograd
+from ..tensor import Tensor, zeros_like
+
+
+def _check_positive(name: str, value: float, allow_zero: bool = True) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {value!r}") from None
+    if math.isnan(value) or value < 0 or (value == 0 and not allow_zero) or math.isinf(value):
+        raise ValueError(f"Invalid {name}: {value}")
+    return value
+
+
+def device_zeros_like(p: Tensor) -> Tensor:
+    """Zeros made on the device (no upload), kept in the persistent pool."""
+    z = zeros_like(p)
+    z.node.scope = "persistent"
+    return z
+
+
+def device_scalar(value: float) -> Tensor:
+    """A (1,) float tensor in the persistent pool (one 4-byte upload on first use)."""
+    return Tensor(np.array([value], dtype=np.float32))
+
+
+class Optimizer:
+    """Base class: validates, groups parameters, keeps state, runs the step loop."""
+
+    def __init__(self, params, defaults: dict, accumulate_steps: int = 1, average: bool = True) -> None:
+        if not isinstance(accumulate_steps, int) or isinstance(accumulate_steps, bool) or accumulate_steps < 1:
+            raise ValueError(f"Invalid accumulate_steps: {accumulate_steps!r} (a positive int)")
+        self.defaults = dict(defaults)
+        self.accumulate_steps = accumulate_steps
+        self.average = bool(average)
+        self.param_groups: list[dict[str, Any]] = []
+        self.state: dict[Tensor, dict[str, Any]] = {}
+        self._micro_steps = 0
+        self._lr_tensors: list[tuple[Tensor, float]] = []
+        groups = self._groups(params)
+        seen: set[int] = set()
+        for group in groups:
+            self.add_param_group(group, seen)
+
+    # ---- parameters ------------------------------------------------------------------
+    @staticmethod
+    def _groups(params) -> list[dict]:
+        if isinstance(params, Tensor):
+            raise TypeError("params must be an iterable of tensors (or dicts of groups), not one tensor")
+        if isinstance(params, dict):
+            params = list(params.values())
+        params = list(params)
+        if not params:
+            raise ValueError("optimizer got an empty parameter list")
+        if all(isinstance(g, dict) for g in params):
+            return [dict(g) for g in params]
+        return [{"params": params}]
+
+    def add_param_group(self, group: dict, seen: set[int] | None = None) -> None:
+        seen = seen if seen is not None else {id(p) for g in self.param_groups for p in g["params"]}
+        params = group.get("params")
+        if isinstance(params, Tensor):
+            params = [params]
+        if isinstance(params, dict):
+            params = list(params.values())
+        kept = []
+        for p in params or ():
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer params must be ggrad Tensors, got {type(p).__name__}")
+            if not p.requires_grad:
+                raise ValueError(f"optimizer got a tensor of shape {p.shape} that does not require grad")
+            if id(p) not in seen:  # duplicates are dropped
+                seen.add(id(p))
+                kept.append(p)
+        full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept}
+        self._validate(full)
+        self.param_groups.append(full)
+        self._lr_tensors.append((device_scalar(full["lr"]), float(full["lr"])))
+
+    def _validate(self, group: dict) -> None:
+        _check_positive("learning rate", group["lr"])
+        _check_positive("weight_decay", group.get("weight_decay", 0.0))
+
+    # ---- the learning rate -------------------------------------------------------------
+    @property
+    def lr(self) -> float:
+        return self.param_groups[0]["lr"]
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        value = _check_positive("learning rate", value)
+        for group in self.param_groups:
+            group["lr"] = value
+
+    def _lr_tensor(self, index: int) -> Tensor:
+        """The group's learning rate on the device; re-uploaded only when it changed."""
+        tensor, uploaded = self._lr_tensors[index]
+        wanted = float(self.param_groups[index]["lr"])
+        if wanted != uploaded:
+            _check_positive("learning rate", wanted)
+            tensor.assign_(np.array([wanted], dtype=np.float32))
+            self._lr_tensors[index] = (tensor, wanted)
+        return tensor
+
+    # ---- the step -----------------------------------------------------------------------
+    def step(self) -> None:
+        """Add `.grad` into the accumulator; every `accumulate_steps`-th call, update."""
+        self._micro_steps += 1
+        apply = self._micro_steps % self.accumulate_steps == 0
+        k = self.accumulate_steps
+        with autograd.no_grad():
+            for index, group in enumerate(self.param_groups):
+                lr = self._lr_tensor(index) if apply else None
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    state = self.state.setdefault(p, {"step": 0})
+                    if k > 1 and "accumulator" not in state:
+                        state["accumulator"] = device_zeros_like(p)
+                    if not apply:
+                        state["accumulator"] += p.grad
+                        continue
+                    g = p.grad
+                    if k > 1:
+                        acc = state["accumulator"]
+                        g = acc + g
+                        g = g * (1.0 / k) if self.average else g
+                        acc.zero_()
+                    state["step"] += 1
+                    self._update(p, g, lr, group, state)
+
+    def _update(self, p: Tensor, g: Tensor, lr: Tensor, group: dict, state: dict) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if set_to_none or p.grad is None:
+                    p.grad = None
+                else:
+                    with autograd.no_grad():
+                        p.grad.zero_()
+
+    # ---- where the state lives ----------------------------------------------------------
+    def _state_tensors(self) -> list[Tensor]:
+        return [v for s in self.state.values() for v in s.values() if isinstance(v, Tensor)]
+
+    @property
+    def resident(self) -> bool:
+        """True when every piece of state is on the current device, live, persistent."""
+        from .. import runtime
+        tensors = self._state_tensors() + [t for t, _ in self._lr_tensors]
+        if not tensors:
+            return False
+        for t in tensors:
+            node = t.node
+            if node.pending:
+                if node.scope != "persistent":
+                    return False
+                continue
+            h = node.handle
+            if h is None or not h.live or h.scope != "persistent" or h.device != runtime.get_device():
+                return False
+        return True
+
+    # ---- saving ---------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Host copies of every state tensor, the step counts and the hyperparameters."""
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        state = {}
+        for p, s in self.state.items():
+            state[index[id(p)]] = {k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()}
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [index[id(p)] for p in g["params"]]}
+                  for g in self.param_groups]
+        return {"state": state, "param_groups": groups, "micro_steps": self._micro_steps}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(g["params"]) != len(mine["params"]) for g, mine in zip(groups, self.param_groups)):
+            raise ValueError("loaded state dict has a different number of parameter groups or parameters")
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, s in state_dict["state"].items():
+            p = params[int(i)]
+            for key, value in s.items():
+                if isinstance(value, np.ndarray) and key != "step" and value.shape != p.shape and value.shape != (1,):
+                    raise ValueError(f"state {key!r} of parameter {i} has shape {value.shape}, the parameter {p.shape}")
+        self.state = {}
+        for i, s in state_dict["state"].items():
+            p = params[int(i)]
+            self.state[p] = {k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
+                             for k, v in s.items()}
+        for group, saved in zip(self.param_groups, groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+            self._validate(group)
+        self._micro_steps = int(state_dict.get("micro_steps", 0))
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, g in enumerate(self.param_groups):
+            hp = ", ".join(f"{k}={v}" for k, v in g.items() if k != "params")
+            lines.append(f"  group {i}: {len(g['params'])} params, {hp}")
+        return "\n".join(lines + [")"])

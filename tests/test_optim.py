@@ -1,0 +1,315 @@
+"""Optimizers on the device: equal to float64 formulas written from PyTorch's documented
+algorithms, in place, resident, and free of host<->device crossings."""
+
+import math
+
+import numpy as np
+import pytest
+
+import ggrad
+import ggrad.functional as F
+from ggrad import runtime as rt
+from ggrad.optim import SGD, Adam, AdamW, clip_grad_norm_, clip_grad_value_, lr_scheduler
+
+rng = np.random.default_rng(11)
+P0 = rng.standard_normal((3, 5))
+GRADS = [rng.standard_normal((3, 5)) for _ in range(4)]
+
+
+# ---- float64 references (PyTorch's documented algorithms) -----------------------------------
+def adam_ref(p, grads, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
+             decoupled=False):
+    p = p.astype(np.float64).copy()
+    m, v, v_max = np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
+    b1, b2 = betas
+    for t, g in enumerate(grads, start=1):
+        if decoupled:
+            p = p * (1 - lr * weight_decay)
+        elif weight_decay:
+            g = g + weight_decay * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        v_max = np.maximum(v_max, v)
+        second = v_max if amsgrad else v
+        denom = np.sqrt(second) / math.sqrt(1 - b2 ** t) + eps
+        p = p - lr / (1 - b1 ** t) * m / denom
+    return p, m, v
+
+
+def sgd_ref(p, grads, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
+    p = p.astype(np.float64).copy()
+    buf = None
+    for g in grads:
+        g = g + weight_decay * p
+        if momentum:
+            buf = g.copy() if buf is None else momentum * buf + (1 - dampening) * g
+            g = g + momentum * buf if nesterov else buf
+        p = p - lr * g
+    return p
+
+
+def run(opt_class, grads, p0=P0, **kwargs):
+    p = ggrad.param(p0)
+    opt = opt_class([p], **kwargs)
+    for g in grads:
+        p.grad = g
+        opt.step()
+    return p, opt
+
+
+OPTIMIZERS = {
+    "adam": (Adam, dict(lr=0.01), lambda g: adam_ref(P0, g, lr=0.01)[0]),
+    "adam_l2": (Adam, dict(lr=0.01, weight_decay=0.1), lambda g: adam_ref(P0, g, lr=0.01, weight_decay=0.1)[0]),
+    "adam_betas_eps": (Adam, dict(lr=0.02, betas=(0.8, 0.99), eps=1e-3),
+                       lambda g: adam_ref(P0, g, lr=0.02, betas=(0.8, 0.99), eps=1e-3)[0]),
+    "amsgrad": (Adam, dict(lr=0.01, amsgrad=True), lambda g: adam_ref(P0, g, lr=0.01, amsgrad=True)[0]),
+    "adamw": (AdamW, dict(lr=0.01, weight_decay=0.1),
+              lambda g: adam_ref(P0, g, lr=0.01, weight_decay=0.1, decoupled=True)[0]),
+    "sgd": (SGD, dict(lr=0.1), lambda g: sgd_ref(P0, g, 0.1)),
+    "sgd_momentum": (SGD, dict(lr=0.1, momentum=0.9, dampening=0.1),
+                     lambda g: sgd_ref(P0, g, 0.1, momentum=0.9, dampening=0.1)),
+    "sgd_nesterov_wd": (SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+                        lambda g: sgd_ref(P0, g, 0.1, momentum=0.9, nesterov=True, weight_decay=0.01)),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_device_step_equals_float64_formula(name, dev):
+    cls, kwargs, ref = OPTIMIZERS[name]
+    p, _ = run(cls, GRADS, **kwargs)
+    np.testing.assert_allclose(p.numpy(), ref(GRADS), rtol=1e-5, atol=1e-7)
+
+
+def test_adam_moments_equal_formula_and_live_in_the_persistent_pool(dev):
+    p, opt = run(Adam, GRADS, lr=0.01)
+    _, m, v = adam_ref(P0, GRADS, lr=0.01)
+    state = opt.state[p]
+    assert state["step"] == 4
+    np.testing.assert_allclose(state["m"].numpy(), m, rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(state["v"].numpy(), v, rtol=1e-5, atol=1e-10)
+    assert state["m"].handle.scope == "persistent" and state["v"].handle.scope == "persistent"
+
+
+def test_parameter_groups_use_their_own_hyperparameters(dev):
+    a, b = ggrad.param(P0), ggrad.param(P0 * 2)
+    opt = Adam([{"params": [a]}, {"params": [b, a], "lr": 0.1, "weight_decay": 0.05}], lr=0.01)
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]  # the duplicate is dropped
+    for g in GRADS:
+        a.grad, b.grad = g, g
+        opt.step()
+    np.testing.assert_allclose(a.numpy(), adam_ref(P0, GRADS, lr=0.01)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), adam_ref(P0 * 2, GRADS, lr=0.1, weight_decay=0.05)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_params_as_a_dict(dev):
+    p = ggrad.param(P0)
+    opt = SGD({"w": p}, lr=0.1)
+    p.grad = GRADS[0]
+    opt.step()
+    np.testing.assert_allclose(p.numpy(), P0 - 0.1 * GRADS[0], rtol=1e-6, atol=1e-7)
+
+
+def test_steps_are_in_place_in_one_dispatch_and_resident(dev):
+    p, q = ggrad.param(P0), ggrad.param(P0.T)
+    opt = Adam([p, q], lr=0.01)
+    p.grad, q.grad = GRADS[0], GRADS[0].T
+    opt.step()
+    ggrad.realize()
+    ptrs = (p.handle.ptr, q.handle.ptr)
+    memory = rt.memory()["persistent_bytes"]
+    for i in range(1, 11):
+        p.grad, q.grad = GRADS[i % 4], GRADS[i % 4].T
+        ggrad.realize(p.grad, q.grad)
+        with ggrad.count_transfers() as t:
+            opt.step()
+            ggrad.realize()
+        assert (t.dispatches, t.crossings) == (1, 0)  # both parameters, one graph, nothing crossed
+        if i == 6:
+            assert (p.handle.ptr, q.handle.ptr) == ptrs
+    assert p.handle.live and p.handle.scope == "persistent"
+    assert all(opt.state[p][k].handle.live for k in ("m", "v"))
+    assert opt.resident
+    assert rt.memory()["persistent_bytes"] == memory
+    assert np.isfinite(p.numpy()).all() and np.isfinite(q.numpy()).all()
+
+
+def test_moments_are_made_on_the_device(dev):
+    p = ggrad.param(np.ones((64, 64)))
+    opt = Adam([p], lr=0.01)
+    p.grad = np.ones((64, 64))
+    ggrad.realize(p, p.grad)
+    with ggrad.count_transfers() as t:
+        opt.step()
+        ggrad.realize()
+    assert t.bytes_up <= 3 * 4  # the lr and two bias-correction scalars, no 16 KiB zeros
+    assert opt.state[p]["m"].handle.scope == "persistent"
+
+
+def test_changing_lr_costs_one_small_upload(dev):
+    p, opt = run(Adam, GRADS[:1], lr=0.01)
+    ggrad.realize()
+    opt.lr = 0.02
+    p.grad = GRADS[1]
+    ggrad.realize(p.grad)
+    with ggrad.count_transfers() as t:
+        opt.step()
+        ggrad.realize()
+    assert t.uploads == (1 if dev != "cpu" else 0) and t.bytes_up == (4 if dev != "cpu" else 0)
+
+
+def test_weights_survive_pass_resets(dev):
+    W = ggrad.param(rng.standard_normal((4, 8)) * 0.1)
+    x = ggrad.tensor(rng.standard_normal((8, 16)))
+    y = ggrad.tensor(rng.standard_normal((4, 16)))
+    opt = Adam([W], lr=0.05)
+    losses = []
+    for _ in range(25):
+        with ggrad.grad_tape():
+            loss = F.mse_loss(W @ x, y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert W.handle.live and np.isfinite(losses[-1]) and losses[-1] < losses[0]
+
+
+def test_gradient_accumulation_averages_on_the_device(dev):
+    p = ggrad.param(P0)
+    opt = Adam([p], lr=0.01, accumulate_steps=2)
+    for g in GRADS:  # two applied updates
+        p.grad = g
+        opt.step()
+        opt.zero_grad()
+    averaged = [(GRADS[0] + GRADS[1]) / 2, (GRADS[2] + GRADS[3]) / 2]
+    np.testing.assert_allclose(p.numpy(), adam_ref(P0, averaged, lr=0.01)[0], rtol=1e-5)
+    assert opt.state[p]["step"] == 2
+
+
+def test_gradient_accumulation_sum(dev):
+    p = ggrad.param(P0)
+    opt = SGD([p], lr=0.1, accumulate_steps=2, average=False)
+    p.grad = GRADS[0]
+    opt.step()
+    np.testing.assert_array_equal(p.numpy(), P0.astype(np.float32))  # nothing applied yet
+    p.grad = GRADS[1]
+    with ggrad.count_transfers() as t:
+        opt.step()
+        ggrad.realize()
+    np.testing.assert_allclose(p.numpy(), P0 - 0.1 * (GRADS[0] + GRADS[1]), rtol=1e-5)
+
+
+def test_optimizer_outlives_its_device():
+    if "vulkan:0" not in [d.name for d in ggrad.devices()]:
+        pytest.skip("no Vulkan device")
+
+    def two_steps(first, second):
+        ggrad.set_device(first)
+        p = ggrad.param(P0)
+        opt = Adam([p], lr=0.01)
+        p.grad = GRADS[0]
+        opt.step()
+        ggrad.set_device(second)  # releases `first` if it differs: state must migrate
+        p.grad = GRADS[1]
+        opt.step()
+        return p.numpy(), opt.state[p]["m"].numpy(), opt.state[p]["v"].numpy()
+
+    moved = two_steps("vulkan", "cpu")
+    stayed = two_steps("cpu", "cpu")
+    for a, b in zip(moved, stayed):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+
+
+def test_clip_grad_norm_equals_formula_without_crossings(dev):
+    a, b = ggrad.param(P0), ggrad.param(P0[0])
+    a.grad, b.grad = GRADS[0], GRADS[1][0]
+    ggrad.realize(a.grad, b.grad)
+    with ggrad.count_transfers() as t:
+        norm = clip_grad_norm_([a, b], max_norm=1.0)
+        ggrad.realize()
+    assert t.crossings == 0
+    total = math.sqrt((GRADS[0] ** 2).sum() + (GRADS[1][0] ** 2).sum())
+    assert norm.item() == pytest.approx(total, rel=1e-5)
+    np.testing.assert_allclose(a.grad.numpy(), GRADS[0] / (total + 1e-6), rtol=1e-5)
+    clip_grad_value_([a], 0.01)
+    np.testing.assert_allclose(a.grad.numpy(), np.clip(GRADS[0] / (total + 1e-6), -0.01, 0.01), rtol=1e-5)
+
+
+def test_state_dict_round_trip_continues_bit_identically():
+    p, opt = run(Adam, GRADS[:2], lr=0.01, amsgrad=True)
+    saved_p, saved = p.numpy(), opt.state_dict()
+    q = ggrad.param(saved_p)
+    opt2 = Adam([q], lr=0.5)
+    opt2.load_state_dict(saved)
+    assert opt2.lr == 0.01
+    for g in GRADS[2:]:
+        p.grad, q.grad = g, g
+        opt.step()
+        opt2.step()
+    np.testing.assert_array_equal(q.numpy(), p.numpy())
+
+
+def test_bad_hyperparameters_raise():
+    p = ggrad.param(P0)
+    for bad in (dict(lr=-1.0), dict(lr=float("nan")), dict(betas=(1.0, 0.9)), dict(eps=-1.0),
+                dict(weight_decay=-0.1), dict(accumulate_steps=0)):
+        with pytest.raises((ValueError, TypeError)):
+            Adam([p], **bad)
+    with pytest.raises(ValueError):
+        SGD([p], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="does not require grad"):
+        SGD([ggrad.tensor(P0)], lr=0.1)
+    with pytest.raises(ValueError, match="empty"):
+        SGD([], lr=0.1)
+    with pytest.raises(ValueError):
+        clip_grad_norm_([p], float("nan"))
+
+
+# ---- schedulers: PyTorch's formulas ----------------------------------------------------
+def lrs(scheduler_factory, n, lr=0.1):
+    opt = SGD([ggrad.param(P0)], lr=lr)
+    sched = scheduler_factory(opt)
+    out = [sched.get_last_lr()[0]]
+    for _ in range(n):
+        sched.step()
+        out.append(sched.get_last_lr()[0])
+    return out
+
+
+def test_step_lr():
+    assert lrs(lambda o: lr_scheduler.StepLR(o, 2, 0.5), 5) == pytest.approx([0.1, 0.1, 0.05, 0.05, 0.025, 0.025])
+
+
+def test_cosine_annealing():
+    got = lrs(lambda o: lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=0.01), 4)
+    want = [0.01 + 0.09 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(5)]
+    assert got == pytest.approx(want)
+
+
+def test_cosine_warm_restarts():
+    got = lrs(lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2, T_mult=2), 7)
+    cycle = [(0, 2), (1, 2), (0, 4), (1, 4), (2, 4), (3, 4), (0, 8), (1, 8)]
+    assert got == pytest.approx([0.1 * (1 + math.cos(math.pi * t / ti)) / 2 for t, ti in cycle])
+
+
+def test_one_cycle():
+    got = lrs(lambda o: lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=10), 9)
+    # PyTorch: warm-up to step pct*total-1 = 2, then cosine down to 1/25/1e4 at step 9
+    assert got[0] == pytest.approx(1 / 25) and got[2] == pytest.approx(1.0)
+    assert got[1] == pytest.approx(1.0 + (1 / 25 - 1.0) / 2 * (math.cos(math.pi * 0.5) + 1))
+    assert got[9] == pytest.approx(1 / 25 / 1e4)
+    assert all(b <= a for a, b in zip(got[2:], got[3:]))
+
+
+def test_linear_warmup_cosine():
+    got = lrs(lambda o: lr_scheduler.LinearWarmupCosine(o, warmup_steps=4, total_steps=8), 8)
+    assert got[:4] == pytest.approx([0.025, 0.04375, 0.0625, 0.08125])
+    assert got[4] == pytest.approx(0.1) and got[8] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_reduce_on_plateau():
+    opt = SGD([ggrad.param(P0)], lr=0.1)
+    sched = lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+    for metric in (1.0, 0.9, 0.95, 0.95, 0.95):
+        sched.step(metric)
+    assert sched.get_last_lr() == [0.05]
