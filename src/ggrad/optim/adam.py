@@ -9,17 +9,18 @@ from ..tensor import Tensor
 from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like
 
 
-def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, beta1_power: Tensor,
-                beta2_power: Tensor, lr: Tensor, *, beta1: float, beta2: float, eps: float,
+def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
+                correction2: Tensor, lr: Tensor, *, beta1: float, beta2: float, eps: float,
                 weight_decay: float, decoupled: bool, v_max: Tensor | None = None) -> dict[str, Tensor]:
-    """One step; returns the new p, m, v, beta powers (and v_max with amsgrad).
+    """One step; returns the new p, m, v, bias corrections (and v_max with amsgrad).
 
         g = g + weight_decay * p                 (Adam)   p = p * (1 - lr * weight_decay)  (AdamW)
         m = beta1 * m + (1 - beta1) * g
         v = beta2 * v + (1 - beta2) * g^2
-        beta1^t, beta2^t = beta1^(t-1) * beta1, beta2^(t-1) * beta2   (kept on the device)
+        c1, c2 = 1 - beta1^t, 1 - beta2^t        (on the device, as c = (1 - beta) + beta * c
+                                                  from c = 0: no cancellation in float32)
         v_max = max(v_max, v)                    (amsgrad; v below means v_max)
-        p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+        p = p - lr / c1 * m / (sqrt(v) / sqrt(c2) + eps)
     """
     if weight_decay and not decoupled:
         g = g + F.affine(p, weight_decay)
@@ -27,14 +28,14 @@ def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, beta1_power: Tensor,
         p = p - p * F.affine(lr, weight_decay)
     m = F.affine(m, beta1) + F.affine(g, 1.0 - beta1)
     v = F.affine(v, beta2) + F.affine(F.square(g), 1.0 - beta2)
-    beta1_power = F.affine(beta1_power, beta1)
-    beta2_power = F.affine(beta2_power, beta2)
-    out = {"m": m, "v": v, "beta1_power": beta1_power, "beta2_power": beta2_power}
+    correction1 = F.affine(correction1, beta1, 1.0 - beta1)
+    correction2 = F.affine(correction2, beta2, 1.0 - beta2)
+    out = {"m": m, "v": v, "correction1": correction1, "correction2": correction2}
     second = v
     if v_max is not None:
         second = out["v_max"] = F.affine(v_max + v + F.abs(v_max - v), 0.5)  # elementwise max
-    step_size = lr / F.affine(beta1_power, -1.0, 1.0)
-    denom = F.sqrt(second) / F.sqrt(F.affine(beta2_power, -1.0, 1.0)) + eps
+    step_size = lr / correction1
+    denom = F.sqrt(second) / F.sqrt(correction2) + eps
     out["p"] = p - step_size * m / denom
     return out
 
@@ -59,15 +60,15 @@ class Adam(Optimizer):
     def _update(self, p, g, lr, group, state) -> None:
         if "m" not in state:  # moments start as zeros made on the device
             state["m"], state["v"] = device_zeros_like(p), device_zeros_like(p)
-            state["beta1_power"], state["beta2_power"] = device_scalar(1.0), device_scalar(1.0)
+            state["correction1"], state["correction2"] = device_scalar(0.0), device_scalar(0.0)
             if group["amsgrad"]:
                 state["v_max"] = device_zeros_like(p)
         beta1, beta2 = group["betas"]
-        new = adam_update(p, g, state["m"], state["v"], state["beta1_power"], state["beta2_power"], lr,
+        new = adam_update(p, g, state["m"], state["v"], state["correction1"], state["correction2"], lr,
                           beta1=beta1, beta2=beta2, eps=group["eps"],
                           weight_decay=group["weight_decay"], decoupled=self.decoupled,
                           v_max=state.get("v_max"))
-        for key in ("m", "v", "beta1_power", "beta2_power", "v_max"):
+        for key in ("m", "v", "correction1", "correction2", "v_max"):
             if key in new:
                 state[key]._assign(new[key])
         p._assign(new["p"])
