@@ -2,8 +2,7 @@
 # Both set everything up first (scripts/bootstrap.sh): .venv, packages, and the
 # Vulkan build of ggml where this machine can have it (cached in ~/.cache/ggrad).
 PY := .venv/bin/python
-# ggml lists a Vulkan device that runs on the CPU (lavapipe) only when asked to.
-export GGML_VK_VISIBLE_DEVICES ?= 0
+RUN := . scripts/env.sh && $(PY)
 
 .PHONY: setup test demo vulkan cpu bench clean
 
@@ -11,10 +10,13 @@ setup:
 	bash scripts/bootstrap.sh
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(RUN) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(PY) examples/runtime_tour.py
+	$(RUN) examples/runtime_tour.py
+
+bench: setup
+	$(RUN) bench/step_transfers.py
 
 vulkan:
 	GGRAD_BACKEND=vulkan bash scripts/bootstrap.sh

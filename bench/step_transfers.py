@@ -1,0 +1,80 @@
+"""Crossings and dispatches per training step of a 3-layer MLP, on every device.
+
+    GGML_VK_VISIBLE_DEVICES=0 .venv/bin/python bench/step_transfers.py
+
+Counts come from ggrad's transfer and dispatch counters (runtime/transfers.py), after
+two warm-up steps that upload the weights and build the optimizer state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ggrad
+import ggrad.functional as F
+from ggrad.optim import Adam
+
+
+def mlp(params, x):
+    w1, b1, w2, b2, w3, b3 = params
+    h = F.relu(x @ w1.T + b1)
+    h = F.relu(h @ w2.T + b2)
+    return h @ w3.T + b3
+
+
+def measure(device: str) -> list[tuple[str, int, int]]:
+    ggrad.set_device(device)
+    rng = np.random.default_rng(0)
+    sizes = [(64, 32), (64, 64), (10, 64)]
+    params = []
+    for out_f, in_f in sizes:
+        params += [ggrad.param(rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)), ggrad.param(np.zeros(out_f))]
+    opt = Adam(params, lr=1e-3)
+    x = ggrad.tensor(rng.standard_normal((128, 32)))  # uploaded once, reused every step
+    y = ggrad.tensor(rng.integers(0, 10, 128))
+
+    def step(read_loss: bool, do_step: bool = True, do_backward: bool = True):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(mlp(params, x), y)
+            if do_backward:
+                loss.backward()
+        if do_step:
+            opt.step()
+            opt.zero_grad()
+        if read_loss:
+            loss.item()
+        ggrad.realize()
+
+    for _ in range(2):
+        step(read_loss=True)
+    rows = []
+    cases = [
+        ("forward, loss read", dict(read_loss=True, do_step=False, do_backward=False)),
+        ("forward+backward, loss read", dict(read_loss=True, do_step=False)),
+        ("forward+backward+step, loss not read", dict(read_loss=False)),
+        ("forward+backward+step, loss read", dict(read_loss=True)),
+    ]
+    for name, kwargs in cases:
+        counts = []
+        for _ in range(5):
+            with ggrad.count_transfers() as t:
+                step(**kwargs)
+            counts.append((t.crossings, t.dispatches))
+        rows.append((name, *max(counts)))
+    for p in params:
+        p.grad = None
+    ggrad.set_device("cpu")
+    return rows
+
+
+def main() -> None:
+    names = ["cpu"] + [d.name for d in ggrad.devices() if d.kind != "cpu"]
+    print("| device | step | crossings | dispatches |")
+    print("| --- | --- | --- | --- |")
+    for name in names:
+        for case, crossings, dispatches in measure(name):
+            print(f"| {name} | {case} | {crossings} | {dispatches} |")
+
+
+if __name__ == "__main__":
+    main()
