@@ -10,6 +10,12 @@ Stores are versioned: ``store(target, value)`` makes the writer's tensor point a
 `value` from now on (later reads see the new value) and, when the graph runs, copies
 `value` into the target's existing buffer (same address) after every read of the old
 one. Stores are the graph's last nodes, so every read of the old value comes first.
+
+Effects are ops that write their targets' buffers themselves (ggml's fused optimizer
+steps): ``inplace(op, srcs, targets)`` returns a new version node per target, realized
+into the target's buffer once the effect ran. Effects come after the stores; an op that
+reads a version before its effect ran first runs the pending graph (a rare second
+dispatch: the normal loop enters a new tape, which runs everything, before reading).
 """
 
 from __future__ import annotations
@@ -66,8 +72,21 @@ class Node:
         return f"Node({self.shape}, {self.dtype}, {state})"
 
 
+VERSION = "version"  # the op of a value an effect will leave in its target's buffer
+
+
+class Effect:
+    """An op that writes `targets` (all among `srcs`) in place; `versions` are the results."""
+
+    __slots__ = ("op", "srcs", "arg", "targets", "versions")
+
+    def __init__(self, op: str, srcs: tuple, arg, targets: tuple, versions: list) -> None:
+        self.op, self.srcs, self.arg, self.targets, self.versions = op, srcs, arg, targets, versions
+
+
 _pending: "weakref.WeakSet[Node]" = weakref.WeakSet()
 _stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target node, value node)
+_effects: list[Effect] = []
 
 
 def from_host(array: np.ndarray, scope: str = "persistent") -> Node:
@@ -79,7 +98,22 @@ def from_handle(handle) -> Node:
 
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.float32, arg=None) -> Node:
+    for src in srcs:
+        if src.op == VERSION:  # its effect has not run: run it before reading the result
+            realize()
+            break
     return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg)
+
+
+def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None) -> list[Node]:
+    """Record an effect writing `targets`' buffers; returns their new versions."""
+    if any(s.op == VERSION for s in srcs):
+        realize()
+    for target in targets:
+        ensure_on_device(target)
+    versions = [Node(t.shape, t.dtype, op=VERSION, scope=t.scope) for t in targets]
+    _effects.append(Effect(op, srcs, arg, targets, versions))
+    return versions
 
 
 def store(target: Node, value: Node) -> None:
@@ -91,7 +125,8 @@ def store(target: Node, value: Node) -> None:
 
 
 def has_pending_work() -> bool:
-    return bool(_stores) or any(n.pending and n.wanted() for n in _pending)
+    return bool(_stores) or bool(_effects) or any(
+        n.pending and n.op != VERSION and n.wanted() for n in _pending)
 
 
 def ensure_on_device(node: Node):
@@ -116,45 +151,75 @@ def ensure_on_device(node: Node):
 
 
 def realize(nodes: Iterable[Node] = ()) -> None:
-    """Run every pending node that is asked for or still wanted, and every store, as one graph."""
+    """Run every pending node that is asked for or still wanted, and every store, as one graph.
+
+    A graph with the same signature as one run before (the same operations on the same
+    shapes: the normal training step) is not rebuilt: the kept ggml graph runs again with
+    its slots pointed at this step's buffers.
+    """
     stores = list(_stores.values())
+    effects = list(_effects)
     skip = {id(value) for _, value in stores}  # a stored value lands in its target's buffer
-    asked = [n for n in nodes if n.pending and id(n) not in skip]
+    asked = [n for n in nodes if n.pending and n.op != VERSION and id(n) not in skip]
     skip.update(id(n) for n in asked)
-    outputs = asked + [n for n in list(_pending) if n.pending and n.wanted() and id(n) not in skip]
-    if not outputs and not stores:
+    outputs = asked + [n for n in list(_pending)
+                       if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
+    if not outputs and not stores and not effects:
         for n in nodes:
             ensure_on_device(n)
         return
-    order = _topological([*outputs, *(value for _, value in stores)])
-    for node in order:
-        if not node.pending:
-            ensure_on_device(node)
+    order = _topological([*outputs, *(value for _, value in stores), *(s for e in effects for s in e.srcs)])
+    leaves = [n for n in order if not n.pending]
+    for leaf in leaves:
+        ensure_on_device(leaf)
+    for target, _ in stores:
+        ensure_on_device(target)
     dev = runtime.current()
-    graph = Graph(dev, max_nodes=8 * len(order) + 64)
+    key = _signature(order, outputs, stores, effects)
+    graph = dev.cached_graph(key)
+    if graph is None:
+        graph = _build(dev, order, outputs, stores, effects)
+        dev.keep_graph(key, graph)
+    results = [(node, dev.new_handle(node.shape, node.dtype, node.scope)) for node in outputs]
+    results += [(value, target.handle) for target, value in stores]
+    graph.run([leaf.handle for leaf in leaves] + [handle for _, handle in results])
+    _stores.clear()
+    del _effects[:len(effects)]
+    results += [(v, t.handle) for e in effects for t, v in zip(e.targets, e.versions)]
+    for node, handle in results:
+        node.op, node.srcs, node.arg, node.handle = None, (), None, handle
+        _pending.discard(node)
+
+
+def _signature(order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> tuple:
+    """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring."""
+    index = {id(n): i for i, n in enumerate(order)}
+    sig = [(n.op, n.shape, n.dtype.char, n.arg, tuple(index[id(s)] for s in n.srcs)) if n.pending
+           else (None, n.shape, n.dtype.char) for n in order]
+    sig.append(tuple(index[id(n)] for n in outputs))
+    sig.append(tuple(index[id(value)] for _, value in stores))
+    sig.append(tuple((e.op, e.arg, tuple(index[id(s)] for s in e.srcs)) for e in effects))
+    return tuple(sig)
+
+
+def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> Graph:
+    graph = Graph(dev, max_nodes=8 * len(order) + 64, shared_allocator=False)
     try:
         built: dict[int, object] = {}
         for node in order:
             if node.pending:
                 built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
             else:
-                built[id(node)] = graph.bind(node.handle)
-        results = []
-        for node in outputs:
-            handle = dev.new_handle(node.shape, node.dtype, node.scope)
-            graph.write(built[id(node)], handle)
-            results.append((node, handle))
-        for target, value in stores:
-            graph.write(built[id(value)], target.handle)
-            results.append((value, target.handle))
+                built[id(node)] = graph.slot(node.shape, node.dtype)
+        for node in [*outputs, *(value for _, value in stores)]:
+            graph.write(built[id(node)], graph.slot(node.shape, node.dtype))
+        for effect in effects:  # last: every read of the old values comes first
+            for node in BUILDERS[effect.op](graph.ctx, [built[id(s)] for s in effect.srcs], effect):
+                graph.expand(node)
     except BaseException:
-        graph.close()
+        graph.free()
         raise
-    graph.run()
-    _stores.clear()
-    for node, handle in results:
-        node.op, node.srcs, node.arg, node.handle = None, (), None, handle
-        _pending.discard(node)
+    return graph
 
 
 def _topological(roots: list[Node]) -> list[Node]:

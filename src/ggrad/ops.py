@@ -238,3 +238,25 @@ def _pad(ctx, s, node):
 @builder("fill")
 def _fill(ctx, s, node):
     return G.ggml_fill(ctx, s[0], node.arg)
+
+
+# ---- effects: ops that write their targets in place ----------------------------------
+# ggml-vulkan dispatches AdamW as one workgroup of 512 per 512 elements along x, and
+# devices may cap x at 65535 workgroups (lavapipe does; GGML_ASSERT aborts past it).
+ADAMW_CHUNK = 512 * 65535
+
+
+@builder("adamw")
+def _adamw(ctx, s, effect):
+    """ggml's fused AdamW over (p, g, m, v) with params (7,), in chunks of 1-d views."""
+    p, g, m, v, hyper = s
+    n = math.prod(effect.targets[0].shape)
+    flat = [G.ggml_reshape_1d(ctx, t, n) for t in (p, g, m, v)]
+    steps = []
+    for start in range(0, n, ADAMW_CHUNK):
+        size = min(ADAMW_CHUNK, n - start)
+        views = [G.ggml_view_1d(ctx, t, size, start * 4) for t in flat]
+        # ggml_set_param asserts on views; the flag itself is all opt_step_adamw checks
+        views[0].contents.flags |= G.GGML_TENSOR_FLAG_PARAM
+        steps.append(G.ggml_opt_step_adamw(ctx, *views, hyper))
+    return steps

@@ -303,6 +303,14 @@ def ones_like(t: Tensor) -> Tensor:
     return F.fill(t, 1.0)
 
 
+def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], arg=None) -> None:
+    """Record an op that writes `targets` (all among `inputs`) in place, like ggml's fused
+    optimizer steps; each target then holds its new value (same buffer)."""
+    versions = lazy.inplace(op, tuple(t.node for t in inputs), tuple(t.node for t in targets), arg)
+    for t, version in zip(targets, versions):
+        t.node = version
+
+
 def realize(*tensors: Tensor) -> None:
     """Run everything pending now (as one graph) without reading any value back."""
     lazy.realize([t.node for t in tensors])

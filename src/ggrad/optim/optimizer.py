@@ -51,6 +51,7 @@ class Optimizer:
         self.average = bool(average)
         self.param_groups: list[dict[str, Any]] = []
         self.state: dict[Tensor, dict[str, Any]] = {}
+        self.group_state: list[dict[str, Any]] = []  # state shared by a group's parameters
         self._micro_steps = 0
         self._lr_tensors: list[tuple[Tensor, float]] = []
         groups = self._groups(params)
@@ -91,6 +92,7 @@ class Optimizer:
         full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept}
         self._validate(full)
         self.param_groups.append(full)
+        self.group_state.append({})
         self._lr_tensors.append((device_scalar(full["lr"]), float(full["lr"])))
 
     def _validate(self, group: dict) -> None:
@@ -126,7 +128,7 @@ class Optimizer:
         k = self.accumulate_steps
         with autograd.no_grad():
             for index, group in enumerate(self.param_groups):
-                lr = self._lr_tensor(index) if apply else None
+                items = []
                 for p in group["params"]:
                     if p.grad is None:
                         continue
@@ -143,7 +145,14 @@ class Optimizer:
                         g = g * (1.0 / k) if self.average else g
                         acc.zero_()
                     state["step"] += 1
-                    self._update(p, g, lr, group, state)
+                    items.append((p, g, state))
+                if items:
+                    self._update_group(index, group, items, self._lr_tensor(index))
+
+    def _update_group(self, index: int, group: dict, items: list, lr: Tensor) -> None:
+        """Update every (param, gradient, state) of a group; by default one by one."""
+        for p, g, state in items:
+            self._update(p, g, lr, group, state)
 
     def _update(self, p: Tensor, g: Tensor, lr: Tensor, group: dict, state: dict) -> None:
         raise NotImplementedError
@@ -159,7 +168,8 @@ class Optimizer:
 
     # ---- where the state lives ----------------------------------------------------------
     def _state_tensors(self) -> list[Tensor]:
-        return [v for s in self.state.values() for v in s.values() if isinstance(v, Tensor)]
+        states = [*self.state.values(), *self.group_state]
+        return [v for s in states for v in s.values() if isinstance(v, Tensor)]
 
     @property
     def resident(self) -> bool:
@@ -188,7 +198,8 @@ class Optimizer:
             state[index[id(p)]] = {k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [index[id(p)] for p in g["params"]]}
                   for g in self.param_groups]
-        return {"state": state, "param_groups": groups, "micro_steps": self._micro_steps}
+        shared = [{k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()} for s in self.group_state]
+        return {"state": state, "param_groups": groups, "group_state": shared, "micro_steps": self._micro_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
         groups = state_dict["param_groups"]
@@ -209,6 +220,8 @@ class Optimizer:
         for group, saved in zip(self.param_groups, groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
             self._validate(group)
+        self.group_state = [{k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
+                             for k, v in s.items()} for s in state_dict.get("group_state", [{}] * len(groups))]
         self._micro_steps = int(state_dict.get("micro_steps", 0))
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections import OrderedDict
 from typing import Iterator
 
 from ggml import ggml as G
@@ -28,7 +29,21 @@ class ActiveDevice:
         self.passes = PassPool(self.backend)
         self.galloc = G.ggml_gallocr_new(self.backend.buft)
         self._persistent_handles: weakref.WeakSet[Handle] = weakref.WeakSet()
+        self.graphs: OrderedDict = OrderedDict()  # signature -> runtime.graph.Graph, for reuse
         self.released = False
+
+    def cached_graph(self, key):
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+        return graph
+
+    def keep_graph(self, key, graph, limit: int = 8) -> None:
+        """Keep a built graph for reuse; the least recently used beyond `limit` is freed."""
+        self.graphs[key] = graph
+        while len(self.graphs) > limit:
+            _, old = self.graphs.popitem(last=False)
+            old.free()
 
     def new_handle(self, shape: tuple[int, ...], dtype, scope: str) -> Handle:
         pool = self.persistent if scope == "persistent" else self.passes
@@ -38,12 +53,16 @@ class ActiveDevice:
         return handle
 
     def scratch_bytes(self) -> int:
-        return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self.galloc else 0
+        shared = G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self.galloc else 0
+        return shared + sum(g.scratch_bytes() for g in self.graphs.values())
 
     def release(self) -> None:
         for handle in list(self._persistent_handles):
             handle.evict()
         self._persistent_handles = weakref.WeakSet()
+        for graph in self.graphs.values():
+            graph.free()
+        self.graphs.clear()
         G.ggml_gallocr_free(self.galloc)
         self.galloc = None
         self.passes.release()

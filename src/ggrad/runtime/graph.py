@@ -1,10 +1,10 @@
-"""Building one ggml graph on the current device and running it as one dispatch.
+"""Building ggml graphs on the current device and running each as one dispatch.
 
 `Graph` is the executor the layers above use: inputs are new host arrays (uploaded
-once, after allocation) or live handles (used where they are); results are copied into
-handles. Intermediate nodes live in the device's graph allocator, which reuses one
-scratch buffer across graphs. Every node is checked with the backend's supports-op
-before anything runs: ggml's Vulkan backend would silently skip an unsupported node.
+after allocation) or slots bound to live handles (used where they are); results are
+copied into handles. A graph can be kept and run again over other handles (reuse: no
+rebuild, no re-allocation). Every node is checked with the backend's supports-op before
+anything runs: ggml's Vulkan backend would silently skip an unsupported node.
 """
 
 from __future__ import annotations
@@ -81,55 +81,97 @@ def node_shape(node) -> tuple[int, int, int, int]:
 
 
 class Graph:
-    """One graph on `dev`: add inputs and outputs, then `run()` it once."""
+    """One ggml graph on a device: built once, then run once or many times.
 
-    def __init__(self, dev: ActiveDevice, max_nodes: int = DEFAULT_MAX_NODES) -> None:
+    Slots are tensors of the graph that point at pool handles given at run time, so a
+    built and allocated graph runs again over other buffers: `run` re-points its slots
+    and every view of them, and nothing is rebuilt, re-planned or re-allocated. A graph
+    that is kept for reuse has its own allocator (another graph cannot move its scratch);
+    a one-shot graph borrows the device's.
+    """
+
+    def __init__(self, dev: ActiveDevice, max_nodes: int = DEFAULT_MAX_NODES, shared_allocator: bool = True) -> None:
         self.dev = dev
         mem = G.ggml_tensor_overhead() * (2 * max_nodes) + G.ggml_graph_overhead_custom(max_nodes, False)
         self.ctx = G.ggml_init(G.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
         if not self.ctx:
             raise MemoryError("ggml_init failed for a graph context")
         self.graph = G.ggml_new_graph_custom(self.ctx, max_nodes, False)
+        self._owns_allocator = not shared_allocator
+        self.galloc = dev.galloc if shared_allocator else G.ggml_gallocr_new(dev.backend.buft)
+        self.slots: list = []
         self._uploads: list[tuple[object, np.ndarray]] = []
-        self._keep: list[Handle] = []  # handles the graph reads or writes stay alive until it ran
+        self._views: list[tuple[object, object, int]] | None = None  # (view, its slot, offset)
 
     def input(self, array: np.ndarray):
-        """A new leaf holding `array` (uploaded after allocation)."""
+        """A new leaf holding `array`, uploaded after allocation (one-shot graphs)."""
         tensor = new_tensor(self.ctx, array.dtype, array.shape)
         G.ggml_set_input(tensor)
         self._uploads.append((tensor, array))
         return tensor
 
-    def bind(self, handle: Handle):
-        """The ggml tensor of a live handle on this device, read where it lives."""
-        self._keep.append(handle)
-        return handle.tensor
+    def slot(self, shape: tuple[int, ...], dtype) -> object:
+        """A tensor of `shape` whose data is a handle given to `run` (in slot order)."""
+        tensor = new_tensor(self.ctx, np.dtype(dtype), shape)
+        self.slots.append(tensor)
+        return tensor
 
-    def write(self, node, out: Handle) -> None:
-        """Copy `node`'s value into `out`'s buffer when the graph runs."""
-        self._keep.append(out)
-        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, out.tensor))
+    def write(self, node, dst) -> None:
+        """Copy `node`'s value into the slot `dst` when the graph runs."""
+        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, dst))
 
-    def run(self) -> None:
-        try:
+    def expand(self, node) -> None:
+        """Add `node` (and what it needs) to the graph: for ops that write in place."""
+        G.ggml_build_forward_expand(self.graph, node)
+
+    def run(self, bindings: Sequence[Handle]) -> None:
+        """Point the slots at `bindings` (live handles on this device) and compute."""
+        first = self._views is None
+        for slot, handle in zip(self.slots, bindings):
+            src = handle.tensor.contents
+            if first:
+                G.ggml_backend_tensor_alloc(src.buffer, slot, src.data)
+            else:
+                slot.contents.buffer, slot.contents.data = src.buffer, src.data
+        if first:
             self._check_supported()
-            if not G.ggml_gallocr_alloc_graph(self.dev.galloc, self.graph):
+            if not G.ggml_gallocr_alloc_graph(self.galloc, self.graph):
                 raise MemoryError(f"{self.dev.name}: could not allocate the graph's scratch memory")
-            host = self.dev.backend.host_memory
-            for tensor, array in self._uploads:
-                if tensor.contents.buffer:  # an input no node reads is never allocated
-                    transfers.upload(tensor, array, host)
-            self.dev.backend.compute(self.graph)
-            transfers.count_dispatch()
-        finally:
-            self.close()
+            self._views = self._views_of_slots()
+        else:
+            for view, slot, offset in self._views:
+                view.contents.buffer = slot.contents.buffer
+                view.contents.data = slot.contents.data + offset
+        host = self.dev.backend.host_memory
+        for tensor, array in self._uploads:
+            if tensor.contents.buffer:  # an input no node reads is never allocated
+                transfers.upload(tensor, array, host)
+        self._uploads.clear()
+        self.dev.backend.compute(self.graph)
+        transfers.count_dispatch()
 
-    def close(self) -> None:
+    def scratch_bytes(self) -> int:
+        return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator else 0
+
+    def free(self) -> None:
         if self.ctx:
             G.ggml_free(self.ctx)
             self.ctx = None
+        if self._owns_allocator and self.galloc:
+            G.ggml_gallocr_free(self.galloc)
+        self.galloc = None
         self._uploads.clear()
-        self._keep.clear()
+
+    def _views_of_slots(self) -> list[tuple[object, object, int]]:
+        slots = {ctypes.addressof(s.contents): s for s in self.slots}
+        views = []
+        t = G.ggml_get_first_tensor(self.ctx)
+        while t:
+            src = t.contents.view_src
+            if src and ctypes.addressof(src.contents) in slots:
+                views.append((t, slots[ctypes.addressof(src.contents)], t.contents.view_offs))
+            t = G.ggml_get_next_tensor(self.ctx, t)
+        return views
 
     def _check_supported(self) -> None:
         backend = self.dev.backend
@@ -178,7 +220,8 @@ def run_op(fn: Callable, inputs: Sequence, out_shape, scope: str = "pass",
 
     graph = Graph(dev)
     try:
-        tensors = [graph.bind(x) if isinstance(x, Handle) else graph.input(x) for x in prepared]
+        handles = [x for x in prepared if isinstance(x, Handle)]
+        tensors = [graph.slot(x.shape, x.dtype) if isinstance(x, Handle) else graph.input(x) for x in prepared]
         node = fn(graph.ctx, tensors)
         if not isinstance(node, ctypes.POINTER(G.ggml_tensor)) or not node:
             raise TypeError(f"fn must return a ggml tensor, got {type(node).__name__}")
@@ -192,9 +235,8 @@ def run_op(fn: Callable, inputs: Sequence, out_shape, scope: str = "pass",
         if out is not None and out.dtype != dtype:
             raise TypeError(f"dtype mismatch: fn's result is {dtype}, out is {out.dtype}")
         target = out if out is not None else dev.new_handle(shape, dtype, scope)
-        graph.write(node, target)
-    except BaseException:
-        graph.close()
-        raise
-    graph.run()
+        graph.write(node, graph.slot(shape, dtype))
+        graph.run(handles + [target])
+    finally:
+        graph.free()
     return target
