@@ -21,14 +21,15 @@ import pytest  # noqa: E402
 import ggrad  # noqa: E402
 
 AVAILABLE = [d.name for d in ggrad.devices()]
-DEVICE_PARAMS = ["cpu", "vulkan:0"]
+DEVICE_PARAMS = ["cpu", "vulkan:0", "cuda:0"]
 _ran = Counter()
 
 
 def pytest_report_header(config):
     lines = [f"ggrad devices: {', '.join(f'{d.name} ({d.description})' for d in ggrad.devices())}"]
-    if "vulkan:0" not in AVAILABLE:
-        lines.append("no Vulkan device: Vulkan tests are skipped")
+    for name in DEVICE_PARAMS[1:]:
+        if name not in AVAILABLE:
+            lines.append(f"no {name} device: its tests are skipped")
     return lines
 
 

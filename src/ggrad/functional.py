@@ -458,8 +458,12 @@ def _softmax_rule(ctx, g):
 
 
 def log_softmax(x, axis: int = -1) -> Tensor:
-    x = _as_tensor(x)
-    return x - logsumexp(x, axis, keepdims=True)
+    x = _float(_as_tensor(x), "log_softmax")
+    a = _axis(axis, x.ndim)
+    if a != x.ndim - 1:
+        return transpose(log_softmax(transpose(x, a, -1)), a, -1)
+    return _apply("log_softmax", (x,), x.shape,
+                  lambda ctx, g: (_apply("log_softmax_back", (g, _out(ctx)), g.shape),))
 
 
 # ---- indexing, joining ---------------------------------------------------------------------
@@ -647,8 +651,13 @@ def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
         target = one_hot(target, classes)
     elif target.shape != logits.shape:
         raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
-    per_sample = -sum(target.detach() * log_softmax(logits), axis=-1)
+    per_sample = _apply("softmax_cross_entropy", (logits, target.detach()), (n,), _cross_entropy_rule)
     return _reduce(per_sample, reduction)
+
+
+def _cross_entropy_rule(ctx, g):
+    logits, target = ctx.parents
+    return _apply("softmax_cross_entropy_back", (logits.detach(), target, g), logits.shape), None
 
 
 def binary_cross_entropy_with_logits(logits, target, reduction: str = "mean") -> Tensor:

@@ -260,3 +260,50 @@ def _adamw(ctx, s, effect):
         views[0].contents.flags |= G.GGML_TENSOR_FLAG_PARAM
         steps.append(G.ggml_opt_step_adamw(ctx, *views, hyper))
     return steps
+
+
+# ---- fused row-wise ops: one lazy node, several ggml nodes ---------------------------
+def _rows(ctx, x, shape):
+    """`x` as a (rows, cols) matrix over its last axis."""
+    return reshape(ctx, x, (math.prod(shape[:-1]), shape[-1]))
+
+
+def _log_softmax_rows(ctx, x, rows: int, cols: int):
+    """x - max - log(sum(exp(x - max))) per row, stable for any logits."""
+    index = G.ggml_cast(ctx, G.ggml_argmax(ctx, x), F32)
+    peak = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, x, _onehot(ctx, reshape(ctx, index, (rows, 1)), rows, cols)))
+    shifted = G.ggml_sub(ctx, x, peak)
+    return G.ggml_sub(ctx, shifted, G.ggml_log(ctx, G.ggml_sum_rows(ctx, G.ggml_exp(ctx, shifted))))
+
+
+@builder("log_softmax")
+def _log_softmax(ctx, s, node):
+    rows, cols = math.prod(node.shape[:-1]), node.shape[-1]
+    return reshape(ctx, _log_softmax_rows(ctx, _rows(ctx, s[0], node.shape), rows, cols), node.shape)
+
+
+@builder("log_softmax_back")
+def _log_softmax_back(ctx, s, node):
+    """g - softmax * sum(g) per row, with softmax = exp(log_softmax)."""
+    g, out = (_rows(ctx, t, node.shape) for t in s)
+    return reshape(ctx, G.ggml_sub(ctx, g, G.ggml_mul(ctx, G.ggml_exp(ctx, out), G.ggml_sum_rows(ctx, g))),
+                   node.shape)
+
+
+@builder("softmax_cross_entropy")
+def _softmax_cross_entropy(ctx, s, node):
+    """Per row: -sum(target * log_softmax(logits))."""
+    logits, target = s
+    rows, cols = logits.contents.ne[1], logits.contents.ne[0]
+    picked = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, target, _log_softmax_rows(ctx, logits, rows, cols)))
+    return reshape(ctx, G.ggml_neg(ctx, picked), node.shape)
+
+
+@builder("softmax_cross_entropy_back")
+def _softmax_cross_entropy_back(ctx, s, node):
+    """d/dlogits = g * (softmax * sum(target) - target), per row."""
+    logits, target, g = s
+    rows = logits.contents.ne[1]
+    probs = G.ggml_soft_max(ctx, logits)
+    diff = G.ggml_sub(ctx, G.ggml_mul(ctx, probs, G.ggml_sum_rows(ctx, target)), target)
+    return G.ggml_mul(ctx, diff, reshape(ctx, g, (rows, 1)))

@@ -101,7 +101,8 @@ class Graph:
         self.galloc = dev.galloc if shared_allocator else G.ggml_gallocr_new(dev.backend.buft)
         self.slots: list = []
         self._uploads: list[tuple[object, np.ndarray]] = []
-        self._views: list[tuple[object, object, int]] | None = None  # (view, its slot, offset)
+        self._bound: list[tuple[int, int]] = []  # (buffer, data) each slot points at now
+        self._views: list[list[tuple[object, int]]] | None = None  # per slot: (view, offset)
 
     def input(self, array: np.ndarray):
         """A new leaf holding `array`, uploaded after allocation (one-shot graphs)."""
@@ -126,22 +127,24 @@ class Graph:
 
     def run(self, bindings: Sequence[Handle]) -> None:
         """Point the slots at `bindings` (live handles on this device) and compute."""
-        first = self._views is None
-        for slot, handle in zip(self.slots, bindings):
-            src = handle.tensor.contents
-            if first:
+        if self._views is None:
+            for slot, handle in zip(self.slots, bindings):
+                src = handle.tensor.contents
                 G.ggml_backend_tensor_alloc(src.buffer, slot, src.data)
-            else:
-                slot.contents.buffer, slot.contents.data = src.buffer, src.data
-        if first:
+                self._bound.append((src.buffer, src.data))
             self._check_supported()
             if not G.ggml_gallocr_alloc_graph(self.galloc, self.graph):
                 raise MemoryError(f"{self.dev.name}: could not allocate the graph's scratch memory")
             self._views = self._views_of_slots()
         else:
-            for view, slot, offset in self._views:
-                view.contents.buffer = slot.contents.buffer
-                view.contents.data = slot.contents.data + offset
+            for i, handle in enumerate(bindings):
+                where = handle.location()
+                if where != self._bound[i]:  # only what moved is re-pointed
+                    self._bound[i] = where
+                    slot = self.slots[i].contents
+                    slot.buffer, slot.data = where
+                    for view, offset in self._views[i]:
+                        view.contents.buffer, view.contents.data = where[0], where[1] + offset
         host = self.dev.backend.host_memory
         for tensor, array in self._uploads:
             if tensor.contents.buffer:  # an input no node reads is never allocated
@@ -162,14 +165,14 @@ class Graph:
         self.galloc = None
         self._uploads.clear()
 
-    def _views_of_slots(self) -> list[tuple[object, object, int]]:
-        slots = {ctypes.addressof(s.contents): s for s in self.slots}
-        views = []
+    def _views_of_slots(self) -> list[list[tuple[object, int]]]:
+        index = {ctypes.addressof(s.contents): i for i, s in enumerate(self.slots)}
+        views: list[list[tuple[object, int]]] = [[] for _ in self.slots]
         t = G.ggml_get_first_tensor(self.ctx)
         while t:
             src = t.contents.view_src
-            if src and ctypes.addressof(src.contents) in slots:
-                views.append((t, slots[ctypes.addressof(src.contents)], t.contents.view_offs))
+            if src and ctypes.addressof(src.contents) in index:
+                views[index[ctypes.addressof(src.contents)]].append((t, t.contents.view_offs))
             t = G.ggml_get_next_tensor(self.ctx, t)
         return views
 

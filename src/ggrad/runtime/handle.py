@@ -49,7 +49,7 @@ class Handle:
     """Data of one tensor in a device pool: `.ptr`, `.shape`, `.dtype`, `.scope`, `.live`."""
 
     __slots__ = ("shape", "dtype", "scope", "device", "host_copy", "_pool", "_generation",
-                 "_tensor", "_block", "_host_memory", "__weakref__")
+                 "_tensor", "_block", "_host_memory", "_location", "__weakref__")
 
     def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str) -> None:
         self.shape = tuple(int(s) for s in shape)
@@ -66,6 +66,7 @@ class Handle:
         G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
         self._tensor = tensor
         self._block = block
+        self._location = (tensor.contents.buffer, tensor.contents.data)
         weakref.finalize(self, _release, ctx, pool, block)
 
     @property
@@ -93,6 +94,11 @@ class Handle:
         """The ggml tensor; only handed out while the handle is live."""
         self.check_live()
         return self._tensor
+
+    def location(self) -> tuple[int, int]:
+        """(backend buffer, data address) of a live handle: what a graph slot points at."""
+        self.check_live()
+        return self._location
 
     @property
     def ptr(self) -> int:

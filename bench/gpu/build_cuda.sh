@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Build a CUDA wheel of ggml-python 0.0.45 on a GPU host (no registry needed).
+#   bash bench/gpu/build_cuda.sh SDIST OUT_DIR [CUDA_ARCH]
+# ggml-python 0.0.45 binds ggml_backend_cuda_allreduce_tensor when CUDA is on, which
+# ggml 0.15.3 declares but never defines: `import ggml` fails. A CMake project include
+# adds a one-function C file defining it (returning false) to the ggml-cuda target; no
+# source is patched. GGML_CUDA_GRAPHS=ON replays a graph as one CUDA graph (ggml's
+# default is off; a small node then costs ~9 us instead of ~2).
+set -euo pipefail
+SDIST="${1:?sdist path}"
+OUT="${2:?output folder}"
+ARCH="${3:-90}"
+SHIM="$(mktemp -d)"
+cat >"$SHIM/allreduce_shim.c" <<'C'
+#include <stdbool.h>
+#include <stddef.h>
+struct ggml_tensor;
+bool ggml_backend_cuda_allreduce_tensor(void ** backends, struct ggml_tensor ** tensors, size_t n) {
+    (void) backends; (void) tensors; (void) n;
+    return false;
+}
+C
+cat >"$SHIM/shim.cmake" <<CMAKE
+cmake_language(DEFER DIRECTORY \${CMAKE_SOURCE_DIR} CALL target_sources ggml-cuda PRIVATE "$SHIM/allreduce_shim.c")
+CMAKE
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip wheel -q --no-build-isolation --no-deps -w "$OUT" "$SDIST" \
+  --config-settings=cmake.args="-DGGML_CUDA=ON;-DCMAKE_CUDA_ARCHITECTURES=$ARCH;-DGGML_NATIVE=OFF;-DGGML_CUDA_GRAPHS=ON;-DCMAKE_PROJECT_INCLUDE=$SHIM/shim.cmake"
+ls -la "$OUT"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What ran on the H200 host for docs/performance.md (device tool; no registry there).
+#   bash bench/gpu/h200.sh vulkan   # tests + benchmarks on ggml's Vulkan backend
+#   bash bench/gpu/h200.sh cuda     # build the CUDA wheel there, tests + benchmarks
+# Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
+# .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
+set -uo pipefail
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+case "$1" in
+  vulkan)
+    for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    python3 -m pip install -q --no-index --no-deps --target /tmp/ggml .wheels/ggml_python-*.whl
+    ;;
+  cuda)
+    t0=$(date +%s)
+    bash bench/gpu/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz /tmp/cudawheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/ggml /tmp/cudawheel/ggml_python-*.whl
+    ;;
+esac
+export PYTHONPATH=/tmp/ggml:/tmp/site:src
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
+python3 -m pytest -q -x -p no:cacheprovider tests -k "$1 or not (cpu or vulkan or cuda)" 2>&1 | tail -15 | tee "$OUT/tests-$1.txt"
+python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$1.txt"
+python3 bench/train_step.py --device "$1" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
+  $( [ "$1" = cuda ] && echo --cuda-graph ) 2>&1 | tee "$OUT/train-$1.txt"
+python3 bench/adam_only.py --device "$1" --torch-device cuda --sizes 1e6 1e7 1e8 2>&1 | tee "$OUT/adam-$1.txt"

@@ -1,0 +1,158 @@
+"""One training step, ggrad against PyTorch in the same process: same model, same data,
+Adam, fp32. Prints a table of median step times and the ratio ggrad / PyTorch.
+
+    .venv/bin/python bench/train_step.py --device cpu --models mlp-small mlp-mnist
+    python3 bench/train_step.py --device cuda --torch-device cuda      (GPU host)
+
+Each step feeds a fresh batch from host memory (a data loader), runs forward, backward
+and Adam, and does not read the loss. Times are medians of blocks of steps after a
+warm-up; GPU work is synchronised at the end of each block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+MODELS = {
+    "mlp-small": ([64, 64, 64, 10], 64),
+    "mlp-mnist": ([784, 512, 512, 10], 128),
+    "mlp-large": ([1024, 4096, 4096, 1024], 512),
+}
+
+
+def batches(sizes, batch, n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, sizes[0])).astype(np.float32),
+             rng.integers(0, sizes[-1], batch).astype(np.int64)) for _ in range(n)]
+
+
+def init_weights(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i), np.zeros(o, np.float32))
+            for i, o in zip(sizes[:-1], sizes[1:])]
+
+
+def time_blocks(step, sync, steps: int, blocks: int, warmup: int) -> float:
+    for i in range(warmup):
+        step(i)
+    sync()
+    times = []
+    for b in range(blocks):
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(b * steps + i)
+        sync()
+        times.append((time.perf_counter() - t0) / steps)
+    return statistics.median(times)
+
+
+def ggrad_step_fn(sizes, data, device, fused):
+    import ggrad
+    import ggrad.functional as F
+    from ggrad.optim import Adam
+
+    ggrad.set_device(device)
+    params = []
+    for w, b in init_weights(sizes):
+        params += [ggrad.param(w), ggrad.param(b)]
+    opt = Adam(params, lr=1e-3, fused=fused)
+
+    def step(i):
+        x_np, y_np = data[i % len(data)]
+        x, y = ggrad.tensor(x_np), ggrad.tensor(y_np)
+        with ggrad.grad_tape():
+            h = x
+            for j in range(0, len(params), 2):
+                h = h @ params[j].T + params[j + 1]
+                if j + 2 < len(params):
+                    h = F.relu(h)
+            F.cross_entropy(h, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step, ggrad.realize
+
+
+def torch_step_fn(sizes, data, device, fused, cuda_graph=False):
+    import torch
+
+    layers = []
+    for i, (w, b) in enumerate(init_weights(sizes)):
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(w))
+            lin.bias.copy_(torch.from_numpy(b))
+        layers += [lin] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
+    model = torch.nn.Sequential(*layers).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None, capturable=cuda_graph)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def eager(i):
+        x_np, y_np = data[i % len(data)]
+        x = torch.from_numpy(x_np).to(device, non_blocking=True)
+        y = torch.from_numpy(y_np).to(device, non_blocking=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False if cuda_graph else True)
+
+    if not cuda_graph:
+        return eager, sync
+    static_x = torch.from_numpy(data[0][0]).to(device)
+    static_y = torch.from_numpy(data[0][1]).to(device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        loss_fn(model(static_x), static_y).backward()
+        opt.step()
+
+    def replay(i):
+        x_np, y_np = data[i % len(data)]
+        static_x.copy_(torch.from_numpy(x_np), non_blocking=True)
+        static_y.copy_(torch.from_numpy(y_np), non_blocking=True)
+        graph.replay()
+
+    return replay, sync
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cpu", help="ggrad device (cpu, vulkan, cuda, gpu)")
+    ap.add_argument("--torch-device", default="cpu")
+    ap.add_argument("--models", nargs="+", default=["mlp-small", "mlp-mnist"], choices=list(MODELS))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=15)
+    ap.add_argument("--cuda-graph", action="store_true", help="also time PyTorch with a CUDA graph")
+    args = ap.parse_args()
+
+    import torch
+    if args.torch_device == "cpu":
+        import os
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    print(f"| model | ggrad {args.device} ms | PyTorch {args.torch_device} ms | ratio | what PyTorch ran |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in args.models:
+        sizes, batch = MODELS[name]
+        data = batches(sizes, batch)
+        steps = max(3, args.steps if name != "mlp-large" else args.steps // 2)
+        g = time_blocks(*ggrad_step_fn(sizes, data, args.device, fused=True), steps, args.blocks, 5)
+        variants = [("eager, fused Adam", False)] + ([("CUDA graph, fused Adam", True)] if args.cuda_graph else [])
+        for label, graph in variants:
+            t = time_blocks(*torch_step_fn(sizes, data, args.torch_device, True, graph), steps, args.blocks, 5)
+            print(f"| {name} | {g * 1e3:.3f} | {t * 1e3:.3f} | {g / t:.2f} | {label} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
