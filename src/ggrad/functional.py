@@ -61,6 +61,8 @@ def _axis(axis: int, ndim: int) -> int:
 
 
 def _broadcast(a: Tensor, b: Tensor, op: str) -> tuple[int, ...]:
+    if a.shape == b.shape:
+        return a.shape
     try:
         shape = np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
@@ -75,13 +77,13 @@ def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     if g.shape == shape:
         return g
     keep = (1,) * (g.ndim - len(shape)) + tuple(shape)
-    if keep != g.shape:
-        g = _apply("sum_to", (g,), keep, _sum_to_rule)
-    return reshape(g, shape) if keep != shape else g
+    if keep == g.shape:
+        return reshape(g, shape)
+    return _apply("sum_to", (g,), shape, _sum_to_rule, keep)
 
 
 def _sum_to_rule(ctx, g):
-    return (broadcast_to(g, ctx.parents[0].shape),)
+    return (broadcast_to(reshape(g, ctx.arg), ctx.parents[0].shape),)
 
 
 def broadcast_to(x: Tensor, shape) -> Tensor:
@@ -199,7 +201,7 @@ def step(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    return _unary("relu", x, lambda ctx, g: (g * step(ctx.parents[0].detach()),))
+    return _unary("relu", x, lambda ctx, g: (_apply("relu_back", (g, _out(ctx)), g.shape),))
 
 
 def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
@@ -337,7 +339,7 @@ def permute(x, *axes) -> Tensor:
         raise ValueError(f"permute of a {x.ndim}-d tensor needs a permutation of its axes, got {axes}")
     if axes == tuple(range(x.ndim)):
         return x
-    inverse = tuple(int(i) for i in np.argsort(axes))
+    inverse = tuple(axes.index(i) for i in range(len(axes)))
     return _apply("permute", (x,), tuple(x.shape[a] for a in axes),
                   lambda ctx, g: (permute(g, inverse),), axes, x.dtype)
 
@@ -346,10 +348,13 @@ def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:
     x = _as_tensor(x)
     if x.ndim < 2:
         return x
-    axes = list(range(x.ndim))
-    d0, d1 = _axis(dim0, x.ndim), _axis(dim1, x.ndim)
-    axes[d0], axes[d1] = axes[d1], axes[d0]
-    axes = tuple(axes)
+    if x.ndim == 2 and {dim0, dim1} in ({-2, -1}, {0, 1}):
+        axes = (1, 0)
+    else:
+        axes = list(range(x.ndim))
+        d0, d1 = _axis(dim0, x.ndim), _axis(dim1, x.ndim)
+        axes[d0], axes[d1] = axes[d1], axes[d0]
+        axes = tuple(axes)
     if x.node.pending and x.node.op == "permute" and x.node.arg == axes:  # a swap undoes itself
         if x._ctx is not None:
             return x._ctx.parents[0]
@@ -391,10 +396,10 @@ def sum(x, axis=None, keepdims: bool = False) -> Tensor:
     x = _float(_as_tensor(x), "sum")
     axes = _reduce_axes(x, axis)
     keep = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
-    out = _apply("sum_to", (x,), keep, _sum_to_rule) if keep != x.shape else x
-    if keepdims:
-        return out
-    return reshape(out, tuple(n for i, n in enumerate(x.shape) if i not in axes))
+    if keep == x.shape:
+        return x
+    shape = keep if keepdims else tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    return _apply("sum_to", (x,), shape, _sum_to_rule, keep)
 
 
 def mean(x, axis=None, keepdims: bool = False) -> Tensor:

@@ -143,11 +143,18 @@ def _reshape(ctx, s, node):
 
 @builder("sum_to")
 def _sum_to(ctx, s, node):
-    """Sum over the axes where node.shape has 1 (keepdims shape of the same rank)."""
-    x = s[0]
-    if all(n == 1 for n in node.shape):
+    """Sum over the axes where node.arg (the kept shape, same rank as the source) has 1."""
+    x, keep = s[0], node.arg
+    if all(n == 1 for n in keep):
         return reshape(ctx, G.ggml_sum(ctx, x), node.shape)
-    return G.ggml_repeat_back(ctx, x, template(ctx, node.shape))
+    return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
+
+
+@builder("relu_back")
+def _relu_back(ctx, s, node):
+    """g where relu's output is positive, else 0."""
+    g, out = s
+    return G.ggml_mul(ctx, g, G.ggml_sgn(ctx, out))
 
 
 @builder("broadcast_to")

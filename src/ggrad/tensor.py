@@ -7,6 +7,7 @@ uploaded once, on first use, into the persistent pool, so constant inputs cross 
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -87,7 +88,7 @@ class Tensor:
     shape = property(lambda self: self._node.shape)
     dtype = property(lambda self: self._node.dtype)
     ndim = property(lambda self: len(self._node.shape))
-    size = property(lambda self: int(np.prod(self._node.shape, dtype=np.int64)))
+    size = property(lambda self: math.prod(self._node.shape))
     is_leaf = property(lambda self: self._ctx is None)
 
     @property
