@@ -8,21 +8,21 @@ set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
 case "$1" in
   vulkan)
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    python3 -m pip install -q --no-index --no-deps --target /tmp/ggml .wheels/ggml_python-*.whl
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-vulkan .wheels/ggml_python-*.whl
     ;;
   cuda)
     t0=$(date +%s)
-    bash bench/gpu/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz /tmp/cudawheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    ls /tmp/cudawheel/ggml_python-*.whl >/dev/null 2>&1 || bash bench/gpu/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz /tmp/cudawheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
-    python3 -m pip install -q --no-index --no-deps --target /tmp/ggml /tmp/cudawheel/ggml_python-*.whl
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda /tmp/cudawheel/ggml_python-*.whl
     ;;
 esac
-export PYTHONPATH=/tmp/ggml:/tmp/site:src
+export PYTHONPATH=/tmp/ggml-$1:/tmp/site:src
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
 python3 -m pytest -q -x -p no:cacheprovider tests -k "$1 or not (cpu or vulkan or cuda)" 2>&1 | tail -15 | tee "$OUT/tests-$1.txt"
