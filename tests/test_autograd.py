@@ -49,7 +49,8 @@ def test_gradients_equal_a_float64_reference(dev):
     with ggrad.grad_tape():
         F.mse_loss(W @ ggrad.tensor(x), ggrad.tensor(y)).backward()
     expected = 2 * (w @ x - y) @ x.T / y.size
-    np.testing.assert_allclose(W.grad.numpy(), expected, rtol=1e-5, atol=1e-6)
+    tf32 = dev.startswith("cuda")  # ggml-cuda multiplies float32 matrices in TF32
+    np.testing.assert_allclose(W.grad.numpy(), expected, rtol=3e-3 if tf32 else 1e-5, atol=3e-3 if tf32 else 1e-6)
 
 
 def test_gradient_descent_converges(dev):

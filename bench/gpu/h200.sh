@@ -25,8 +25,8 @@ esac
 export PYTHONPATH=/tmp/ggml-$1:/tmp/site:src
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
-python3 -m pytest -q -x -p no:cacheprovider tests -k "$1 or not (cpu or vulkan or cuda)" 2>&1 | tail -15 | tee "$OUT/tests-$1.txt"
+python3 -m pytest -q -p no:cacheprovider tests -k "$1 or not (cpu or vulkan or cuda)" 2>&1 | tail -15 | tee "$OUT/tests-$1.txt"
 python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$1.txt"
 python3 bench/train_step.py --device "$1" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
-  $( [ "$1" = cuda ] && echo --cuda-graph ) 2>&1 | tee "$OUT/train-$1.txt"
-python3 bench/adam_only.py --device "$1" --torch-device cuda --sizes 1e6 1e7 1e8 2>&1 | tee "$OUT/adam-$1.txt"
+  $( [ "$1" = cuda ] && echo --cuda-graph ) 2>&1 | grep -v "graph warmup" | tee "$OUT/train-$1.txt"
+python3 -X faulthandler bench/adam_only.py --device "$1" --torch-device cuda --sizes 1e6 1e7 1e8 2>&1 | tee "$OUT/adam-$1.txt"
