@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 1e7])
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
+    import torch  # noqa: F401  before ggml's CUDA: importing torch after it aborted (seen on the H200)
     print(f"| params | ggrad {args.device} ms | GB/s | % of copy | PyTorch fused {args.torch_device} ms | GB/s | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for size in args.sizes:

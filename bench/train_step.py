@@ -137,7 +137,7 @@ def main() -> None:
     ap.add_argument("--cuda-graph", action="store_true", help="also time PyTorch with a CUDA graph")
     args = ap.parse_args()
 
-    import torch
+    import torch  # before ggml's CUDA: importing torch after it aborted (seen on the H200)
     if args.torch_device == "cpu":
         import os
         torch.set_num_threads(len(os.sched_getaffinity(0)))

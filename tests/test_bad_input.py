@@ -78,7 +78,7 @@ CHILD = textwrap.dedent(r"""
         "grad shape": (lambda: setattr(W, "grad", np.ones(3)), "grad of shape"),
         "backward non-scalar": (backward_of_a_matrix, "explicit grad"),
         "int requires grad": (lambda: t([1, 2], requires_grad=True), "float"),
-        "wrong device": (lambda: t([1.0], device="cuda"), "unknown device"),
+        "wrong device": (lambda: t([1.0], device="tpu"), "unknown device"),
     })
     for name, (call, needle) in cases.items():
         try:
