@@ -13,7 +13,7 @@ test: setup
 	$(RUN) -m pytest $(PYTEST_ARGS)
 
 demo: setup
-	$(RUN) examples/runtime_tour.py
+	$(RUN) examples/digits.py
 
 bench: setup
 	$(RUN) bench/step_transfers.py

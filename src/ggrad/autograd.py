@@ -56,10 +56,12 @@ def grad_tape() -> Iterator[None]:
     runtime.reset_pass()
     _tape_generation += 1
     previous, _recording = _recording, True
+    previous_scope, lazy.default_scope = lazy.default_scope, "pass"
     try:
         yield
     finally:
         _recording = previous
+        lazy.default_scope = previous_scope
 
 
 @contextlib.contextmanager

@@ -97,12 +97,18 @@ def from_handle(handle) -> Node:
     return Node(handle.shape, handle.dtype, handle=handle, scope=handle.scope)
 
 
+# Where a new value lands when it is realized: "pass" inside a grad tape (activations,
+# gradients of the pass), "persistent" outside one (accumulators, metrics, evaluation),
+# so a value made outside a tape outlives the next tape's reset.
+default_scope = "persistent"
+
+
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.float32, arg=None) -> Node:
     for src in srcs:
         if src.op == VERSION:  # its effect has not run: run it before reading the result
             realize()
             break
-    return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg)
+    return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=default_scope)
 
 
 def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None) -> list[Node]:

@@ -1,0 +1,32 @@
+"""`python -m ggrad info`: versions and every usable device."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from importlib import metadata
+
+
+def info() -> None:
+    import ggrad
+
+    print(f"ggrad {ggrad.__version__}")
+    print(f"ggml-python {metadata.version('ggml-python')} (ggml 0.15.3)")
+    print(f"python {sys.version.split()[0]}")
+    print("devices:")
+    for d in ggrad.devices():
+        kind = "GPU" if d.is_gpu else ("CPU" if d.kind == "cpu" else "software")
+        print(f"  {d.name:10s} {kind:8s} {d.memory_total / 2**30:7.1f} GiB  {d.description}")
+    print(f"default device: {ggrad.get_device()}; gpu available: {ggrad.gpu_available()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ggrad")
+    parser.add_argument("command", choices=["info"])
+    parser.parse_args(argv)
+    info()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,169 @@
+"""Layers: Linear, activations, Dropout, normalisation, Embedding."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import functional as F
+from ..autograd import no_grad
+from ..random import generator
+from ..tensor import Tensor, param, tensor
+from .module import Module
+
+
+def _uniform(shape, bound: float) -> np.ndarray:
+    return generator().uniform(-bound, bound, shape).astype(np.float32)
+
+
+class Linear(Module):
+    """y = x @ W.T + b, W of shape (out, in). `init`: "kaiming" (PyTorch's default:
+    U(-1/sqrt(in), 1/sqrt(in))), "kaiming_normal" (N(0, 2/in), for ReLU nets) or "glorot"."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, init: str = "kaiming") -> None:
+        super().__init__()
+        if in_features < 1 or out_features < 1:
+            raise ValueError(f"Linear needs positive sizes, got {in_features}, {out_features}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        shape = (self.out_features, self.in_features)
+        if init == "kaiming":
+            w = _uniform(shape, 1 / math.sqrt(in_features))
+        elif init == "kaiming_normal":
+            w = (generator().standard_normal(shape) * math.sqrt(2 / in_features)).astype(np.float32)
+        elif init == "glorot":
+            w = _uniform(shape, math.sqrt(6 / (in_features + out_features)))
+        else:
+            raise ValueError(f"init must be 'kaiming', 'kaiming_normal' or 'glorot', got {init!r}")
+        self.weight = param(w)
+        self.bias = param(_uniform((out_features,), 1 / math.sqrt(in_features))) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}")
+        y = x @ self.weight.T  # ggml's native product: no transpose is built
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class _Activation(Module):
+    fn = staticmethod(F.relu)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return type(self).fn(x)
+
+
+class ReLU(_Activation):
+    fn = staticmethod(F.relu)
+
+
+class Sigmoid(_Activation):
+    fn = staticmethod(F.sigmoid)
+
+
+class Tanh(_Activation):
+    fn = staticmethod(F.tanh)
+
+
+class SiLU(_Activation):
+    fn = staticmethod(F.silu)
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        super().__init__()
+        self.negative_slope = float(negative_slope)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.dropout(x, self.p, self.training, rng=generator())
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class LayerNorm(Module):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
+
+    def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.weight = param(np.ones(normalized_shape, np.float32)) if elementwise_affine else None
+        self.bias = param(np.zeros(normalized_shape, np.float32)) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[-1] != self.normalized_shape:
+            raise ValueError(f"LayerNorm({self.normalized_shape}) got input of shape {x.shape}")
+        centered = x - x.mean(axis=-1, keepdims=True)
+        var = F.square(centered).mean(axis=-1, keepdims=True)
+        y = centered / F.sqrt(var + self.eps)
+        return y * self.weight + self.bias if self.weight is not None else y
+
+
+class BatchNorm1d(Module):
+    """Batch statistics in training (biased variance to normalise, unbiased for the running
+    variance), running statistics in eval. The running statistics are buffers updated in
+    place on the device: no crossing."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
+        super().__init__()
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
+        self.weight = param(np.ones(num_features, np.float32)) if affine else None
+        self.bias = param(np.zeros(num_features, np.float32)) if affine else None
+        self.register_buffer("running_mean", tensor(np.zeros(num_features, np.float32)))
+        self.register_buffer("running_var", tensor(np.ones(num_features, np.float32)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim != 2 or x.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm1d({self.num_features}) needs input (N, {self.num_features}), got {x.shape}")
+        if self.training:
+            n = x.shape[0]
+            if n < 2:
+                raise ValueError("BatchNorm1d in training needs more than one sample per batch")
+            mean = x.mean(axis=0)
+            centered = x - mean
+            var = F.square(centered).mean(axis=0)
+            with no_grad():
+                m = self.momentum
+                self.running_mean.assign_(self.running_mean * (1 - m) + mean.detach() * m)
+                self.running_var.assign_(self.running_var * (1 - m) + var.detach() * (m * n / (n - 1)))
+            y = centered / F.sqrt(var + self.eps)
+        else:
+            y = (x - self.running_mean) / F.sqrt(self.running_var + self.eps)
+        return y * self.weight + self.bias if self.weight is not None else y
+
+
+class Embedding(Module):
+    """Rows of a (num_embeddings, dim) table, N(0, 1) initialised like PyTorch's."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
+        self.weight = param(generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"

@@ -1,0 +1,202 @@
+"""`Module`: parameters and sub-modules registered by attribute, state dicts, modes."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator
+
+import numpy as np
+
+from ..tensor import Tensor, param
+
+
+def Parameter(data) -> Tensor:
+    """A trainable tensor (PyTorch's spelling of `ggrad.param`)."""
+    return param(data.numpy() if isinstance(data, Tensor) else data)
+
+
+class Module:
+    """Base class: assign parameters (tensors that require grad), buffers and modules as
+    attributes; `forward` does the work, calling the module calls `forward`."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name: str, value) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"call Module.__init__() in {type(self).__name__}.__init__ before assigning {name!r}")
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        if isinstance(value, Module):
+            self._modules[name] = value
+        elif isinstance(value, Tensor) and value.requires_grad:
+            self._parameters[name] = value
+        elif isinstance(value, Tensor) and name in self.__dict__.get("_buffer_names", ()):
+            self._buffers[name] = value
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name: str, tensor: Tensor) -> None:
+        """State that is saved and loaded but not trained (BatchNorm's running stats)."""
+        self.__dict__.setdefault("_buffer_names", set()).add(name)
+        setattr(self, name, tensor)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} has no forward")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # ---- traversal -------------------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, module in self._modules.items():
+            yield from module.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator["Module"]:
+        return (m for _, m in self.named_modules())
+
+    def children(self) -> Iterator["Module"]:
+        return iter(self._modules.values())
+
+    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+        seen: set[int] = set()
+        for prefix, module in self.named_modules():
+            for name, p in module._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{prefix}.{name}" if prefix else name), p
+
+    def parameters(self) -> Iterator[Tensor]:
+        return (p for _, p in self.named_parameters())
+
+    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
+        for prefix, module in self.named_modules():
+            for name, b in module._buffers.items():
+                yield (f"{prefix}.{name}" if prefix else name), b
+
+    # ---- modes -------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for module in self.modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def to(self, device: str) -> "Module":
+        """ggrad runs one device at a time: make `device` current (the previous one's data
+        moves to the host first, nothing lost) and place this module's tensors on it."""
+        from .. import runtime, tensor
+        runtime.set_device(device)
+        tensor.realize(*self.parameters(), *(b for _, b in self.named_buffers()))
+        for t in [*self.parameters(), *(b for _, b in self.named_buffers())]:
+            t.handle  # noqa: B018  (uploads what is still on the host)
+        return self
+
+    # ---- state -------------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, Tensor]":
+        return OrderedDict([*self.named_parameters(), *self.named_buffers()])
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy values in place (same buffers). Every name, shape and dtype is checked
+        before anything changes; a mismatch raises naming all the offending keys."""
+        own = self.state_dict()
+        values = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
+        missing = [k for k in own if k not in values]
+        unexpected = [k for k in values if k not in own]
+        shapes = [f"{k}: expected {own[k].shape}, got {values[k].shape}" for k in own
+                  if k in values and tuple(values[k].shape) != own[k].shape]
+        dtypes = [f"{k}: expected {own[k].dtype}, got {values[k].dtype}" for k in own
+                  if k in values and values[k].dtype.kind != own[k].dtype.kind]
+        problems = []
+        if strict and missing:
+            problems.append(f"missing keys: {missing}")
+        if strict and unexpected:
+            problems.append(f"unexpected keys: {unexpected}")
+        if shapes:
+            problems.append(f"mis-shaped keys: {shapes}")
+        if dtypes:
+            problems.append(f"wrong dtypes: {dtypes}")
+        if problems:
+            raise ValueError(f"load_state_dict for {type(self).__name__}: " + "; ".join(problems))
+        from ..autograd import no_grad
+        with no_grad():
+            for k, t in own.items():
+                if k in values:
+                    t.assign_(values[k].astype(t.dtype))
+
+    # ---- printing ----------------------------------------------------------------------
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+class Sequential(Module):
+    def __init__(self, *layers: Module) -> None:
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Module):
+                raise TypeError(f"Sequential takes Modules, got {type(layer).__name__} at {i}")
+            setattr(self, str(i), layer)
+
+    def forward(self, x):
+        for layer in self._modules.values():
+            x = layer(x)
+        return x
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+class ModuleList(Module):
+    def __init__(self, modules=()) -> None:
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module: Module) -> "ModuleList":
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+class ModuleDict(Module):
+    def __init__(self, modules: dict | None = None) -> None:
+        super().__init__()
+        for k, m in (modules or {}).items():
+            setattr(self, k, m)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        setattr(self, key, module)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def __len__(self) -> int:
+        return len(self._modules)

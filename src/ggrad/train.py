@@ -1,0 +1,242 @@
+"""`fit`: the training loop, its metrics, callbacks and the per-epoch `History`.
+
+The running loss and accuracy are sums kept on the device; the progress bar reads them
+once per refresh and the epoch summary once per epoch, so a step itself crosses nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable, Iterable
+
+import numpy as np
+
+from . import functional as F
+from .autograd import grad_tape, no_grad
+from .data import DataLoader
+from .optim.lr_scheduler import ReduceLROnPlateau
+from .tensor import Tensor
+
+
+class History:
+    """Per-epoch metrics: ``history.history["loss"]``, ``history["val_accuracy"]``..."""
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[float]] = {}
+        self.epochs: list[int] = []
+
+    def append(self, epoch: int, logs: dict[str, float]) -> None:
+        self.epochs.append(epoch)
+        for k, v in logs.items():
+            self.history.setdefault(k, []).append(v)
+
+    def __getitem__(self, key: str) -> list[float]:
+        return self.history[key]
+
+    def plot(self, path: str) -> str:
+        """Write the learning curves to `path` (PNG, matplotlib)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        keys = [k for k in self.history if k != "lr"]
+        groups = sorted({k.removeprefix("val_") for k in keys})
+        fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.5), squeeze=False)
+        for ax, name in zip(axes[0], groups):
+            for key in (name, f"val_{name}"):
+                if key in self.history:
+                    ax.plot(self.epochs, self.history[key], marker="o", label=key)
+            ax.set_xlabel("epoch")
+            ax.set_title(name)
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+
+class Callback:
+    """Hooks of the loop; `on_epoch_end` returning True stops training."""
+
+    def on_train_begin(self, model, optimizer) -> None:
+        return None
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, float], model, optimizer) -> bool:
+        return False
+
+    def on_train_end(self, model, optimizer) -> None:
+        return None
+
+
+def _improved(value: float, best: float, mode: str, min_delta: float) -> bool:
+    return value < best - min_delta if mode == "min" else value > best + min_delta
+
+
+class EarlyStopping(Callback):
+    """Stop when `monitor` has not improved for `patience` epochs; optionally put back
+    the best weights."""
+
+    def __init__(self, monitor: str = "val_loss", patience: int = 5, mode: str = "min",
+                 min_delta: float = 0.0, restore_best_weights: bool = True) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        self.monitor, self.patience, self.mode, self.min_delta = monitor, patience, mode, min_delta
+        self.restore_best_weights = restore_best_weights
+        self.best = math.inf if mode == "min" else -math.inf
+        self.best_state: dict | None = None
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+
+    def on_epoch_end(self, epoch, logs, model, optimizer) -> bool:
+        if self.monitor not in logs:
+            raise KeyError(f"EarlyStopping monitors {self.monitor!r}, the loop logs {sorted(logs)}")
+        if _improved(logs[self.monitor], self.best, self.mode, self.min_delta):
+            self.best, self.wait = logs[self.monitor], 0
+            if self.restore_best_weights:
+                self.best_state = {k: v.numpy() for k, v in model.state_dict().items()}
+            return False
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = epoch
+            return True
+        return False
+
+    def on_train_end(self, model, optimizer) -> None:
+        if self.restore_best_weights and self.best_state is not None:
+            model.load_state_dict(self.best_state)
+
+
+class ModelCheckpoint(Callback):
+    """Save the model's state dict to `path` (safetensors) whenever `monitor` improves."""
+
+    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min") -> None:
+        self.path, self.monitor, self.mode = str(path), monitor, mode
+        self.best = math.inf if mode == "min" else -math.inf
+        self.best_epoch: int | None = None
+
+    def on_epoch_end(self, epoch, logs, model, optimizer) -> bool:
+        from .io import save
+        value = logs.get(self.monitor)
+        if value is None:
+            raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, the loop logs {sorted(logs)}")
+        if _improved(value, self.best, self.mode, 0.0):
+            self.best, self.best_epoch = value, epoch
+            save(model, self.path)
+        return False
+
+
+def _as_loader(data, batch_size: int, shuffle: bool) -> DataLoader | None:
+    if data is None or isinstance(data, DataLoader):
+        return data
+    if isinstance(data, (tuple, list)):
+        return DataLoader(*data, batch_size=batch_size, shuffle=shuffle)
+    raise TypeError(f"data must be a DataLoader or a tuple of arrays, got {type(data).__name__}")
+
+
+def _correct(output: Tensor, target: Tensor) -> Tensor:
+    """How many rows' argmax equals the class target (a float on the device)."""
+    if target.dtype == np.int32:
+        return (F.one_hot(target, output.shape[-1]) * F._onehot_argmax(output.detach())).sum()
+    return (F.one_hot(F.argmax(target), output.shape[-1]) * F._onehot_argmax(output.detach())).sum()
+
+
+def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:
+    """Mean loss (and accuracy) over `data`, read from the device once."""
+    loader = _as_loader(data, batch_size, False)
+    model.eval()
+    total_loss = total_correct = None
+    count = 0
+    with no_grad():
+        for x, y in loader:
+            out = model(x)
+            loss = loss_fn(out, y).detach() * float(x.shape[0])
+            total_loss = loss if total_loss is None else total_loss + loss
+            if "accuracy" in metrics:
+                c = _correct(out, y)
+                total_correct = c if total_correct is None else total_correct + c
+            count += x.shape[0]
+    logs = {"loss": total_loss.item() / count}
+    if "accuracy" in metrics:
+        logs["accuracy"] = total_correct.item() / count
+    return logs
+
+
+def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=None, scheduler=None,
+        callbacks: Iterable[Callback] = (), metrics: Iterable[str] = ("loss",), batch_size: int = 32,
+        scheduler_interval: str = "epoch", verbose: int = 1) -> History:
+    """Train `model` for `epochs` epochs; returns the per-epoch metrics as a History.
+
+    `train_data` / `val_data`: DataLoaders or tuples of arrays (then batched by
+    `batch_size`, shuffled for training). `metrics` may add "accuracy". The scheduler
+    steps per "epoch" (ReduceLROnPlateau with the monitored loss) or per "step".
+    """
+    metrics = tuple(metrics)
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if scheduler_interval not in ("epoch", "step"):
+        raise ValueError(f"scheduler_interval must be 'epoch' or 'step', got {scheduler_interval!r}")
+    unknown = set(metrics) - {"loss", "accuracy"}
+    if unknown:
+        raise ValueError(f"unknown metrics {sorted(unknown)}; ggrad.fit knows 'loss' and 'accuracy'")
+    train_loader = _as_loader(train_data, batch_size, True)
+    val_loader = _as_loader(val_data, batch_size, False)
+    callbacks = list(callbacks)
+    history = History()
+    for cb in callbacks:
+        cb.on_train_begin(model, optimizer)
+    show = verbose > 0 and sys.stderr.isatty()
+    for epoch in range(1, epochs + 1):
+        logs = _train_epoch(model, loss_fn, optimizer, train_loader, metrics, scheduler,
+                            scheduler_interval, show, f"epoch {epoch}/{epochs}")
+        if val_loader is not None:
+            logs.update({f"val_{k}": v for k, v in evaluate(model, loss_fn, val_loader, metrics).items()})
+        logs["lr"] = optimizer.lr
+        history.append(epoch, logs)
+        if verbose > 0:
+            print(f"epoch {epoch}/{epochs}: " + ", ".join(f"{k} {v:.4g}" for k, v in logs.items()), flush=True)
+        if scheduler is not None and scheduler_interval == "epoch":
+            if isinstance(scheduler, ReduceLROnPlateau):
+                scheduler.step(logs.get("val_loss", logs["loss"]))
+            else:
+                scheduler.step()
+        stop = [cb.on_epoch_end(epoch, logs, model, optimizer) for cb in callbacks]
+        if any(stop):
+            break
+    for cb in callbacks:
+        cb.on_train_end(model, optimizer)
+    return history
+
+
+def _train_epoch(model, loss_fn, optimizer, loader, metrics, scheduler, interval, show, label) -> dict:
+    from tqdm import tqdm
+
+    model.train()
+    total_loss = total_correct = None
+    count, last_read = 0, time.monotonic()
+    bar = tqdm(total=len(loader), desc=label, disable=not show, leave=False)
+    for x, y in loader:
+        with grad_tape():
+            out = model(x)
+            loss = loss_fn(out, y)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        weighted = loss.detach() * float(x.shape[0])
+        total_loss = weighted if total_loss is None else total_loss + weighted
+        if "accuracy" in metrics:
+            c = _correct(out, y)
+            total_correct = c if total_correct is None else total_correct + c
+        count += x.shape[0]
+        if scheduler is not None and interval == "step":
+            scheduler.step()
+        bar.update(1)
+        if show and time.monotonic() - last_read > 0.5:  # one 4-byte read per refresh
+            bar.set_postfix(loss=f"{total_loss.item() / count:.4f}")
+            last_read = time.monotonic()
+    bar.close()
+    logs = {"loss": total_loss.item() / count}
+    if "accuracy" in metrics:
+        logs["accuracy"] = total_correct.item() / count
+    return logs
