@@ -1,0 +1,116 @@
+"""DataLoader, fit and its callbacks, the digits run, the demo and info commands."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import ggrad
+import ggrad.functional as F
+from ggrad import nn
+from ggrad import runtime as rt
+from ggrad.optim import Adam
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def digits():
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    return train_test_split(x, d.target, test_size=0.2, random_state=0, stratify=d.target)
+
+
+def test_data_loader_batches_shuffles_and_stays_flat(dev):
+    x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
+    loader = ggrad.DataLoader(x, y, batch_size=4)
+    batches = list(loader)
+    assert len(loader) == len(batches) == 3 and batches[-1][0].shape == (2, 2)
+    assert len(ggrad.DataLoader(x, y, batch_size=4, drop_last=True)) == 2
+    first = [b[1].numpy() for b in ggrad.DataLoader(x, y, batch_size=5, shuffle=True, seed=1)]
+    again = [b[1].numpy() for b in ggrad.DataLoader(x, y, batch_size=5, shuffle=True, seed=1)]
+    assert all((a == b).all() for a, b in zip(first, again))
+    assert sorted(np.concatenate(first)) == list(range(10))
+    W = ggrad.param(np.ones((2, 3)))
+    sizes = []
+    for epoch in range(30):
+        for xb, _ in ggrad.DataLoader(x, y, batch_size=4, shuffle=True):
+            (xb @ W).sum().item()
+        sizes.append(rt.memory()["persistent_bytes"])
+    assert sizes[5] == sizes[-1]
+    with pytest.raises(ValueError, match="differ in length"):
+        ggrad.DataLoader(x, y[:3])
+
+
+def test_fit_reaches_the_accuracy_bar_on_digits(tmp_path):
+    x_train, x_test, y_train, y_test = digits()
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    ckpt = tmp_path / "best.safetensors"
+    history = ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), lr=3e-3),
+                        ggrad.DataLoader(x_train, y_train, batch_size=32, shuffle=True, seed=0),
+                        epochs=12, val_data=(x_test, y_test), metrics=("loss", "accuracy"),
+                        callbacks=[ggrad.ModelCheckpoint(ckpt, monitor="val_accuracy", mode="max")],
+                        verbose=0)
+    assert max(history["val_accuracy"]) >= 0.96
+    assert history["loss"][-1] < history["loss"][0]
+    best = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    best.load_state_dict(ggrad.load(ckpt))
+    acc = ggrad.evaluate(best, F.cross_entropy, (x_test, y_test), metrics=("accuracy",))["accuracy"]
+    assert acc == pytest.approx(max(history["val_accuracy"]))
+    png = history.plot(tmp_path / "curve.png")
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fit_steps_cross_nothing_but_the_metric_reads(dev):
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    loader = ggrad.DataLoader(x, y, batch_size=16)
+    opt = Adam(model.parameters(), lr=1e-2)
+    ggrad.fit(model, F.cross_entropy, opt, loader, epochs=1, verbose=0)  # state made, weights uploaded
+    with ggrad.count_transfers() as t:
+        ggrad.fit(model, F.cross_entropy, opt, loader, epochs=2, metrics=("loss", "accuracy"), verbose=0)
+    crossing = dev != "cpu"
+    assert t.uploads == (2 * 4 * 2 if crossing else 0)  # each fresh batch (x, y), nothing else
+    assert t.downloads == (2 * 2 if crossing else 0)  # loss and accuracy, once per epoch
+
+
+def test_early_stopping_restores_the_best_weights():
+    x = np.random.default_rng(1).standard_normal((32, 3)).astype(np.float32)
+    y = np.random.default_rng(2).integers(0, 2, 32)
+    model = nn.Sequential(nn.Linear(3, 2))
+    stop = ggrad.EarlyStopping(monitor="loss", patience=1, mode="max")  # loss falls: stops at once
+    history = ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), lr=1e-2), (x, y), epochs=20,
+                        callbacks=[stop], verbose=0)
+    assert len(history.epochs) == 2 and stop.stopped_epoch == 2
+
+
+def test_fit_rejects_bad_arguments():
+    model = nn.Sequential(nn.Linear(2, 2))
+    opt = Adam(model.parameters())
+    data = (np.ones((4, 2), np.float32), np.zeros(4, np.int64))
+    with pytest.raises(ValueError, match="epochs"):
+        ggrad.fit(model, F.cross_entropy, opt, data, epochs=0)
+    with pytest.raises(ValueError, match="unknown metrics"):
+        ggrad.fit(model, F.cross_entropy, opt, data, epochs=1, metrics=("f1",))
+
+
+def run(args, **env):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_info_command():
+    proc = run(["-m", "ggrad", "info"])
+    assert proc.returncode == 0 and "cpu" in proc.stdout and "ggml-python 0.0.45" in proc.stdout
+
+
+def test_demo_command_exits_zero(tmp_path):
+    proc = run(["examples/digits.py", "--epochs", "3", "--device", "cpu", "--out", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test accuracy" in proc.stdout and "reloaded checkpoint" in proc.stdout
+    assert (tmp_path / "curve.png").exists() and (tmp_path / "model.safetensors").exists()
