@@ -40,6 +40,25 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# Unpack one Debian package of another suite into DEST without touching the system:
+# a private sources list and apt state, `apt-get download`, `dpkg -x`.
+private_deb() {
+  local suite="$1" package="$2" dest="$3"
+  local work; work="$(mktemp -d)"
+  local mirror
+  mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
+  mirror="${mirror:-http://deb.debian.org/debian}"
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror $suite main" >"$work/sources.list"
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
+  local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
+              -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
+  apt-get "${opts[@]}" update -qq >/dev/null 2>&1
+  (cd "$work" && apt-get "${opts[@]}" download -qq "$package/$suite" >/dev/null 2>&1)
+  mkdir -p "$dest"
+  dpkg -x "$work/${package}"_*.deb "$dest"
+  rm -rf "$work"
+}
+
 # Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which ggml 0.15.3
 # uses; take libvulkan-dev's headers from Debian 13 into a private folder.
 vulkan_include_dir() {
@@ -51,19 +70,8 @@ vulkan_include_dir() {
   local dir="$CACHE/vulkan-headers"
   if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
     log "fetching Debian 13 Vulkan headers into $dir"
-    local work; work="$(mktemp -d)"
-    local mirror
-    mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
-    mirror="${mirror:-http://deb.debian.org/debian}"
-    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" >"$work/sources.list"
-    mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-    local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
-                -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
-    apt-get "${opts[@]}" update -qq >/dev/null
-    (cd "$work" && apt-get "${opts[@]}" download -qq libvulkan-dev >/dev/null)
-    rm -rf "$dir"; mkdir -p "$dir"
-    dpkg -x "$work"/libvulkan-dev_*.deb "$dir"
-    rm -rf "$work"
+    rm -rf "$dir"
+    private_deb trixie libvulkan-dev "$dir"
   fi
   echo "$dir/usr/include"
 }
@@ -78,22 +86,12 @@ private_lavapipe() {
   if [ "${version%%.*}" -ge 25 ] 2>/dev/null || [ ! -f /etc/debian_version ]; then return; fi
   [ -f "$dir/lvp_icd.json" ] && return
   log "fetching Mesa 25 lavapipe from bookworm-backports into $dir"
-  local work; work="$(mktemp -d)"
-  local mirror
-  mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
-  mirror="${mirror:-http://deb.debian.org/debian}"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror bookworm-backports main" >"$work/sources.list"
-  mkdir -p "$work/lists/partial" "$work/cache/archives/partial"
-  local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
-              -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
-  apt-get "${opts[@]}" update -qq >/dev/null
-  (cd "$work" && apt-get "${opts[@]}" download -qq mesa-vulkan-drivers/bookworm-backports >/dev/null 2>&1)
-  rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
-  dpkg -x "$work"/mesa-vulkan-drivers_*.deb "$dir.tmp/root"
+  rm -rf "$dir.tmp"
+  private_deb bookworm-backports mesa-vulkan-drivers "$dir.tmp/root"
   local lib; lib="$(find "$dir.tmp/root" -name libvulkan_lvp.so | head -1)"
   lib="$dir${lib#"$dir.tmp"}"
   printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}\n' "$lib" >"$dir.tmp/lvp_icd.json"
-  rm -rf "$dir" "$work"; mv "$dir.tmp" "$dir"
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
 }
 
 build_wheel() {

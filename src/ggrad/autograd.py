@@ -126,19 +126,9 @@ def backward(loss, grad=None) -> None:
 
 
 def _topological(root) -> list:
-    order, seen, stack = [], set(), [(root, False)]
-    while stack:
-        t, expanded = stack.pop()
-        if expanded:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
+    def parents(t):
         if t._ctx is FREED:
             raise RuntimeError("backward: part of this graph was already used by a backward call "
                                "and freed; record the forward pass again")
-        if t._ctx is not None:
-            stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
-    return order
+        return [p for p in t._ctx.parents if p.requires_grad] if t._ctx is not None else []
+    return lazy.topological([root], parents)

@@ -228,23 +228,27 @@ def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: l
     return graph
 
 
-def _topological(roots: list[Node]) -> list[Node]:
-    """Nodes reachable from `roots` through pending nodes, sources first (no recursion)."""
-    order: list[Node] = []
+def topological(roots: list, inputs: Callable) -> list:
+    """Everything reachable from `roots` through `inputs(x)`, inputs first; iterative, so
+    a deep graph cannot hit Python's recursion limit."""
+    order: list = []
     seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
+    stack: list[tuple[object, bool]] = [(r, False) for r in reversed(roots)]
     while stack:
-        node, expanded = stack.pop()
+        item, expanded = stack.pop()
         if expanded:
-            order.append(node)
+            order.append(item)
             continue
-        if id(node) in seen:
+        if id(item) in seen:
             continue
-        seen.add(id(node))
-        stack.append((node, True))
-        if node.pending:
-            stack.extend((s, False) for s in reversed(node.srcs) if id(s) not in seen)
+        seen.add(id(item))
+        stack.append((item, True))
+        stack.extend((s, False) for s in reversed(inputs(item)) if id(s) not in seen)
     return order
+
+
+def _topological(roots: list[Node]) -> list[Node]:
+    return topological(roots, lambda node: node.srcs if node.pending else ())
 
 
 def _finish_before_release() -> None:
