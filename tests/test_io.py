@@ -93,7 +93,7 @@ def test_loading_a_wrong_file_raises_and_changes_nothing(tmp_path):
 
 
 def test_gguf_export_reads_back(tmp_path):
-    import gguf
+    gguf = pytest.importorskip("gguf")
 
     m = model()
     path = ggrad.export_gguf(m, tmp_path / "m.gguf", metadata={"task": "test"})
