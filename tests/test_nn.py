@@ -152,3 +152,21 @@ def test_manual_seed_reproduces_init_and_dropout():
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[1], b[1])
     assert set(np.unique(a[1])) <= {0.0, 2.0}
+
+
+def test_dropout_draws_on_the_device_without_crossings(dev):
+    ggrad.manual_seed(3)
+    drop = nn.Dropout(0.25)
+    x = ggrad.tensor(np.ones((64, 64)))
+    ggrad.realize(drop(x))  # uploads x and the generator's 4-byte state, once
+    with ggrad.count_transfers() as t:
+        a = drop(x)
+        b = drop(x)
+        ggrad.realize(a, b)
+    assert t.crossings == 0
+    a, b = a.numpy(), b.numpy()
+    assert set(np.unique(a)) <= {0.0, np.float32(1 / 0.75)}
+    assert abs((a == 0).mean() - 0.25) < 0.03 and abs((b == 0).mean() - 0.25) < 0.03
+    assert (a != b).any()  # the state advanced between the draws
+    drop.eval()
+    np.testing.assert_array_equal(drop(x).numpy(), np.ones((64, 64)))

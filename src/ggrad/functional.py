@@ -603,17 +603,32 @@ def one_hot(index, num_classes: int) -> Tensor:
 
 
 # ---- training helpers and losses ---------------------------------------------------------------
+def rand_like(x) -> Tensor:
+    """Uniform [0, 1) numbers shaped like `x`, drawn on the device: no crossing. The
+    device generator's state advances in place (`ggrad.manual_seed` resets it)."""
+    from .random import device_state
+    x = _as_tensor(x)
+    state = device_state()
+    u = _apply("rand", (state,), x.shape)
+    with autograd.no_grad():
+        state._assign(_apply("rand_next", (state,), (1,)))
+    return u
+
+
 def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p). The mask is
-    drawn on the host and uploaded (one crossing per call)."""
+    drawn on the device (no crossing); with `rng` it is drawn on the host from that
+    generator and uploaded instead (a reproducible reference)."""
     x = _as_tensor(x)
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout probability must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    rng = rng if rng is not None else np.random.default_rng()
-    mask = (rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p)
-    return x * tensor(mask)
+    if rng is not None:
+        mask = tensor((rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p))
+    else:
+        mask = affine(step(affine(rand_like(x), 1.0, -p)), 1.0 / (1.0 - p))
+    return x * mask
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:

@@ -314,3 +314,25 @@ def _softmax_cross_entropy_back(ctx, s, node):
     probs = G.ggml_soft_max(ctx, logits)
     diff = G.ggml_sub(ctx, G.ggml_mul(ctx, probs, G.ggml_sum_rows(ctx, target)), target)
     return G.ggml_mul(ctx, diff, reshape(ctx, g, (rows, 1)))
+
+
+# ---- random numbers on the device --------------------------------------------------------
+def _fract(ctx, x):
+    return G.ggml_sub(ctx, x, G.ggml_floor(ctx, x))
+
+
+@builder("rand")
+def _rand(ctx, s, node):
+    """Uniform [0, 1): fract(sin(i * 12.9898 + state * 78.233) * 43758.5453) for element i,
+    the classic shader hash. Good enough for dropout masks, not for statistics; indices
+    past 2^24 repeat (float32)."""
+    n = math.prod(node.shape)
+    i = G.ggml_scale(ctx, G.ggml_arange(ctx, 0.0, float(n), 1.0), 12.9898)
+    phase = G.ggml_add(ctx, i, G.ggml_repeat_4d(ctx, G.ggml_scale(ctx, s[0], 78.233), n, 1, 1, 1))
+    return reshape(ctx, _fract(ctx, G.ggml_scale(ctx, G.ggml_sin(ctx, phase), 43758.5453)), node.shape)
+
+
+@builder("rand_next")
+def _rand_next(ctx, s, node):
+    """The next state: fract(state * golden + 1/pi) * 1000, bounded so the hash stays precise."""
+    return G.ggml_scale(ctx, _fract(ctx, G.ggml_scale_bias(ctx, s[0], 1.6180339887, 0.3183098862)), 1000.0)

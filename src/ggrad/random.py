@@ -1,17 +1,31 @@
-"""One seedable random source for initialisation, dropout masks and shuffling."""
+"""Seedable random sources: a numpy generator on the host (initialisation, shuffling) and
+a state on the device for numbers drawn there (dropout masks, no crossing per draw)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 _generator = np.random.default_rng()
+_device_seed = float(np.random.default_rng().integers(0, 1000))
+_device_state = None  # a (1,) Tensor, made on first use
 
 
 def manual_seed(seed: int) -> None:
     """Make initialisation, dropout and shuffling reproducible."""
-    global _generator
+    global _generator, _device_seed, _device_state
     _generator = np.random.default_rng(int(seed))
+    _device_seed = float(np.random.default_rng(int(seed)).integers(0, 1000))
+    _device_state = None
 
 
 def generator() -> np.random.Generator:
     return _generator
+
+
+def device_state():
+    """The device generator's state (one float, advanced in place by every draw)."""
+    global _device_state
+    if _device_state is None:
+        from .tensor import Tensor
+        _device_state = Tensor(np.array([_device_seed], dtype=np.float32))
+    return _device_state

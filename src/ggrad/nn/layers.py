@@ -97,7 +97,7 @@ class Dropout(Module):
         self.p = float(p)
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.dropout(x, self.p, self.training, rng=generator())
+        return F.dropout(x, self.p, self.training)  # mask drawn on the device
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
