@@ -42,7 +42,6 @@ def ggrad_adam(n: int, device: str, reps: int) -> float:
         ggrad.realize()
 
     t = median_time(step, lambda: None, reps)
-    del p, opt
     ggrad.set_device("cpu")
     return t
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
 
 CHILD = textwrap.dedent(r"""
     import sys, numpy as np, ggrad

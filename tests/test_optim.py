@@ -205,6 +205,7 @@ def test_gradient_accumulation_sum(dev):
     with ggrad.count_transfers() as t:
         opt.step()
         ggrad.realize()
+    assert t.dispatches == 1  # the sum, the update and clearing the accumulator: one graph
     np.testing.assert_allclose(p.numpy(), P0 - 0.1 * (GRADS[0] + GRADS[1]), rtol=1e-5)
 
 

@@ -36,7 +36,7 @@ def test_data_loader_batches_shuffles_and_stays_flat(dev):
     assert sorted(np.concatenate(first)) == list(range(10))
     W = ggrad.param(np.ones((2, 3)))
     sizes = []
-    for epoch in range(30):
+    for _ in range(30):
         for xb, _ in ggrad.DataLoader(x, y, batch_size=4, shuffle=True):
             (xb @ W).sum().item()
         sizes.append(rt.memory()["persistent_bytes"])

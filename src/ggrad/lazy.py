@@ -84,7 +84,7 @@ class Effect:
         self.op, self.srcs, self.arg, self.targets, self.versions = op, srcs, arg, targets, versions
 
 
-_pending: "weakref.WeakSet[Node]" = weakref.WeakSet()
+_pending: weakref.WeakSet[Node] = weakref.WeakSet()
 _stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target node, value node)
 _effects: list[Effect] = []
 

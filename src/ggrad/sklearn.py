@@ -22,7 +22,7 @@ from .data import DataLoader
 from .optim import Adam
 from .random import manual_seed
 from .runtime import device as use_device
-from .tensor import Tensor, tensor
+from .tensor import tensor
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "logistic": nn.Sigmoid, "gelu": nn.GELU}
 

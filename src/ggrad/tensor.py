@@ -59,7 +59,7 @@ class Tensor:
             self.requires_grad_()
 
     @classmethod
-    def _wrap(cls, node: lazy.Node, requires_grad: bool = False) -> "Tensor":
+    def _wrap(cls, node: lazy.Node, requires_grad: bool = False) -> Tensor:
         t = cls.__new__(cls)
         t._node = None
         t.node = node
@@ -96,7 +96,7 @@ class Tensor:
         handle = self._node.handle
         return handle.device if handle is not None and handle.live else runtime.get_device()
 
-    def requires_grad_(self, flag: bool = True) -> "Tensor":
+    def requires_grad_(self, flag: bool = True) -> Tensor:
         if flag and self.dtype != np.float32:
             raise TypeError(f"only float tensors can require grad, this one is {self.dtype}")
         self.requires_grad = flag
@@ -154,7 +154,7 @@ class Tensor:
 
     # ---- gradients -------------------------------------------------------------------
     @property
-    def grad(self) -> "Tensor | None":
+    def grad(self) -> Tensor | None:
         return self._grad
 
     @grad.setter
@@ -173,7 +173,7 @@ class Tensor:
         node.scope = "persistent"
         self._grad = Tensor._wrap(node)
 
-    def _accumulate_grad(self, g: "Tensor") -> None:
+    def _accumulate_grad(self, g: Tensor) -> None:
         """Add `g` into `.grad`, which stays on the device (persistent pool) until cleared."""
         if not self.requires_grad:
             return
@@ -189,11 +189,11 @@ class Tensor:
     def backward(self, grad=None) -> None:
         autograd.backward(self, grad)
 
-    def detach(self) -> "Tensor":
+    def detach(self) -> Tensor:
         return Tensor._wrap(self._node)
 
     # ---- in place --------------------------------------------------------------------
-    def _assign(self, value: "Tensor") -> "Tensor":
+    def _assign(self, value: Tensor) -> Tensor:
         """Make `value` this tensor's new value; a kept buffer is written in place."""
         if autograd.is_recording() and self.requires_grad:
             raise RuntimeError("in-place update of a tensor that requires grad inside a grad_tape; "
@@ -211,7 +211,7 @@ class Tensor:
         self.node = new
         return self
 
-    def assign_(self, value) -> "Tensor":
+    def assign_(self, value) -> Tensor:
         return self._assign(value if isinstance(value, Tensor) else Tensor(value))
 
     def __iadd__(self, other):
@@ -231,7 +231,7 @@ class Tensor:
     mul_ = __imul__
     div_ = __itruediv__
 
-    def zero_(self) -> "Tensor":
+    def zero_(self) -> Tensor:
         return self._assign(zeros_like(self))
 
     # ---- operators (functional.py holds the rules) -------------------------------------
@@ -250,28 +250,28 @@ class Tensor:
     def __getitem__(self, index): return F.getitem(self, index)
 
     @property
-    def T(self) -> "Tensor":
+    def T(self) -> Tensor:
         return F.transpose(self)
 
-    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor": return F.transpose(self, dim0, dim1)
-    def permute(self, *axes) -> "Tensor": return F.permute(self, *axes)
-    def reshape(self, *shape) -> "Tensor": return F.reshape(self, *shape)
-    def sum(self, axis=None, keepdims: bool = False) -> "Tensor": return F.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: bool = False) -> "Tensor": return F.mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims: bool = False) -> "Tensor": return F.max(self, axis, keepdims)
-    def argmax(self, axis: int = -1) -> "Tensor": return F.argmax(self, axis)
-    def exp(self) -> "Tensor": return F.exp(self)
-    def log(self) -> "Tensor": return F.log(self)
-    def sqrt(self) -> "Tensor": return F.sqrt(self)
-    def abs(self) -> "Tensor": return F.abs(self)
-    def relu(self) -> "Tensor": return F.relu(self)
-    def sigmoid(self) -> "Tensor": return F.sigmoid(self)
-    def tanh(self) -> "Tensor": return F.tanh(self)
-    def softmax(self, axis: int = -1) -> "Tensor": return F.softmax(self, axis)
-    def log_softmax(self, axis: int = -1) -> "Tensor": return F.log_softmax(self, axis)
-    def clamp(self, min=None, max=None) -> "Tensor": return F.clamp(self, min, max)
-    def float(self) -> "Tensor": return F.cast(self, np.float32)
-    def int(self) -> "Tensor": return F.cast(self, np.int32)
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor: return F.transpose(self, dim0, dim1)
+    def permute(self, *axes) -> Tensor: return F.permute(self, *axes)
+    def reshape(self, *shape) -> Tensor: return F.reshape(self, *shape)
+    def sum(self, axis=None, keepdims: bool = False) -> Tensor: return F.sum(self, axis, keepdims)
+    def mean(self, axis=None, keepdims: bool = False) -> Tensor: return F.mean(self, axis, keepdims)
+    def max(self, axis=None, keepdims: bool = False) -> Tensor: return F.max(self, axis, keepdims)
+    def argmax(self, axis: int = -1) -> Tensor: return F.argmax(self, axis)
+    def exp(self) -> Tensor: return F.exp(self)
+    def log(self) -> Tensor: return F.log(self)
+    def sqrt(self) -> Tensor: return F.sqrt(self)
+    def abs(self) -> Tensor: return F.abs(self)
+    def relu(self) -> Tensor: return F.relu(self)
+    def sigmoid(self) -> Tensor: return F.sigmoid(self)
+    def tanh(self) -> Tensor: return F.tanh(self)
+    def softmax(self, axis: int = -1) -> Tensor: return F.softmax(self, axis)
+    def log_softmax(self, axis: int = -1) -> Tensor: return F.log_softmax(self, axis)
+    def clamp(self, min=None, max=None) -> Tensor: return F.clamp(self, min, max)
+    def float(self) -> Tensor: return F.cast(self, np.float32)
+    def int(self) -> Tensor: return F.cast(self, np.int32)
 
 
 def tensor(data, requires_grad: bool = False, device: str | None = None) -> Tensor:

@@ -138,8 +138,8 @@ def _as_loader(data, batch_size: int, shuffle: bool) -> DataLoader | None:
 def _correct(output: Tensor, target: Tensor) -> Tensor:
     """How many rows' argmax equals the class target (a float on the device)."""
     if target.dtype == np.int32:
-        return (F.one_hot(target, output.shape[-1]) * F._onehot_argmax(output.detach())).sum()
-    return (F.one_hot(F.argmax(target), output.shape[-1]) * F._onehot_argmax(output.detach())).sum()
+        return (F.one_hot(target, output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
+    return (F.one_hot(F.argmax(target), output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
 
 
 def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:

@@ -50,15 +50,15 @@ class Module:
         return self.forward(*args, **kwargs)
 
     # ---- traversal -------------------------------------------------------------------
-    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
         yield prefix, self
         for name, module in self._modules.items():
             yield from module.named_modules(f"{prefix}.{name}" if prefix else name)
 
-    def modules(self) -> Iterator["Module"]:
+    def modules(self) -> Iterator[Module]:
         return (m for _, m in self.named_modules())
 
-    def children(self) -> Iterator["Module"]:
+    def children(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
     def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
@@ -78,15 +78,15 @@ class Module:
                 yield (f"{prefix}.{name}" if prefix else name), b
 
     # ---- modes -------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> "Module":
+    def train(self, mode: bool = True) -> Module:
         for module in self.modules():
             object.__setattr__(module, "training", bool(mode))
         return self
 
-    def eval(self) -> "Module":
+    def eval(self) -> Module:
         return self.train(False)
 
-    def to(self, device: str) -> "Module":
+    def to(self, device: str) -> Module:
         """ggrad runs one device at a time: make `device` current (the previous one's data
         moves to the host first, nothing lost) and place this module's tensors on it."""
         from .. import runtime, tensor
@@ -97,7 +97,7 @@ class Module:
         return self
 
     # ---- state -------------------------------------------------------------------------
-    def state_dict(self) -> "OrderedDict[str, Tensor]":
+    def state_dict(self) -> OrderedDict[str, Tensor]:
         return OrderedDict([*self.named_parameters(), *self.named_buffers()])
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
@@ -166,7 +166,7 @@ class ModuleList(Module):
         for m in modules:
             self.append(m)
 
-    def append(self, module: Module) -> "ModuleList":
+    def append(self, module: Module) -> ModuleList:
         setattr(self, str(len(self._modules)), module)
         return self
 

@@ -12,7 +12,6 @@ allocation per tensor, so both pools hand out blocks of big chunks:
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 from ggml import ggml as G

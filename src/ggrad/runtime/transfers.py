@@ -31,7 +31,7 @@ class Counters:
         out["crossings"] = self.crossings
         return out
 
-    def __sub__(self, other: "Counters") -> "Counters":
+    def __sub__(self, other: Counters) -> Counters:
         return Counters(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
 
@@ -54,7 +54,7 @@ class count_transfers:
         self._start = Counters()
         self._end: Counters | None = None
 
-    def __enter__(self) -> "count_transfers":
+    def __enter__(self) -> count_transfers:
         self._start = Counters(**{f.name: getattr(_totals, f.name) for f in fields(Counters)})
         self._end = None
         return self

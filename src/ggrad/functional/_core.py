@@ -1,0 +1,111 @@
+"""Plumbing shared by every operation: applying a primitive (a lazy node plus, inside a
+grad tape, its recorded rule), input checks, broadcasting and its inverse, reshape."""
+
+from __future__ import annotations
+
+import builtins
+import numbers
+
+import numpy as np
+
+from .. import autograd, lazy, ops  # noqa: F401  (ops registers the ggml builders)
+from ..tensor import Tensor, tensor
+
+F32 = np.dtype(np.float32)
+_BIG = 3.0e38  # stands in for an open clamp bound (ggml takes floats)
+
+
+def _apply(op: str, inputs: tuple, shape, rule=None, arg=None, dtype=F32) -> Tensor:
+    node = lazy.apply(op, tuple(t.node for t in inputs), tuple(shape), dtype, arg)
+    out = Tensor._wrap(node)
+    if rule is not None and autograd.is_recording() and any(t.requires_grad for t in inputs):
+        out.requires_grad = True
+        out._ctx = autograd.Context(rule, inputs, {"out": node, "arg": arg})
+    return out
+
+
+def _out(ctx) -> Tensor:
+    """The recorded op's own result, as a tensor (rules of exp, tanh... reuse it)."""
+    return Tensor._wrap(ctx.out)
+
+
+def _float(x: Tensor, what: str) -> Tensor:
+    if x.dtype != F32:
+        raise TypeError(f"{what} needs a float tensor, got {x.dtype} (convert with .float())")
+    return x
+
+
+def _as_tensor(x, what: str = "operand") -> Tensor:
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (numbers.Number, np.ndarray, list, tuple)):
+        return tensor(x)
+    raise TypeError(f"{what} must be a Tensor, array or number, got {type(x).__name__}")
+
+
+def _is_scalar(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, Tensor)
+
+
+def _axis(axis: int, ndim: int) -> int:
+    if not isinstance(axis, numbers.Integral) or not -ndim <= axis < builtins.max(ndim, 1):
+        raise ValueError(f"axis {axis} is out of range for a tensor of {ndim} dimensions")
+    return int(axis) % builtins.max(ndim, 1)
+
+
+def _broadcast(a: Tensor, b: Tensor, op: str) -> tuple[int, ...]:
+    if a.shape == b.shape:
+        return a.shape
+    try:
+        shape = np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(f"shape mismatch in {op}: {a.shape} and {b.shape} do not broadcast") from None
+    if len(shape) > 4:
+        raise ValueError(f"{op} of {a.shape} and {b.shape} has more than 4 dimensions")
+    return shape
+
+
+def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """Sum `g` down to `shape` (the inverse of broadcasting `shape` up to g.shape)."""
+    if g.shape == shape:
+        return g
+    keep = (1,) * (g.ndim - len(shape)) + tuple(shape)
+    if keep == g.shape:
+        return reshape(g, shape)
+    return _apply("sum_to", (g,), shape, _sum_to_rule, keep)
+
+
+def _sum_to_rule(ctx, g):
+    return (broadcast_to(reshape(g, ctx.arg), ctx.parents[0].shape),)
+
+
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    np.broadcast_shapes(x.shape, shape)  # raises for shapes that do not broadcast
+    keep = (1,) * (len(shape) - x.ndim) + x.shape
+    x = reshape(x, keep) if keep != x.shape else x
+    return _apply("broadcast_to", (x,), shape, lambda ctx, g: (sum_to(g, ctx.parents[0].shape),))
+
+
+
+def reshape(x, *shape) -> Tensor:
+    x = _as_tensor(x)
+    if len(shape) == 1 and not isinstance(shape[0], numbers.Integral):
+        shape = tuple(shape[0])
+    shape = tuple(int(s) for s in shape)
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"cannot reshape {x.shape} into {shape}")
+    if -1 in shape:
+        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        if known == 0 or x.size % known:
+            raise ValueError(f"cannot reshape {x.shape} into {shape}")
+        shape = tuple(x.size // known if s == -1 else s for s in shape)
+    if int(np.prod(shape, dtype=np.int64)) != x.size or len(shape) > 4:
+        raise ValueError(f"cannot reshape {x.shape} ({x.size} elements) into {shape}")
+    if shape == x.shape:
+        return x
+    return _apply("reshape", (x,), shape, lambda ctx, g: (reshape(g, ctx.parents[0].shape),),
+                  dtype=x.dtype)
+

@@ -1,0 +1,96 @@
+"""Training helpers (device random numbers, dropout) and the losses."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd
+from ._core import Tensor, _apply, _as_tensor, _float, tensor
+from .elementwise import abs, affine, exp, log, relu, square, step
+from .layout import one_hot
+from .reduce import mean, sum
+
+
+# ---- training helpers and losses ---------------------------------------------------------------
+def rand_like(x) -> Tensor:
+    """Uniform [0, 1) numbers shaped like `x`, drawn on the device: no crossing. The
+    device generator's state advances in place (`ggrad.manual_seed` resets it)."""
+    from ..random import device_state
+    x = _as_tensor(x)
+    state = device_state()
+    u = _apply("rand", (state,), x.shape)
+    with autograd.no_grad():
+        state._assign(_apply("rand_next", (state,), (1,)))
+    return u
+
+
+def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p). The mask is
+    drawn on the device (no crossing); with `rng` it is drawn on the host from that
+    generator and uploaded instead (a reproducible reference)."""
+    x = _as_tensor(x)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    if rng is not None:
+        mask = tensor((rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p))
+    else:
+        mask = affine(step(affine(rand_like(x), 1.0, -p)), 1.0 / (1.0 - p))
+    return x * mask
+
+
+def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "none":
+        return loss
+    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+
+
+def _same_shape(a: Tensor, b: Tensor, what: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch in {what}: input {a.shape}, target {b.shape}")
+
+
+def mse_loss(input, target, reduction: str = "mean") -> Tensor:
+    input, target = _as_tensor(input), _as_tensor(target)
+    _same_shape(input, target, "mse_loss")
+    return _reduce(square(input - target), reduction)
+
+
+def l1_loss(input, target, reduction: str = "mean") -> Tensor:
+    input, target = _as_tensor(input), _as_tensor(target)
+    _same_shape(input, target, "l1_loss")
+    return _reduce(abs(input - target), reduction)
+
+
+def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
+    """Softmax cross-entropy over the last axis of `logits` (N, C). `target` holds class
+    indices (N,) or probabilities (N, C); the mean is over the batch."""
+    logits, target = _float(_as_tensor(logits), "cross_entropy"), _as_tensor(target)
+    if logits.ndim != 2:
+        raise ValueError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
+    n, classes = logits.shape
+    if target.dtype == np.int32:
+        if target.shape != (n,):
+            raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
+        target = one_hot(target, classes)
+    elif target.shape != logits.shape:
+        raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
+    per_sample = _apply("softmax_cross_entropy", (logits, target.detach()), (n,), _cross_entropy_rule)
+    return _reduce(per_sample, reduction)
+
+
+def _cross_entropy_rule(ctx, g):
+    logits, target = ctx.parents
+    return _apply("softmax_cross_entropy_back", (logits.detach(), target, g), logits.shape), None
+
+
+def binary_cross_entropy_with_logits(logits, target, reduction: str = "mean") -> Tensor:
+    """max(x, 0) - x*y + log(1 + exp(-|x|)): stable for large |x|."""
+    x, y = _as_tensor(logits), _as_tensor(target)
+    _same_shape(x, y, "binary_cross_entropy_with_logits")
+    return _reduce(relu(x) - x * y.detach() + log(affine(exp(-abs(x)), 1.0, 1.0)), reduction)
