@@ -336,3 +336,19 @@ def _rand(ctx, s, node):
 def _rand_next(ctx, s, node):
     """The next state: fract(state * golden + 1/pi) * 1000, bounded so the hash stays precise."""
     return G.ggml_scale(ctx, _fract(ctx, G.ggml_scale_bias(ctx, s[0], 1.6180339887, 0.3183098862)), 1000.0)
+
+
+@builder("matmul_tn")
+def _matmul_tn(ctx, s, node):
+    """x^T @ y over the last two axes (the weight gradient of a product). ggml's OUT_PROD
+    is exactly this where the backend has it (CUDA); elsewhere (Vulkan lacks it; the CPU's
+    is slower than its mul_mat) both operands are transposed into mul_mat."""
+    x, y = s
+    from . import runtime
+    if runtime.current().backend.info.kind == "cuda":
+        product = G.ggml_out_prod(ctx, y, x)
+        if runtime.current().backend.supports(product):
+            return reshape(ctx, product, node.shape)
+    yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
+    xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))
+    return reshape(ctx, G.ggml_mul_mat(ctx, yt, xt), node.shape)

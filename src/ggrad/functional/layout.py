@@ -33,8 +33,13 @@ def matmul_nt(a: Tensor, b: Tensor) -> Tensor:
 def _matmul_nt_rule(ctx, g):
     a, b = ctx.parents
     ga = sum_to(matmul_nt(g, transpose(b.detach())), a.shape) if a.requires_grad else None
-    gb = sum_to(matmul_nt(transpose(g), transpose(a.detach())), b.shape) if b.requires_grad else None
+    gb = sum_to(_matmul_tn(g, a.detach()), b.shape) if b.requires_grad else None
     return ga, gb
+
+
+def _matmul_tn(x: Tensor, y: Tensor) -> Tensor:
+    """x^T @ y over the last two axes, for equal batch dims (a product's weight gradient)."""
+    return _apply("matmul_tn", (x, y), x.shape[:-2] + (x.shape[-1], y.shape[-1]))
 
 
 def matmul(a, b) -> Tensor:
