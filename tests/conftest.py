@@ -18,6 +18,11 @@ if _LAVAPIPE.exists() and not glob.glob("/dev/dri/renderD*") and not glob.glob("
 
 import pytest  # noqa: E402
 
+try:  # on the H200 host, importing scikit-learn (scipy) after ggml's CUDA backend started
+    import sklearn.utils.estimator_checks  # noqa: F401  aborted the process; import it first
+except ImportError:
+    pass
+
 import ggrad  # noqa: E402
 
 AVAILABLE = [d.name for d in ggrad.devices()]

@@ -162,3 +162,14 @@ def test_gradcheck_catches_a_wrong_rule(dev, monkeypatch):
                         lambda op, x, rule, arg=None: real_unary(op, x, wrong if op == "exp" else rule, arg))
     with pytest.raises(AssertionError, match="gradcheck"):
         ggrad.gradcheck(F.exp, [rng.standard_normal((2, 3))])
+
+
+def test_out_prod_weight_gradient_matches_the_transposed_product(monkeypatch):
+    """CUDA takes weight gradients from ggml's OUT_PROD; its semantics are ggml's on every
+    backend, so the CPU's OUT_PROD checks the same wiring here."""
+    from ggrad import ops
+
+    monkeypatch.setattr(ops, "OUT_PROD_BACKENDS", {"cpu", "cuda"})
+    for name in ("matmul", "matmul_x_wT", "matmul_batched", "matmul_batch_broadcast", "matmul_vector"):
+        fn, _, inputs = CASES[name]
+        assert ggrad.gradcheck(fn, inputs)

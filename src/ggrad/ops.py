@@ -338,14 +338,17 @@ def _rand_next(ctx, s, node):
     return G.ggml_scale(ctx, _fract(ctx, G.ggml_scale_bias(ctx, s[0], 1.6180339887, 0.3183098862)), 1000.0)
 
 
+# Backends whose OUT_PROD ggrad uses: Vulkan lacks it, the CPU's is slower than its mul_mat.
+OUT_PROD_BACKENDS = {"cuda"}
+
+
 @builder("matmul_tn")
 def _matmul_tn(ctx, s, node):
-    """x^T @ y over the last two axes (the weight gradient of a product). ggml's OUT_PROD
-    is exactly this where the backend has it (CUDA); elsewhere (Vulkan lacks it; the CPU's
-    is slower than its mul_mat) both operands are transposed into mul_mat."""
+    """x^T @ y over the last two axes (the weight gradient of a product): ggml's OUT_PROD
+    where it is used, else both operands transposed into mul_mat."""
     x, y = s
     from . import runtime
-    if runtime.current().backend.info.kind == "cuda":
+    if runtime.current().backend.info.kind in OUT_PROD_BACKENDS:
         product = G.ggml_out_prod(ctx, y, x)
         if runtime.current().backend.supports(product):
             return reshape(ctx, product, node.shape)
