@@ -61,8 +61,8 @@ class Tensor:
     @classmethod
     def _wrap(cls, node: lazy.Node, requires_grad: bool = False) -> Tensor:
         t = cls.__new__(cls)
-        t._node = None
-        t.node = node
+        node.owners += 1
+        t._node = node
         t._ctx = None
         t._grad = None
         t.requires_grad = requires_grad
