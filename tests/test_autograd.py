@@ -218,3 +218,25 @@ def test_device_release_moves_tensors():
     with ggrad.grad_tape():
         (W * W).sum().backward()
     np.testing.assert_array_equal(W.grad.numpy(), 4 * np.arange(4.0))
+
+
+def test_a_reused_graph_reads_and_writes_this_calls_buffers(dev):
+    """The second call of the same graph shape reuses the built graph with its slots (and
+    the views of them: reshape, slices, transposes) pointed at other tensors."""
+    def f(a, b):
+        return (a[1:3].reshape(4, 2) @ b.T).sum(axis=0)
+
+    arrays = [(rng.standard_normal((4, 4)), rng.standard_normal((3, 2))) for _ in range(3)]
+    with ggrad.count_transfers() as t:
+        for a, b in arrays:
+            got = f(ggrad.tensor(a), ggrad.tensor(b)).numpy()
+            np.testing.assert_allclose(got, (a[1:3].reshape(4, 2) @ b.T).sum(axis=0), rtol=1e-4, atol=1e-5)
+    assert t.dispatches == 3
+    p, q = ggrad.param(np.zeros(3)), ggrad.param(np.ones(3))
+    for target, delta in ((p, 1.0), (q, 2.0), (p, 3.0)):  # one graph, stores into other buffers
+        with ggrad.no_grad():
+            target += delta
+        ggrad.realize()
+    np.testing.assert_array_equal(p.numpy(), np.full(3, 4.0))
+    np.testing.assert_array_equal(q.numpy(), np.full(3, 3.0))
+    assert len(rt.current().graphs) >= 2
