@@ -327,3 +327,49 @@ def test_reduce_on_plateau():
     for metric in (1.0, 0.9, 0.95, 0.95, 0.95):
         sched.step(metric)
     assert sched.get_last_lr() == [0.05]
+
+
+@pytest.mark.parametrize("cls, kwargs", [(SGD, dict(lr=0.1)), (Adam, dict(lr=0.1)), (Adam, dict(lr=0.1, fused=True))])
+def test_accumulating_the_same_gradient_twice_equals_one_step(dev, cls, kwargs):
+    """The update reads the accumulator before it is cleared (writes run after reads)."""
+    def final(k):
+        p = ggrad.param(np.array([1.0, 2.0]))
+        opt = cls([p], accumulate_steps=k, **kwargs)
+        for _ in range(2 * k):
+            with ggrad.grad_tape():
+                (p * p).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        return p.numpy()
+    np.testing.assert_allclose(final(2), final(1), rtol=1e-6)
+
+
+def test_fused_adam_with_zeroed_grads_kept_and_the_loss_read(dev):
+    def run(set_to_none):
+        p = ggrad.param(np.array([1.0, 2.0]))
+        opt = Adam([p], lr=0.1, fused=True)
+        for _ in range(3):
+            with ggrad.grad_tape():
+                loss = (p * p).sum()
+                loss.backward()
+            loss.item()
+            opt.step()
+            opt.zero_grad(set_to_none=set_to_none)
+        return p.numpy()
+    kept = run(False)
+    np.testing.assert_allclose(kept, run(True), rtol=1e-6)
+    p, grads = np.array([1.0, 2.0]), []
+    for _ in range(3):  # the float64 loop: gradients of sum(p^2) at each step's weights
+        grads.append(2 * p)
+        p = adam_ref(np.array([1.0, 2.0]), grads, lr=0.1)[0]
+    np.testing.assert_allclose(kept, p, rtol=5e-5)
+
+
+def test_an_accumulated_gradient_is_applied_even_without_a_new_one(dev):
+    p = ggrad.param(np.array([1.0]))
+    opt = SGD([p], lr=0.5, accumulate_steps=2, average=False)
+    p.grad = np.array([1.0])
+    opt.step()  # accumulated
+    p.grad = None
+    opt.step()  # applies what was accumulated
+    np.testing.assert_allclose(p.numpy(), [0.5])

@@ -8,18 +8,22 @@ handles; intermediates live in the graph allocator's scratch and are gone after.
 
 Stores are versioned: ``store(target, value)`` makes the writer's tensor point at
 `value` from now on (later reads see the new value) and, when the graph runs, copies
-`value` into the target's existing buffer (same address) after every read of the old
-one. Stores are the graph's last nodes, so every read of the old value comes first.
+`value` into the target's existing buffer (same address).
 
 Effects are ops that write their targets' buffers themselves (ggml's fused optimizer
 steps): ``inplace(op, srcs, targets)`` returns a new version node per target, realized
-into the target's buffer once the effect ran. Effects come after the stores; an op that
-reads a version before its effect ran first runs the pending graph (a rare second
-dispatch: the normal loop enters a new tape, which runs everything, before reading).
+into the target's buffer once the effect ran. An op that reads a version before its
+effect ran first runs the pending graph (a rare second dispatch: the normal loop enters a
+new tape, which runs everything, before reading).
+
+A graph runs in three phases, so no write lands before a read of the old value: every
+computation (a value that is only a view of a buffer is copied out first), then the
+effects, then the copies of outputs and stores into their buffers.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Callable, Iterable
 
@@ -39,11 +43,14 @@ def builder(name: str):
     return register
 
 
+_sequence = itertools.count()
+
+
 class Node:
     """A value: realized (a live `handle`), on the host (`host`, uploaded on first use),
     or pending (`op` applied to `srcs`)."""
 
-    __slots__ = ("shape", "dtype", "op", "srcs", "arg", "handle", "host", "scope", "owners",
+    __slots__ = ("shape", "dtype", "op", "srcs", "arg", "handle", "host", "scope", "owners", "seq",
                  "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype, op: str | None = None, srcs: tuple = (),
@@ -57,6 +64,7 @@ class Node:
         self.host = host
         self.scope = scope  # where the value goes when realized
         self.owners = 0  # live Tensors wrapping this node: a pending node with owners is wanted
+        self.seq = next(_sequence)  # creation order: graphs list their outputs in it
         if op is not None:
             _pending.add(self)
 
@@ -97,10 +105,15 @@ def from_handle(handle) -> Node:
     return Node(handle.shape, handle.dtype, handle=handle, scope=handle.scope)
 
 
-# Where a new value lands when it is realized: "pass" inside a grad tape (activations,
-# gradients of the pass), "persistent" outside one (accumulators, metrics, evaluation),
-# so a value made outside a tape outlives the next tape's reset.
+# "pass" while a grad tape is recording, else "persistent": see `_landing`.
 default_scope = "persistent"
+
+
+def _landing(node: Node) -> str:
+    """The pool a result goes to. A value computed while a tape records (read mid-pass)
+    is scratch of that pass; one computed outside a tape -- the normal case, as the next
+    tape's entry runs the step -- is kept: a loss or an accumulator outlives that reset."""
+    return "persistent" if node.scope == "persistent" or default_scope == "persistent" else "pass"
 
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.float32, arg=None) -> Node:
@@ -108,6 +121,9 @@ def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.floa
         if src.op == VERSION:  # its effect has not run: run it before reading the result
             realize()
             break
+        handle = src.handle
+        if src.op is None and handle is not None and handle.host_copy is None and not handle.live:
+            handle.check_live()  # a value from a reset pass: say so here, not in a later graph
     return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=default_scope)
 
 
@@ -128,6 +144,11 @@ def store(target: Node, value: Node) -> None:
     if value is target:
         return
     _stores[id(handle)] = (target, value)
+
+
+def pending_write(handle) -> bool:
+    """Whether a store or an effect not yet run will write `handle`'s buffer."""
+    return id(handle) in _stores or any(t.handle is handle for e in _effects for t in e.targets)
 
 
 def has_pending_work() -> bool:
@@ -168,8 +189,8 @@ def realize(nodes: Iterable[Node] = ()) -> None:
     skip = {id(value) for _, value in stores}  # a stored value lands in its target's buffer
     asked = [n for n in nodes if n.pending and n.op != VERSION and id(n) not in skip]
     skip.update(id(n) for n in asked)
-    outputs = asked + [n for n in list(_pending)
-                       if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
+    wanted = [n for n in list(_pending) if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
+    outputs = asked + sorted(wanted, key=lambda n: n.seq)  # a set's order would vary the signature
     if not outputs and not stores and not effects:
         for n in nodes:
             ensure_on_device(n)
@@ -183,12 +204,21 @@ def realize(nodes: Iterable[Node] = ()) -> None:
     dev = runtime.current()
     key = _signature(order, outputs, stores, effects)
     graph = dev.cached_graph(key)
-    if graph is None:
-        graph = _build(dev, order, outputs, stores, effects)
+    try:
+        fresh = graph is None
+        if fresh:
+            graph = _build(dev, order, outputs, stores, effects)
+        results = [(node, dev.new_handle(node.shape, node.dtype, _landing(node))) for node in outputs]
+        results += [(value, target.handle) for target, value in stores]
+        graph.run([leaf.handle for leaf in leaves] + [handle for _, handle in results])
+    except BaseException:
+        if fresh and graph is not None:
+            graph.free()
+        _stores.clear()  # the failed writes are dropped (the error says why) so that they
+        del _effects[:len(effects)]  # cannot fail every later graph too
+        raise
+    if fresh:
         dev.keep_graph(key, graph)
-    results = [(node, dev.new_handle(node.shape, node.dtype, node.scope)) for node in outputs]
-    results += [(value, target.handle) for target, value in stores]
-    graph.run([leaf.handle for leaf in leaves] + [handle for _, handle in results])
     _stores.clear()
     del _effects[:len(effects)]
     results += [(v, t.handle) for e in effects for t, v in zip(e.targets, e.versions)]
@@ -217,11 +247,17 @@ def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: l
                 built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
             else:
                 built[id(node)] = graph.slot(node.shape, node.dtype)
-        for node in [*outputs, *(value for _, value in stores)]:
-            graph.write(built[id(node)], graph.slot(node.shape, node.dtype))
-        for effect in effects:  # last: every read of the old values comes first
+        values = [*outputs, *(value for _, value in stores)]
+        for node in values:  # a value still in a buffer (a view, a slot) is copied out first
+            built[id(node)] = graph.computed(built[id(node)])
+        for node in [*values, *(s for e in effects for s in e.srcs)]:
+            graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
+        destinations = [graph.slot(node.shape, node.dtype) for node in values]
+        for effect in effects:  # 2. ops that write their targets in place
             for node in BUILDERS[effect.op](graph.ctx, [built[id(s)] for s in effect.srcs], effect):
                 graph.expand(node)
+        for node, destination in zip(values, destinations):  # 3. copies into kept buffers
+            graph.write(built[id(node)], destination)
     except BaseException:
         graph.free()
         raise

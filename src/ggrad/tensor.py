@@ -114,7 +114,7 @@ class Tensor:
             return node.host.copy()  # never uploaded: no crossing
         if not node.pending and not node.handle.live and node.handle.host_copy is not None:
             return node.handle.host_copy.copy()
-        if node.pending:
+        if node.pending or lazy.pending_write(node.handle):  # a write not yet run: run it first
             lazy.realize([node])
         return node.handle.numpy()
 

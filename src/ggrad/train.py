@@ -17,7 +17,7 @@ from . import functional as F
 from .autograd import grad_tape, no_grad
 from .data import DataLoader
 from .optim.lr_scheduler import ReduceLROnPlateau
-from .tensor import Tensor
+from .tensor import Tensor, realize
 
 
 class History:
@@ -157,6 +157,9 @@ def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",),
                 c = _correct(out, y)
                 total_correct = c if total_correct is None else total_correct + c
             count += x.shape[0]
+            realize(total_loss, *(() if total_correct is None else (total_correct,)))  # one batch a graph
+    if count == 0:
+        raise ValueError("evaluate: the data has no batch (drop_last with fewer rows than a batch?)")
     logs = {"loss": total_loss.item() / count}
     if "accuracy" in metrics:
         logs["accuracy"] = total_correct.item() / count
@@ -236,6 +239,8 @@ def _train_epoch(model, loss_fn, optimizer, loader, metrics, scheduler, interval
             bar.set_postfix(loss=f"{total_loss.item() / count:.4f}")
             last_read = time.monotonic()
     bar.close()
+    if count == 0:
+        raise ValueError("fit: the training data has no batch (drop_last with fewer rows than a batch?)")
     logs = {"loss": total_loss.item() / count}
     if "accuracy" in metrics:
         logs["accuracy"] = total_correct.item() / count

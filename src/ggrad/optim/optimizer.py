@@ -130,8 +130,9 @@ class Optimizer:
             for index, group in enumerate(self.param_groups):
                 items = []
                 for p in group["params"]:
-                    if p.grad is None:
-                        continue
+                    accumulated = "accumulator" in self.state.get(p, {})
+                    if p.grad is None and not (apply and accumulated):
+                        continue  # no gradient now, and none accumulated to apply
                     state = self.state.setdefault(p, {"step": 0})
                     if k > 1 and "accumulator" not in state:
                         state["accumulator"] = device_zeros_like(p)
@@ -141,7 +142,7 @@ class Optimizer:
                     g = p.grad
                     if k > 1:
                         acc = state["accumulator"]
-                        g = acc + g
+                        g = acc.detach() if g is None else acc + g  # detach: a view of this value, kept when acc is cleared
                         g = g * (1.0 / k) if self.average else g
                         acc.zero_()
                     state["step"] += 1

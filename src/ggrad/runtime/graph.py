@@ -121,6 +121,13 @@ class Graph:
         """Copy `node`'s value into the slot `dst` when the graph runs."""
         G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, dst))
 
+    def computed(self, tensor):
+        """`tensor` as a node of its own: a slot or a view of one is copied out (a later
+        write into that buffer in this graph must not change it)."""
+        if tensor.contents.op == G.GGML_OP_NONE or tensor.contents.view_src:
+            return G.ggml_cont(self.ctx, tensor)
+        return tensor
+
     def expand(self, node) -> None:
         """Add `node` (and what it needs) to the graph: for ops that write in place."""
         G.ggml_build_forward_expand(self.graph, node)
@@ -128,11 +135,11 @@ class Graph:
     def run(self, bindings: Sequence[Handle]) -> None:
         """Point the slots at `bindings` (live handles on this device) and compute."""
         if self._views is None:
+            self._check_supported()
             for slot, handle in zip(self.slots, bindings):
                 src = handle.tensor.contents
                 G.ggml_backend_tensor_alloc(src.buffer, slot, src.data)
                 self._bound.append((src.buffer, src.data))
-            self._check_supported()
             if not G.ggml_gallocr_alloc_graph(self.galloc, self.graph):
                 raise MemoryError(f"{self.dev.name}: could not allocate the graph's scratch memory")
             self._views = self._views_of_slots()
