@@ -227,10 +227,11 @@ def test_a_reused_graph_reads_and_writes_this_calls_buffers(dev):
         return (a[1:3].reshape(4, 2) @ b.T).sum(axis=0)
 
     arrays = [(rng.standard_normal((4, 4)), rng.standard_normal((3, 2))) for _ in range(3)]
+    tol = dict(rtol=3e-3, atol=3e-3) if dev.startswith("cuda") else dict(rtol=1e-4, atol=1e-5)  # TF32
     with ggrad.count_transfers() as t:
         for a, b in arrays:
             got = f(ggrad.tensor(a), ggrad.tensor(b)).numpy()
-            np.testing.assert_allclose(got, (a[1:3].reshape(4, 2) @ b.T).sum(axis=0), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(got, (a[1:3].reshape(4, 2) @ b.T).sum(axis=0), **tol)
     assert t.dispatches == 3
     p, q = ggrad.param(np.zeros(3)), ggrad.param(np.ones(3))
     for target, delta in ((p, 1.0), (q, 2.0), (p, 3.0)):  # one graph, stores into other buffers

@@ -29,7 +29,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
 # scikit-learn is not on the GPU host: its tests and the digits run stay on the CPU machines
 skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_sklearn.py --ignore=tests/test_train.py")
-python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tail -15 | tee "$OUT/tests-$mode.txt"
+python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
 [ "${1:-}" = tests-only ] && exit 0
 python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$mode.txt"
 python3 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
