@@ -171,3 +171,46 @@ def test_dropout_draws_on_the_device_without_crossings(dev):
     assert (a != b).any()  # the state advanced between the draws
     drop.eval()
     np.testing.assert_array_equal(drop(x).numpy(), np.ones((64, 64)))
+
+
+def test_a_transformer_language_model_gradient_matches_finite_differences(dev):
+    """End to end through embedding, positions, a pre-norm block and the loss: the case
+    where ggml's allocator once reused a viewed tensor's memory too early (graph.py)."""
+    ggrad.manual_seed(0)
+    vocab, context, dim = 11, 6, 8
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, dim)
+            self.positions = ggrad.param(np.random.default_rng(1).standard_normal((context, dim)) * 0.1)
+            self.block = nn.TransformerBlock(dim, 2, causal=True)
+            self.head = nn.Linear(dim, vocab)
+
+        def forward(self, ids):
+            return self.head(self.block(self.tokens(ids) * 0.5 + self.positions))
+
+    model = LM()
+    ids = np.random.default_rng(2).integers(0, vocab, (3, context + 1))
+    x, y = ggrad.tensor(ids[:, :-1]), ggrad.tensor(ids[:, 1:].reshape(-1))
+
+    def loss():
+        return ggrad.functional.cross_entropy(model(x).reshape(-1, vocab), y)
+
+    with ggrad.grad_tape():
+        loss().backward()
+    tf32 = dev.startswith("cuda")
+    for name, p in model.named_parameters():
+        grad, base = p.grad.numpy().ravel(), p.numpy()
+        for j in np.argsort(-np.abs(grad))[:2]:
+            values = []
+            for delta in (1e-2, -1e-2):
+                v = base.copy().ravel()
+                v[j] += delta
+                with ggrad.no_grad():
+                    p.assign_(v.reshape(base.shape))
+                    values.append(loss().item())
+            with ggrad.no_grad():
+                p.assign_(base)
+            numeric = (values[0] - values[1]) / 2e-2
+            assert abs(numeric - grad[j]) <= (3e-2 if tf32 else 3e-3) * abs(grad[j]) + 1e-3, (name, j, numeric, grad[j])
