@@ -101,10 +101,6 @@ def from_host(array: np.ndarray, scope: str = "persistent") -> Node:
     return Node(array.shape, array.dtype, host=array, scope=scope)
 
 
-def from_handle(handle) -> Node:
-    return Node(handle.shape, handle.dtype, handle=handle, scope=handle.scope)
-
-
 # "pass" while a grad tape is recording, else "persistent": see `_landing`.
 default_scope = "persistent"
 

@@ -142,28 +142,49 @@ def _correct(output: Tensor, target: Tensor) -> Tensor:
     return (F.one_hot(F.argmax(target), output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
 
 
+class _Totals:
+    """Batch-size-weighted loss and correct predictions, summed on the device; read once."""
+
+    def __init__(self, accuracy: bool) -> None:
+        self.accuracy = accuracy
+        self.loss: Tensor | None = None
+        self.correct: Tensor | None = None
+        self.count = 0
+
+    def add(self, output: Tensor, target: Tensor, loss: Tensor, n: int) -> None:
+        weighted = loss.detach() * float(n)
+        self.loss = weighted if self.loss is None else self.loss + weighted
+        if self.accuracy:
+            c = _correct(output, target)
+            self.correct = c if self.correct is None else self.correct + c
+        self.count += n
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.loss, self.correct) if t is not None]
+
+    def mean_loss(self) -> float:
+        return self.loss.item() / self.count
+
+    def logs(self, where: str) -> dict:
+        if self.count == 0:
+            raise ValueError(f"{where}: the data has no batch (drop_last with fewer rows than a batch?)")
+        logs = {"loss": self.mean_loss()}
+        if self.accuracy:
+            logs["accuracy"] = self.correct.item() / self.count
+        return logs
+
+
 def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:
     """Mean loss (and accuracy) over `data`, read from the device once."""
     loader = _as_loader(data, batch_size, False)
     model.eval()
-    total_loss = total_correct = None
-    count = 0
+    totals = _Totals("accuracy" in metrics)
     with no_grad():
         for x, y in loader:
             out = model(x)
-            loss = loss_fn(out, y).detach() * float(x.shape[0])
-            total_loss = loss if total_loss is None else total_loss + loss
-            if "accuracy" in metrics:
-                c = _correct(out, y)
-                total_correct = c if total_correct is None else total_correct + c
-            count += x.shape[0]
-            realize(total_loss, *(() if total_correct is None else (total_correct,)))  # one batch a graph
-    if count == 0:
-        raise ValueError("evaluate: the data has no batch (drop_last with fewer rows than a batch?)")
-    logs = {"loss": total_loss.item() / count}
-    if "accuracy" in metrics:
-        logs["accuracy"] = total_correct.item() / count
-    return logs
+            totals.add(out, y, loss_fn(out, y), x.shape[0])
+            realize(*totals.tensors())  # one batch a graph
+    return totals.logs("evaluate")
 
 
 def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=None, scheduler=None,
@@ -216,8 +237,8 @@ def _train_epoch(model, loss_fn, optimizer, loader, metrics, scheduler, interval
     from tqdm import tqdm
 
     model.train()
-    total_loss = total_correct = None
-    count, last_read = 0, time.monotonic()
+    totals = _Totals("accuracy" in metrics)
+    last_read = time.monotonic()
     bar = tqdm(total=len(loader), desc=label, disable=not show, leave=False)
     for x, y in loader:
         with grad_tape():
@@ -226,22 +247,12 @@ def _train_epoch(model, loss_fn, optimizer, loader, metrics, scheduler, interval
             loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        weighted = loss.detach() * float(x.shape[0])
-        total_loss = weighted if total_loss is None else total_loss + weighted
-        if "accuracy" in metrics:
-            c = _correct(out, y)
-            total_correct = c if total_correct is None else total_correct + c
-        count += x.shape[0]
+        totals.add(out, y, loss, x.shape[0])
         if scheduler is not None and interval == "step":
             scheduler.step()
         bar.update(1)
         if show and time.monotonic() - last_read > 0.5:  # one 4-byte read per refresh
-            bar.set_postfix(loss=f"{total_loss.item() / count:.4f}")
+            bar.set_postfix(loss=f"{totals.mean_loss():.4f}")
             last_read = time.monotonic()
     bar.close()
-    if count == 0:
-        raise ValueError("fit: the training data has no batch (drop_last with fewer rows than a batch?)")
-    logs = {"loss": total_loss.item() / count}
-    if "accuracy" in metrics:
-        logs["accuracy"] = total_correct.item() / count
-    return logs
+    return totals.logs("fit")

@@ -8,7 +8,7 @@ CPU device) are not crossings and are not counted.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from ggml import ggml as G
@@ -55,12 +55,12 @@ class count_transfers:
         self._end: Counters | None = None
 
     def __enter__(self) -> count_transfers:
-        self._start = Counters(**{f.name: getattr(_totals, f.name) for f in fields(Counters)})
+        self._start = replace(_totals)
         self._end = None
         return self
 
     def __exit__(self, *exc) -> None:
-        self._end = Counters(**{f.name: getattr(_totals, f.name) for f in fields(Counters)})
+        self._end = replace(_totals)
 
     def _delta(self) -> Counters:
         return (self._end or _totals) - self._start
