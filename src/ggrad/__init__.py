@@ -2,6 +2,7 @@
 
 from . import data, functional, nn, optim, runtime
 from .autograd import backward, grad_tape, no_grad
+from .capture import compile
 from .data import DataLoader
 from .gradcheck import gradcheck
 from .io import export_gguf, load, save
@@ -14,7 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DataLoader", "EarlyStopping", "History", "ModelCheckpoint", "Tensor", "backward",
-    "count_transfers", "data", "device", "devices", "evaluate", "export_gguf", "fit", "full",
+    "compile", "count_transfers", "data", "device", "devices", "evaluate", "export_gguf", "fit", "full",
     "functional", "get_device", "gpu_available", "grad_tape", "gradcheck", "load", "manual_seed",
     "nn", "no_grad", "ones", "ones_like", "optim", "param", "realize", "runtime", "save",
     "set_device", "tensor", "zeros", "zeros_like",

@@ -97,6 +97,21 @@ _stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target node,
 _effects: list[Effect] = []
 
 
+class Run:
+    """What one `realize` ran, for a recorder (step capture): the graph's slots are the
+    leaves' handles, then the outputs' result handles, then the stores' targets."""
+
+    __slots__ = ("dev", "key", "graph", "leaves", "outputs", "stores", "effects")
+
+    def __init__(self, dev, key, graph: Graph, leaves: list[Node], outputs: list[Node],
+                 stores: list, effects: list[Effect]) -> None:
+        self.dev, self.key, self.graph = dev, key, graph
+        self.leaves, self.outputs, self.stores, self.effects = leaves, outputs, stores, effects
+
+
+recorder: Callable[[Run], None] | None = None  # told of every graph `realize` runs
+
+
 def from_host(array: np.ndarray, scope: str = "persistent") -> Node:
     return Node(array.shape, array.dtype, host=array, scope=scope)
 
@@ -145,6 +160,12 @@ def store(target: Node, value: Node) -> None:
 def pending_write(handle) -> bool:
     """Whether a store or an effect not yet run will write `handle`'s buffer."""
     return id(handle) in _stores or any(t.handle is handle for e in _effects for t in e.targets)
+
+
+def pending_reader(node: Node) -> bool:
+    """Whether recorded work not yet run reads `node` (its buffer must not change yet)."""
+    return any(node in n.srcs for n in _pending if n.pending) or any(
+        node in e.srcs for e in _effects)
 
 
 def has_pending_work() -> bool:
@@ -217,6 +238,8 @@ def realize(nodes: Iterable[Node] = ()) -> None:
         dev.keep_graph(key, graph)
     _stores.clear()
     del _effects[:len(effects)]
+    if recorder is not None:
+        recorder(Run(dev, key, graph, leaves, outputs, stores, effects))
     results += [(v, t.handle) for e in effects for t, v in zip(e.targets, e.versions)]
     for node, handle in results:
         node.op, node.srcs, node.arg, node.handle = None, (), None, handle

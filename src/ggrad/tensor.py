@@ -211,6 +211,21 @@ class Tensor:
         self.node = new
         return self
 
+    def _write_now(self, array: np.ndarray) -> bool:
+        """Overwrite this tensor's value with host data right away (one upload, no graph),
+        when nothing recorded still reads or writes it; False (nothing done) otherwise."""
+        node = self._node
+        if node.pending or lazy.pending_reader(node):
+            return False
+        handle = node.handle
+        if handle is None:
+            node.host = np.array(array, dtype=node.dtype).reshape(node.shape)  # not uploaded yet
+            return True
+        if not handle.live or handle.device != runtime.get_device() or lazy.pending_write(handle):
+            return False
+        handle.write(np.ascontiguousarray(array, dtype=node.dtype).reshape(node.shape))
+        return True
+
     def assign_(self, value) -> Tensor:
         return self._assign(value if isinstance(value, Tensor) else Tensor(value))
 

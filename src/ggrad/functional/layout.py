@@ -6,6 +6,7 @@ import numbers
 
 import numpy as np
 
+from .. import capture
 from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, reshape, sum_to)
 from .elementwise import abs, affine, sign
 
@@ -132,6 +133,17 @@ def getitem(x: Tensor, index) -> Tensor:
     return out
 
 
+def _check_range(index: Tensor, size: int, what: str, of: str) -> None:
+    """Indices known on the host must lie in [0, size): ggml would read out of bounds.
+    A captured step (ggrad.compile) runs the same check on every new batch."""
+    def check(host: np.ndarray) -> None:
+        if host.size and (host.min() < 0 or host.max() >= size):
+            raise IndexError(f"{what} out of range for {size} {of} (min {host.min()}, max {host.max()})")
+    if index.node.host is not None:
+        check(index.node.host)
+        capture.on_input(index.node, check)
+
+
 def gather(table, index) -> Tensor:
     """Rows of `table` picked by integer `index` (any shape): the result has shape
     ``index.shape + table.shape[1:]``. The gradient sums into the picked rows."""
@@ -141,10 +153,7 @@ def gather(table, index) -> Tensor:
         raise TypeError(f"gather needs an integer index, got {index.dtype}")
     if table.ndim != 2:
         raise ValueError(f"gather picks rows of a 2-d table, got shape {table.shape}")
-    host = index.node.host
-    if host is not None and host.size and (host.min() < 0 or host.max() >= table.shape[0]):
-        raise IndexError(f"gather index out of range for {table.shape[0]} rows "
-                         f"(min {host.min()}, max {host.max()})")
+    _check_range(index, table.shape[0], "gather index", "rows")
     if index.ndim + 1 > 4:
         raise ValueError("gather index may have at most 3 dimensions")
 
@@ -213,9 +222,6 @@ def one_hot(index, num_classes: int) -> Tensor:
         raise TypeError(f"one_hot needs integer classes, got {index.dtype}")
     if index.ndim + 1 > 4:
         raise ValueError("one_hot index may have at most 3 dimensions")
-    host = index.node.host
-    if host is not None and host.size and (host.min() < 0 or host.max() >= num_classes):
-        raise IndexError(f"class index out of range for {num_classes} classes "
-                         f"(min {host.min()}, max {host.max()})")
+    _check_range(index, num_classes, "class index", "classes")
     return _apply("onehot", (index,), index.shape + (int(num_classes),), None, int(num_classes))
 

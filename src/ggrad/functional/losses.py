@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, capture
 from ._core import Tensor, _apply, _as_tensor, _float, tensor
 from .elementwise import abs, affine, exp, log, relu, square, step
 from .layout import one_hot
@@ -34,6 +34,7 @@ def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator |
     if not training or p == 0.0:
         return x
     if rng is not None:
+        capture.refuse("dropout with a host rng draws its mask on the host; a replay would reuse it")
         mask = tensor((rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p))
     else:
         mask = affine(step(affine(rand_like(x), 1.0, -p)), 1.0 / (1.0 - p))

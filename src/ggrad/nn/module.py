@@ -7,6 +7,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .. import capture
 from ..tensor import Tensor, param
 
 
@@ -28,6 +29,9 @@ class Module:
     def __setattr__(self, name: str, value) -> None:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"call Module.__init__() in {type(self).__name__}.__init__ before assigning {name!r}")
+        old = self.__dict__.get(name)
+        if isinstance(old, (Tensor, Module)) and old is not value:
+            capture.invalidate()  # a captured step would still read the replaced one
         for table in (self._parameters, self._buffers, self._modules):
             table.pop(name, None)
         if isinstance(value, Module):
@@ -47,6 +51,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward")
 
     def __call__(self, *args, **kwargs):
+        if capture.tracing():  # a captured step replays this mode's forward only
+            training = self.training
+            capture.on_replay(check=lambda: self.training == training)
         return self.forward(*args, **kwargs)
 
     # ---- traversal -------------------------------------------------------------------

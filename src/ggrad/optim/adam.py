@@ -4,8 +4,11 @@ decay moved out of the gradient, not a copy of it."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
+from .. import capture
 from .. import functional as F
 from ..tensor import Tensor, inplace
 from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like
@@ -40,6 +43,10 @@ def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
     denom = F.sqrt(second) / F.sqrt(correction2) + eps
     out["p"] = p - step_size * m / denom
     return out
+
+
+def _count_step(shared: dict) -> None:
+    shared["step"] += 1
 
 
 class Adam(Optimizer):
@@ -83,11 +90,13 @@ class Adam(Optimizer):
         if "corrections" not in shared:
             shared["corrections"], shared["step"] = Tensor(np.zeros(2, dtype=np.float32)), 0
         shared["step"] += 1
+        capture.on_replay(advance=functools.partial(_count_step, shared))
         # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
         shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"])
         hyper = F.concat([lr, shared["constants"], shared["corrections"] ** -1])
         for p, g, state in items:
             if state["step"] != shared["step"]:
+                capture.refuse("a parameter skipped steps: its Adam step uses host constants")
                 t = state["step"]
                 own = np.array([group["lr"], *constants, 1 / (1 - beta1 ** t), 1 / (1 - beta2 ** t)])
                 self._fused(p, g, state, group, Tensor(own))

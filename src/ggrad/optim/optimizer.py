@@ -9,12 +9,13 @@ every piece of state, bias-correction powers included.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, capture
 from ..tensor import Tensor, zeros_like
 
 
@@ -94,6 +95,7 @@ class Optimizer:
         self.param_groups.append(full)
         self.group_state.append({})
         self._lr_tensors.append((device_scalar(full["lr"]), float(full["lr"])))
+        capture.invalidate()  # a kept step graph does not update the new group
 
     def _validate(self, group: dict) -> None:
         _check_positive("learning rate", group["lr"])
@@ -116,7 +118,9 @@ class Optimizer:
         wanted = float(self.param_groups[index]["lr"])
         if wanted != uploaded:
             _check_positive("learning rate", wanted)
-            tensor.assign_(np.array([wanted], dtype=np.float32))
+            if not tensor._write_now(np.array([wanted], dtype=np.float32)):
+                capture.refuse("the learning rate changed while recorded work still read the old one")
+                tensor.assign_(np.array([wanted], dtype=np.float32))
             self._lr_tensors[index] = (tensor, wanted)
         return tensor
 
@@ -126,6 +130,8 @@ class Optimizer:
         self._micro_steps += 1
         apply = self._micro_steps % self.accumulate_steps == 0
         k = self.accumulate_steps
+        stepped: list[dict] = []  # states whose step count advanced
+        updated: list[int] = []  # groups updated
         with autograd.no_grad():
             for index, group in enumerate(self.param_groups):
                 items = []
@@ -148,7 +154,29 @@ class Optimizer:
                     state["step"] += 1
                     items.append((p, g, state))
                 if items:
+                    stepped += [state for _, _, state in items]
+                    updated.append(index)
                     self._update_group(index, group, items, self._lr_tensor(index))
+        capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters()),
+                          functools.partial(self._advance, stepped, updated))
+
+    # ---- replaying a captured step (ggrad.compile) ---------------------------------------
+    def _hyperparameters(self) -> list:
+        """What a step graph bakes in (everything but the lr, which it reads on the device)."""
+        return [[(k, v) for k, v in g.items() if k not in ("params", "lr")] for g in self.param_groups]
+
+    def _replayable(self, apply: bool, hyperparameters: list) -> bool:
+        """Whether the next step does what the captured one did."""
+        next_applies = (self._micro_steps + 1) % self.accumulate_steps == 0
+        return next_applies == apply and self._hyperparameters() == hyperparameters
+
+    def _advance(self, stepped: list[dict], updated: list[int]) -> None:
+        """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
+        self._micro_steps += 1
+        for state in stepped:
+            state["step"] += 1
+        for index in updated:
+            self._lr_tensor(index)
 
     def _update_group(self, index: int, group: dict, items: list, lr: Tensor) -> None:
         """Update every (param, gradient, state) of a group; by default one by one."""
@@ -224,6 +252,7 @@ class Optimizer:
         self.group_state = [{k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
                              for k, v in s.items()} for s in state_dict.get("group_state", [{}] * len(groups))]
         self._micro_steps = int(state_dict.get("micro_steps", 0))
+        capture.invalidate()  # the state tensors were replaced
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

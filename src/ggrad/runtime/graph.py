@@ -146,18 +146,26 @@ class Graph:
             self._views = self._views_of_slots()
         else:
             for i, handle in enumerate(bindings):
-                where = handle.location()
-                if where != self._bound[i]:  # only what moved is re-pointed
-                    self._bound[i] = where
-                    slot = self.slots[i].contents
-                    slot.buffer, slot.data = where
-                    for view, offset in self._views[i]:
-                        view.contents.buffer, view.contents.data = where[0], where[1] + offset
+                self.rebind(i, handle)
         host = self.dev.backend.host_memory
         for tensor, array in self._uploads:
             if tensor.contents.buffer:  # an input no node reads is never allocated
                 transfers.upload(tensor, array, host)
         self._uploads.clear()
+        self.compute()
+
+    def rebind(self, i: int, handle: Handle) -> None:
+        """Point slot `i` (of a graph that ran before) at `handle`: only what moved is re-pointed."""
+        where = handle.location()
+        if where != self._bound[i]:
+            self._bound[i] = where
+            slot = self.slots[i].contents
+            slot.buffer, slot.data = where
+            for view, offset in self._views[i]:
+                view.contents.buffer, view.contents.data = where[0], where[1] + offset
+
+    def compute(self) -> None:
+        """Run the graph over the buffers its slots point at now (one dispatch)."""
         self.dev.backend.compute(self.graph)
         transfers.count_dispatch()
 

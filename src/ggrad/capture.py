@@ -1,0 +1,359 @@
+"""`compile`: capture a training step once, then replay its graph without running its Python.
+
+A step written with ggrad's lazy ops already runs as one kept ggml graph, but Python
+still records every op, builds every backward rule and hashes the graph each step:
+for a small model that costs more than the graph's compute. ``step = ggrad.compile(fn)``
+removes it. A call first runs `fn` for real (a trace) and, when the trace ran exactly
+one graph at its end, keeps that graph; later calls with arguments of the same shapes
+and dtypes upload the new data into the kept graph's input buffers and run it: one
+dispatch, no recording.
+
+What a replay repeats is what the trace did on the device. Python inside `fn` runs only
+while tracing, as under ``jax.jit``: its control flow and the Python values it closes
+over are frozen into the capture. Library code whose Python state changes per step
+(optimizer step counts, the learning rate, train/eval flags) registers here while
+tracing: checks that say whether the capture still holds, and the bookkeeping a replay
+repeats. What cannot be replayed (a value read on the host in the middle of the step,
+a tensor computed inside `fn` that outlives it other than through its return value)
+is not captured: such a call stays an ordinary one, and the reason is kept in
+`Compiled.reason` (and warned about once).
+"""
+
+from __future__ import annotations
+
+import functools
+import numbers
+import warnings
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from . import lazy, runtime
+from .tensor import Tensor, _host_array
+
+_epoch = 0  # bumped when state a capture reads is replaced: every capture is then stale
+
+
+def invalidate() -> None:
+    """Make every capture stale (a parameter, optimizer state or the device RNG state was
+    replaced by a new tensor, so a kept graph would read the old buffer)."""
+    global _epoch
+    _epoch += 1
+
+
+class _Trace:
+    """What a tracing call registered and what it ran."""
+
+    def __init__(self) -> None:
+        self.runs: list[lazy.Run] = []
+        self.final = False  # set just before the closing realize
+        self.early = 0  # graphs run before the closing realize
+        self.checks: list[Callable[[], bool]] = []
+        self.advances: list[Callable[[], None]] = []
+        self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
+        self.refusal: str | None = None
+
+    def record(self, run: lazy.Run) -> None:
+        if self.final:
+            self.runs.append(run)
+        else:
+            self.early += 1
+
+
+_trace: _Trace | None = None
+
+
+def tracing() -> bool:
+    return _trace is not None
+
+
+def on_replay(check: Callable[[], bool] | None = None, advance: Callable[[], None] | None = None) -> None:
+    """While tracing: `check()` must stay true for the capture to be replayed (it runs
+    before a replay, with the state as it was before the traced call), and `advance()`
+    repeats the traced call's Python bookkeeping at every replay."""
+    if _trace is None:
+        return
+    if check is not None:
+        _trace.checks.append(check)
+    if advance is not None:
+        _trace.advances.append(advance)
+
+
+def on_input(node: lazy.Node, check: Callable[[np.ndarray], None]) -> None:
+    """While tracing: run `check(host_array)` on every replay's data for the argument that
+    `node` holds (host-side validation, e.g. index ranges, that the trace did)."""
+    if _trace is not None:
+        _trace.input_checks.append((node, check))
+
+
+def refuse(reason: str) -> None:
+    """While tracing: this call cannot be replayed (say why)."""
+    if _trace is not None and _trace.refusal is None:
+        _trace.refusal = reason
+
+
+MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
+_STATIC = (type(None), bool, numbers.Number, str, bytes)
+
+
+def _argument_key(value) -> tuple:
+    if isinstance(value, Tensor):
+        return ("tensor", value.shape, value.dtype.char)
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, value.dtype.char)
+    if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):
+        return ("static", type(value).__name__, value)
+    raise TypeError(f"ggrad.compile: an argument of type {type(value).__name__} cannot be passed; "
+                    "pass tensors, numpy arrays, numbers or strings, and reach models and "
+                    "optimizers through the function's closure")
+
+
+def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
+    """Collect the tensors of a returned value into `out`; returns how to rebuild it."""
+    if value is None:
+        return lambda tensors: None
+    if isinstance(value, Tensor):
+        i = len(out)
+        out.append(value)
+        return lambda tensors: tensors[i]
+    if isinstance(value, (tuple, list)):
+        parts = [_flatten(v, out) for v in value]
+        kind = type(value)
+        return lambda tensors: kind(p(tensors) for p in parts)
+    if isinstance(value, dict):
+        parts = {k: _flatten(v, out) for k, v in value.items()}
+        return lambda tensors: {k: p(tensors) for k, p in parts.items()}
+    raise TypeError(f"ggrad.compile: the function returned a {type(value).__name__}; a compiled "
+                    "step returns tensors (or tuples, lists and dicts of them) or None")
+
+
+class _Capture:
+    """One traced call's graph and how to run it again over new arguments."""
+
+    def __init__(self, run: lazy.Run, trace: _Trace, arrays: dict[int, Tensor],
+                 tensor_args: dict[int, Tensor], returned: list[Tensor], rebuild) -> None:
+        self.dev = run.dev
+        self.graph = run.graph
+        self.checks = trace.checks
+        self.advances = trace.advances
+        self.rebuild = rebuild
+        self.fixed: list[lazy.Node] = []  # leaves read where they are: kept alive with the graph
+        self.uploads: list[tuple[int, Any, list]] = []  # (argument, handle, checks on its data)
+        self.rebinds: list[tuple[int, int]] = []  # (slot, argument): a tensor argument's buffer
+        self.buffers: dict[int, Any] = {}  # slot -> where a tensor argument still on the host goes
+        arg_of_node = {id(t.node): pos for pos, t in arrays.items()}
+        arg_of_handle = {id(t.node.handle): pos for pos, t in tensor_args.items()}
+        checks: dict[int, list] = {}
+        for node, check in trace.input_checks:
+            if id(node) in arg_of_node:
+                checks.setdefault(arg_of_node[id(node)], []).append(check)
+        for slot, leaf in enumerate(run.leaves):
+            if id(leaf) in arg_of_node:
+                pos = arg_of_node[id(leaf)]
+                self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
+            elif id(leaf.handle) in arg_of_handle:
+                self.rebinds.append((slot, arg_of_handle[id(leaf.handle)]))
+            elif leaf.handle.scope != "persistent":
+                raise _Refused("the function reads a value computed in an earlier grad tape (pass "
+                               "memory, gone at the next tape); pass it as an argument")
+            else:
+                self.fixed.append(leaf)
+        written = {id(t.handle) for t, _ in run.stores} | {
+            id(t.handle) for e in run.effects for t in e.targets}
+        if written & (set(arg_of_handle) | {id(t.node.handle) for t in arrays.values()}):
+            raise _Refused("the function writes into one of its arguments in place")
+        # outputs: each is a returned tensor's value, nothing else may hold it
+        self.outputs: list[tuple[int, tuple, np.dtype, list[int]]] = []  # (slot, shape, dtype, returned)
+        first = len(run.leaves)
+        positions: dict[int, list[int]] = {}
+        for i, t in enumerate(returned):
+            positions.setdefault(id(t.node), []).append(i)
+        for j, node in enumerate(run.outputs):
+            where = positions.get(id(node), [])
+            if node.owners != len(where):
+                raise _Refused(f"a tensor of shape {node.shape} computed inside the function is kept "
+                               "outside it (a .grad not cleared by zero_grad(), or a tensor stored on "
+                               "an object); return it instead, or clear it before returning")
+            self.outputs.append((first + j, node.shape, node.dtype, where))
+        self.static = [(i, t) for i, t in enumerate(returned)
+                       if not any(i in out[3] for out in self.outputs)]
+        self._last: list[lazy.Node | None] = [None] * len(self.outputs)
+
+    def matches(self) -> bool:
+        """Whether the next call would do what the traced one did (state as before it)."""
+        return all(check() for check in self.checks)
+
+    def replay(self, values: list) -> Any:
+        data = []
+        for pos, handle, checks in self.uploads:
+            array = _host_array(values[pos])
+            for check in checks:
+                check(array)
+            data.append((handle, array))
+        for advance in self.advances:
+            advance()
+        for handle, array in data:
+            handle.write(array)
+        graph = self.graph
+        for slot, pos in self.rebinds:
+            node = values[pos].node
+            if node.handle is None and not node.pending:  # a batch still on the host
+                buffer = self.buffers.get(slot)
+                if buffer is None:
+                    buffer = self.buffers[slot] = self.dev.new_handle(node.shape, node.dtype, "persistent")
+                buffer.write(node.host)
+                graph.rebind(slot, buffer)
+            else:
+                graph.rebind(slot, lazy.ensure_on_device(node))
+        returned: list[Tensor | None] = [None] * (len(self.static) + sum(len(o[3]) for o in self.outputs))
+        nodes = []
+        for k, (slot, shape, dtype, where) in enumerate(self.outputs):
+            last = self._last[k]
+            if last is not None and last.owners == 0 and last.handle.live:
+                handle = last.handle  # nobody holds the previous result: reuse its buffer
+            else:
+                handle = self.dev.new_handle(shape, dtype, "persistent")
+            graph.rebind(slot, handle)
+            nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
+        graph.compute()
+        for k, (_, _, _, where) in enumerate(self.outputs):
+            self._last[k] = nodes[k]
+            for i in where:
+                returned[i] = Tensor._wrap(nodes[k])
+        for i, t in self.static:
+            returned[i] = t
+        return self.rebuild(returned)
+
+    def free(self) -> None:
+        if self.graph is not None and not self.dev.released:
+            self.graph.free()
+        self.graph = None
+        self.buffers.clear()
+
+
+class _Refused(Exception):
+    pass
+
+
+class Compiled:
+    """A step function that is traced once per argument signature and then replayed."""
+
+    def __init__(self, fn: Callable) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.reason: str | None = None  # why the last trace was not captured
+        self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
+        self._epoch = _epoch
+        self._dev = None  # the device the kept graphs belong to
+        self._failures = 0
+        self._warned = False
+        _compiled.add(self)
+
+    @property
+    def captured(self) -> int:
+        """How many kept graphs this function has (one per signature and state variant)."""
+        return sum(len(c) for c in self._captures.values())
+
+    def __call__(self, *args, **kwargs):
+        values = [*args, *(kwargs[k] for k in sorted(kwargs))]
+        key = (len(args), tuple(sorted(kwargs)), tuple(_argument_key(v) for v in values))
+        if self._epoch != _epoch or (self._captures and self._dev is not runtime.current()):
+            self.release()
+        captures = self._captures.get(key)
+        if captures:
+            if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would
+                lazy.realize()
+            for capture in captures:
+                if capture.matches():
+                    return capture.replay(values)
+        return self._trace(key, args, kwargs)
+
+    def _trace(self, key: tuple, args: tuple, kwargs: dict):
+        global _trace
+        if _trace is not None:
+            raise RuntimeError("ggrad.compile: a compiled function was called while another was being "
+                               "traced; compile the outer function only")
+        if lazy.has_pending_work():
+            lazy.realize()
+        names = sorted(kwargs)
+        values = [*args, *(kwargs[k] for k in names)]
+        arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
+        tensor_args = {i: v for i, v in enumerate(values) if isinstance(v, Tensor)}
+        for t in tensor_args.values():
+            lazy.ensure_on_device(t.node)
+        call = [arrays.get(i, v) for i, v in enumerate(values)]
+        trace = _trace = _Trace()
+        previous, lazy.recorder = lazy.recorder, trace.record
+        downloads = runtime.transfers()["downloads"]
+        try:
+            result = self.fn(*call[:len(args)], **dict(zip(names, call[len(args):])))
+            returned: list[Tensor] = []
+            rebuild = _flatten(result, returned)
+            trace.final = True
+            lazy.realize([t.node for t in returned])
+        finally:
+            _trace = None
+            lazy.recorder = previous
+        try:
+            if trace.refusal:
+                raise _Refused(trace.refusal)
+            if trace.early or runtime.transfers()["downloads"] != downloads:
+                raise _Refused("the function ran device work before its end (it read a value, or "
+                               "entered a grad tape with work pending)")
+            if not trace.runs:
+                raise _Refused("the function did no device work")
+            run = trace.runs[0]
+            capture = _Capture(run, trace, arrays, tensor_args, returned, rebuild)
+        except _Refused as why:
+            self._refused(str(why))
+            return result
+        run.dev.graphs.pop(run.key, None)  # the capture owns its graph now
+        variants = self._captures.setdefault(key, [])
+        variants.insert(0, capture)
+        for old in variants[MAX_VARIANTS:]:
+            old.free()
+        del variants[MAX_VARIANTS:]
+        self._dev = run.dev
+        self.reason = None
+        self._failures = 0
+        return result
+
+    def _refused(self, reason: str) -> None:
+        self.reason = reason
+        self._failures += 1
+        if self._failures >= 3 and not self._warned:
+            self._warned = True
+            warnings.warn(f"ggrad.compile({getattr(self.fn, '__name__', 'fn')}): not captured, each "
+                          f"call runs as an ordinary step: {reason}", RuntimeWarning, stacklevel=3)
+
+    def release(self) -> None:
+        """Drop every kept graph (the next call traces again)."""
+        for variants in self._captures.values():
+            for capture in variants:
+                capture.free()
+        self._captures.clear()
+        self._epoch = _epoch
+
+
+_compiled: weakref.WeakSet[Compiled] = weakref.WeakSet()
+
+
+def _release_all() -> None:
+    for compiled in list(_compiled):
+        compiled.release()
+
+
+runtime.on_release(_release_all)
+
+
+def compile(fn: Callable) -> Compiled:
+    """Capture `fn` (a training or evaluation step) on its first calls and replay it after.
+
+    ``fn``'s arguments are tensors, numpy arrays (the batch: uploaded into the kept graph's
+    input buffers at each call) and static numbers or strings (part of the signature);
+    models and optimizers are reached through its closure. It returns tensors or None.
+    """
+    if not callable(fn):
+        raise TypeError(f"ggrad.compile needs a function, got {type(fn).__name__}")
+    return Compiled(fn)

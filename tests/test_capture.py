@@ -1,0 +1,311 @@
+"""ggrad.compile: a replayed step computes exactly what the traced Python computes, runs
+as one dispatch with nothing crossing, and notices when it no longer holds."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+import ggrad
+import ggrad.functional as F
+from ggrad import nn
+from ggrad.optim import SGD, Adam, AdamW
+from ggrad.optim.lr_scheduler import StepLR
+
+SIZES = [12, 16, 16, 5]
+BATCH = 8
+
+
+def batches(n=6, seed=0, batch=BATCH):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((batch, SIZES[0])).astype(np.float32),
+             rng.integers(0, SIZES[-1], batch)) for _ in range(n)]
+
+
+def mlp(seed=1):
+    ggrad.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(SIZES) - 2 else [])
+    return nn.Sequential(*layers)
+
+
+def train_step(model, opt, compiled: bool):
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return ggrad.compile(step) if compiled else step
+
+
+def run_both(make_opt, steps=12, between=None, data=None):
+    """The same training run eagerly and compiled; returns both (losses, model, opt)."""
+    data = data or batches()
+    runs = []
+    for compiled in (False, True):
+        model = mlp()
+        opt = make_opt(model.parameters())
+        step = train_step(model, opt, compiled)
+        losses = []
+        for i in range(steps):
+            if between is not None:
+                between(i, opt)
+            losses.append(step(*data[i % len(data)]))
+        runs.append(([loss.item() for loss in losses], model, opt, step))
+    return runs
+
+
+OPTIMIZERS = {
+    "adam": lambda p: Adam(p, lr=1e-2),
+    "adam-fused": lambda p: Adam(p, lr=1e-2, fused=True),
+    "adamw-amsgrad": lambda p: AdamW(p, lr=1e-2, amsgrad=True),
+    "sgd-nesterov": lambda p: SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "adam-accumulate-3": lambda p: Adam(p, lr=1e-2, accumulate_steps=3),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_replayed_step_equals_the_traced_python_exactly(dev, name):
+    (eager, m_eager, o_eager, _), (compiled, m_comp, o_comp, step) = run_both(OPTIMIZERS[name])
+    assert step.captured >= 1, step.reason
+    assert compiled == eager  # bit for bit: the same graph over the same buffers
+    for a, b in zip(m_eager.parameters(), m_comp.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    for p_e, p_c in zip(m_eager.parameters(), m_comp.parameters()):
+        assert o_comp.state[p_c]["step"] == o_eager.state[p_e]["step"]
+    assert o_comp._micro_steps == o_eager._micro_steps == 12
+
+
+def test_accumulation_keeps_one_graph_per_phase(dev):
+    *_, (_, _, _, step) = run_both(OPTIMIZERS["adam-accumulate-3"], steps=15)
+    assert step.captured == 2  # an accumulating micro-step and the applying one
+
+
+def test_a_learning_rate_schedule_reaches_the_replayed_step(dev):
+    schedulers = {}
+
+    def between(i, opt):
+        sched = schedulers.setdefault(id(opt), StepLR(opt, step_size=1, gamma=0.5))
+        if i:
+            sched.step()
+    (eager, m_e, *_), (compiled, m_c, _, step) = run_both(OPTIMIZERS["adam"], between=between)
+    assert compiled == eager
+    for a, b in zip(m_e.parameters(), m_c.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_the_step_is_checked_against_a_float64_reference(dev):
+    """SGD on a linear least-squares model, replayed, against numpy in float64."""
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((3, 4))
+    xs = [rng.standard_normal((6, 4)) for _ in range(5)]
+    ys = [rng.standard_normal((6, 3)) for _ in range(5)]
+    w = ggrad.param(w0.astype(np.float32))
+    opt = SGD([w], lr=0.05)
+
+    @ggrad.compile
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.mse_loss(x @ w.T, y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    ref = w0.copy()
+    for i in range(10):
+        x, y = xs[i % 5], ys[i % 5]
+        step(x.astype(np.float32), y.astype(np.float32))
+        ref -= 0.05 * 2 * (x @ ref.T - y).T @ x / y.size
+    assert step.captured == 1
+    np.testing.assert_allclose(w.numpy(), ref, rtol=2e-5, atol=2e-5 if dev != "cuda:0" else 3e-3)
+
+
+def test_a_replay_is_one_dispatch_in_place_with_no_crossing(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2, fused=True)
+    step = train_step(model, opt, True)
+    data = [(ggrad.tensor(x), ggrad.tensor(y)) for x, y in batches()]
+    for x, y in data:  # device-resident batches
+        x.handle, y.handle  # noqa: B018
+    for i in range(3):
+        step(*data[i])
+    ptrs = [p.handle.ptr for p in model.parameters()]
+    memory = ggrad.runtime.memory()
+    with ggrad.count_transfers() as counts:
+        for i in range(12):
+            step(*data[i % len(data)])
+    assert counts.dispatches == 12
+    assert counts.crossings == 0
+    assert [p.handle.ptr for p in model.parameters()] == ptrs
+    after = ggrad.runtime.memory()
+    assert after["persistent_bytes"] == memory["persistent_bytes"]
+    assert after["scratch_bytes"] == memory["scratch_bytes"]
+
+
+def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2)
+    step = train_step(model, opt, True)
+    data = batches()
+    for i in range(3):
+        step(*data[i])
+    with ggrad.count_transfers() as counts:
+        loss = step(*data[3])
+        loss.item()
+    assert counts.dispatches == 1
+    host_memory = ggrad.runtime.current().backend.host_memory  # cpu: copies are not crossings
+    assert counts.crossings == (0 if host_memory else 3)  # x and y up, the loss down
+
+
+def test_earlier_results_keep_their_values(dev):
+    (eager, *_), (compiled, *_) = run_both(OPTIMIZERS["adam"])
+    assert len(set(compiled)) == len(compiled)  # every call returned its own loss
+    assert compiled == eager
+
+
+def test_train_and_eval_modes_are_separate_captures(dev):
+    data = batches()
+    results = []
+    for compiled in (False, True):
+        ggrad.manual_seed(5)
+        model = nn.Sequential(nn.Linear(12, 16), nn.Dropout(0.5), nn.Linear(16, 5))
+        opt = SGD(model.parameters(), lr=0.1)
+        step = train_step(model, opt, compiled)
+        out = []
+        for i in range(9):
+            model.train(i % 3 != 2)
+            out.append(step(*data[i % len(data)]).item())
+        results.append(out)
+    assert results[0] == results[1]
+    assert step.captured == 2
+
+
+def test_an_out_of_range_class_in_a_later_batch_is_refused_before_anything_runs(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2)
+    step = train_step(model, opt, True)
+    data = batches()
+    for i in range(3):
+        step(*data[i])
+    assert step.captured == 1
+    before = [p.numpy() for p in model.parameters()]
+    x, y = data[0]
+    with pytest.raises(IndexError, match="out of range"):
+        step(x, np.full_like(y, SIZES[-1]))
+    assert opt._micro_steps == 3
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_a_value_read_inside_the_step_is_not_captured_and_says_why(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2)
+    seen = []
+
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        seen.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+
+    compiled = ggrad.compile(step)
+    with pytest.warns(RuntimeWarning, match="read a value"):
+        for x, y in batches(4):
+            compiled(x, y)
+    assert compiled.captured == 0
+    assert "read a value" in compiled.reason
+    assert len(seen) == 4  # every call ran the Python
+
+
+def test_a_tensor_kept_outside_the_step_is_not_captured(dev):
+    model = mlp()
+    kept = []
+
+    @ggrad.compile
+    def forward(x):
+        with ggrad.no_grad():
+            h = model(x)
+        kept.append(h * 2)
+        return h
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for x, _ in batches(4):
+            out = forward(x)
+    assert forward.captured == 0 and "kept outside" in forward.reason
+    np.testing.assert_allclose(kept[-1].numpy(), 2 * out.numpy())
+
+
+def test_replacing_a_weight_makes_the_next_call_trace_again(dev):
+    model = nn.Linear(4, 2)
+
+    @ggrad.compile
+    def forward(x):
+        with ggrad.no_grad():
+            return model(x)
+
+    x = np.ones((3, 4), np.float32)
+    for _ in range(3):
+        forward(x)
+    assert forward.captured == 1
+    model.weight = ggrad.param(np.full((2, 4), 2.0, np.float32))
+    np.testing.assert_allclose(forward(x).numpy(), 8.0 + model.bias.numpy()[None, :] * np.ones((3, 1)))
+
+
+def test_loading_optimizer_state_makes_the_next_call_trace_again(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2)
+    step = train_step(model, opt, True)
+    data = batches()
+    for i in range(3):
+        step(*data[i])
+    saved = opt.state_dict()
+    weights = [p.numpy() for p in model.parameters()]
+    for i in range(3):
+        step(*data[i])
+    opt.load_state_dict(saved)
+    model.load_state_dict(dict(zip(model.state_dict(), weights)))
+    again = [step(*data[i]).item() for i in range(3)]
+
+    model2 = mlp()
+    opt2 = Adam(model2.parameters(), lr=1e-2)
+    eager = train_step(model2, opt2, False)
+    reference = [eager(*data[i]).item() for i in range(3)] + [eager(*data[i]).item() for i in range(3)]
+    assert again == reference[3:]
+
+
+def test_a_device_switch_moves_the_state_and_the_step_carries_on(dev):
+    model = mlp()
+    opt = Adam(model.parameters(), lr=1e-2, fused=True)
+    step = train_step(model, opt, True)
+    data = batches()
+    for i in range(4):
+        step(*data[i])
+    other = "vulkan:0" if dev == "cpu" and "vulkan:0" in [d.name for d in ggrad.devices()] else "cpu"
+    with ggrad.device(other):
+        losses = [step(*data[i]).item() for i in range(4, 6)]
+    assert all(np.isfinite(losses))
+    assert opt._micro_steps == 6
+
+
+def test_bad_arguments_and_results_are_clear_errors():
+    @ggrad.compile
+    def takes_a_model(model):
+        return None
+
+    with pytest.raises(TypeError, match="cannot be passed"):
+        takes_a_model(nn.Linear(2, 2))
+
+    @ggrad.compile
+    def returns_a_float(x):
+        return 1.5
+
+    with pytest.raises(TypeError, match="returned a float"):
+        returns_a_float(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="needs a function"):
+        ggrad.compile(3)
