@@ -8,6 +8,8 @@ two warm-up steps that upload the weights and build the optimizer state.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import ggrad
@@ -45,8 +47,23 @@ def measure(device: str) -> list[tuple[str, int, int]]:
             loss.item()
         ggrad.realize()
 
+    @ggrad.compile
+    def compiled(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(mlp(params, x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def replay(read_loss: bool):
+        loss = compiled(x, y)
+        if read_loss:
+            loss.item()
+
     for _ in range(2):
         step(read_loss=True)
+        replay(read_loss=True)
     rows = []
     cases = [
         ("forward, loss read", dict(read_loss=True, do_step=False, do_backward=False)),
@@ -54,11 +71,15 @@ def measure(device: str) -> list[tuple[str, int, int]]:
         ("forward+backward+step, loss not read", dict(read_loss=False)),
         ("forward+backward+step, loss read", dict(read_loss=True)),
     ]
-    for name, kwargs in cases:
+    runs = [(name, functools.partial(step, **kwargs)) for name, kwargs in cases] + [
+        ("ggrad.compile'd step, loss not read", functools.partial(replay, False)),
+        ("ggrad.compile'd step, loss read", functools.partial(replay, True)),
+    ]
+    for name, run in runs:
         counts = []
         for _ in range(5):
             with ggrad.count_transfers() as t:
-                step(**kwargs)
+                run()
             counts.append((t.crossings, t.dispatches))
         rows.append((name, *max(counts)))
     for p in params:

@@ -5,7 +5,8 @@ Adam, fp32. Prints a table of median step times and the ratio ggrad / PyTorch.
     python3 bench/train_step.py --device cuda --torch-device cuda      (GPU host)
 
 Each step feeds a fresh batch from host memory (a data loader), runs forward, backward
-and Adam, and does not read the loss. Times are medians of blocks of steps after a
+and Adam (fused on both sides), and does not read the loss. ggrad's step is
+`ggrad.compile`d (captured once, replayed); `--eager` also times it without. Times are medians of blocks of steps after a
 warm-up; GPU work is synchronised at the end of each block.
 """
 
@@ -50,7 +51,7 @@ def time_blocks(step, sync, steps: int, blocks: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def ggrad_step_fn(sizes, data, device, fused):
+def ggrad_step_fn(sizes, data, device, fused, compiled=True):
     import ggrad
     import ggrad.functional as F
     from ggrad.optim import Adam
@@ -61,9 +62,7 @@ def ggrad_step_fn(sizes, data, device, fused):
         params += [ggrad.param(w), ggrad.param(b)]
     opt = Adam(params, lr=1e-3, fused=fused)
 
-    def step(i):
-        x_np, y_np = data[i % len(data)]
-        x, y = ggrad.tensor(x_np), ggrad.tensor(y_np)
+    def train(x, y):
         with ggrad.grad_tape():
             h = x
             for j in range(0, len(params), 2):
@@ -73,6 +72,12 @@ def ggrad_step_fn(sizes, data, device, fused):
             F.cross_entropy(h, y).backward()
         opt.step()
         opt.zero_grad()
+
+    run = ggrad.compile(train) if compiled else train
+
+    def step(i):
+        x_np, y_np = data[i % len(data)]
+        run(x_np, y_np) if compiled else run(ggrad.tensor(x_np), ggrad.tensor(y_np))
 
     return step, ggrad.realize
 
@@ -135,23 +140,28 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=15)
     ap.add_argument("--cuda-graph", action="store_true", help="also time PyTorch with a CUDA graph")
+    ap.add_argument("--eager", action="store_true", help="also time ggrad without ggrad.compile")
     args = ap.parse_args()
 
     import torch  # before ggml's CUDA: importing torch after it aborted (seen on the H200)
     if args.torch_device == "cpu":
         import os
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-    print(f"| model | ggrad {args.device} ms | PyTorch {args.torch_device} ms | ratio | what PyTorch ran |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"| model | ggrad {args.device} | ms | PyTorch {args.torch_device} | ms | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in args.models:
         sizes, batch = MODELS[name]
         data = batches(sizes, batch)
         steps = max(3, args.steps if name != "mlp-large" else args.steps // 2)
-        g = time_blocks(*ggrad_step_fn(sizes, data, args.device, fused=True), steps, args.blocks, 5)
-        variants = [("eager, fused Adam", False)] + ([("CUDA graph, fused Adam", True)] if args.cuda_graph else [])
-        for label, graph in variants:
+        ours = [("compiled", True)] + ([("eager", False)] if args.eager else [])
+        theirs = [("eager", False)] + ([("CUDA graph", True)] if args.cuda_graph else [])
+        ggrad_ms = {label: time_blocks(*ggrad_step_fn(sizes, data, args.device, True, compiled),
+                                       steps, args.blocks, 5) for label, compiled in ours}
+        for their_label, graph in theirs:
             t = time_blocks(*torch_step_fn(sizes, data, args.torch_device, True, graph), steps, args.blocks, 5)
-            print(f"| {name} | {g * 1e3:.3f} | {t * 1e3:.3f} | {g / t:.2f} | {label} |", flush=True)
+            for label, g in ggrad_ms.items():
+                print(f"| {name} | {label} | {g * 1e3:.3f} | {their_label} | {t * 1e3:.3f} | {g / t:.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

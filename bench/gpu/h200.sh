@@ -32,6 +32,6 @@ skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_skle
 python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
 [ "${1:-}" = tests-only ] && exit 0
 python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$mode.txt"
-python3 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
+python3 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large --eager \
   $( [ "$mode" = cuda ] && echo --cuda-graph ) 2>&1 | grep -v "graph warmup" | tee "$OUT/train-$mode.txt"
 python3 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e7 1e8 2>&1 | tee "$OUT/adam-$mode.txt"
