@@ -2,7 +2,7 @@
 # What ran on the H200 host for docs/performance.md (device tool; no registry there).
 #   bash bench/gpu/h200.sh vulkan   # tests + benchmarks on ggml's Vulkan backend
 #   bash bench/gpu/h200.sh cuda     # build the CUDA wheel there, tests + benchmarks
-#   (a second argument `tests-only` stops after the tests)
+#   (a second argument `tests-only` stops after the tests, `bench-only` skips them)
 # Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
 # .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
 set -uo pipefail
@@ -29,7 +29,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
 # scikit-learn is not on the GPU host: its tests and the digits run stay on the CPU machines
 skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_sklearn.py --ignore=tests/test_train.py")
-python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
+if [ "${1:-}" != bench-only ]; then
+  python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
+fi
 [ "${1:-}" = tests-only ] && exit 0
 python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$mode.txt"
 python3 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large --eager \
