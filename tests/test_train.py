@@ -75,8 +75,10 @@ def test_fit_steps_cross_nothing_but_the_metric_reads(dev):
     with ggrad.count_transfers() as t:
         ggrad.fit(model, F.cross_entropy, opt, loader, epochs=2, metrics=("loss", "accuracy"), verbose=0)
     crossing = dev != "cpu"
-    assert t.uploads == (2 * 4 * 2 if crossing else 0)  # each fresh batch (x, y), nothing else
+    # each fresh batch (x, y), and the two running sums' zeros once per fit call
+    assert t.uploads == (2 * 4 * 2 + 2 if crossing else 0)
     assert t.downloads == (2 * 2 if crossing else 0)  # loss and accuracy, once per epoch
+    assert t.dispatches <= 2 * 4 + 2  # one per step, and the sums' reset per epoch
 
 
 def test_early_stopping_restores_the_best_weights():

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import functional as F
 from .autograd import grad_tape, no_grad
+from .capture import compile
 from .data import DataLoader
 from .optim.lr_scheduler import ReduceLROnPlateau
 from .tensor import Tensor, realize
@@ -143,21 +144,24 @@ def _correct(output: Tensor, target: Tensor) -> Tensor:
 
 
 class _Totals:
-    """Batch-size-weighted loss and correct predictions, summed on the device; read once."""
+    """Batch-size-weighted loss and correct predictions, summed in place on the device
+    (the same buffers every batch, so a captured step adds into them); read once."""
 
     def __init__(self, accuracy: bool) -> None:
         self.accuracy = accuracy
-        self.loss: Tensor | None = None
-        self.correct: Tensor | None = None
+        self.loss = Tensor(np.zeros((), np.float32))
+        self.correct = Tensor(np.zeros((), np.float32)) if accuracy else None
         self.count = 0
 
-    def add(self, output: Tensor, target: Tensor, loss: Tensor, n: int) -> None:
-        weighted = loss.detach() * float(n)
-        self.loss = weighted if self.loss is None else self.loss + weighted
+    def add(self, output: Tensor, target: Tensor, loss: Tensor) -> None:
+        self.loss += loss.detach().reshape(()) * float(output.shape[0])
         if self.accuracy:
-            c = _correct(output, target)
-            self.correct = c if self.correct is None else self.correct + c
-        self.count += n
+            self.correct += _correct(output, target)
+
+    def reset(self) -> None:
+        for t in self.tensors():
+            t.zero_()
+        self.count = 0
 
     def tensors(self) -> list[Tensor]:
         return [t for t in (self.loss, self.correct) if t is not None]
@@ -182,7 +186,8 @@ def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",),
     with no_grad():
         for x, y in loader:
             out = model(x)
-            totals.add(out, y, loss_fn(out, y), x.shape[0])
+            totals.add(out, y, loss_fn(out, y))
+            totals.count += x.shape[0]
             realize(*totals.tensors())  # one batch a graph
     return totals.logs("evaluate")
 
@@ -211,9 +216,11 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     for cb in callbacks:
         cb.on_train_begin(model, optimizer)
     show = verbose > 0 and sys.stderr.isatty()
+    totals = _Totals("accuracy" in metrics)
+    step = _train_step(model, loss_fn, optimizer, totals)
     for epoch in range(1, epochs + 1):
-        logs = _train_epoch(model, loss_fn, optimizer, train_loader, metrics, scheduler,
-                            scheduler_interval, show, f"epoch {epoch}/{epochs}")
+        logs = _train_epoch(model, step, totals, train_loader, scheduler, scheduler_interval, show,
+                            f"epoch {epoch}/{epochs}")
         if val_loader is not None:
             logs.update({f"val_{k}": v for k, v in evaluate(model, loss_fn, val_loader, metrics).items()})
         logs["lr"] = optimizer.lr
@@ -233,21 +240,30 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     return history
 
 
-def _train_epoch(model, loss_fn, optimizer, loader, metrics, scheduler, interval, show, label) -> dict:
-    from tqdm import tqdm
-
-    model.train()
-    totals = _Totals("accuracy" in metrics)
-    last_read = time.monotonic()
-    bar = tqdm(total=len(loader), desc=label, disable=not show, leave=False)
-    for x, y in loader:
+def _train_step(model, loss_fn, optimizer, totals: _Totals):
+    """One batch: forward, backward, update, running sums; captured by `compile` and
+    replayed (one dispatch, no Python per op) while the batch shape stays the same."""
+    def train_step(x: Tensor, y: Tensor) -> None:
         with grad_tape():
             out = model(x)
             loss = loss_fn(out, y)
             loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        totals.add(out, y, loss, x.shape[0])
+        totals.add(out, y, loss)
+    return compile(train_step)
+
+
+def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show, label) -> dict:
+    from tqdm import tqdm
+
+    model.train()
+    totals.reset()
+    last_read = time.monotonic()
+    bar = tqdm(total=len(loader), desc=label, disable=not show, leave=False)
+    for x, y in loader:
+        step(x, y)
+        totals.count += x.shape[0]
         if scheduler is not None and interval == "step":
             scheduler.step()
         bar.update(1)
