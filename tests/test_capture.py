@@ -200,6 +200,42 @@ def test_an_out_of_range_class_in_a_later_batch_is_refused_before_anything_runs(
         np.testing.assert_array_equal(p.numpy(), b)
 
 
+def test_bad_indices_in_tensor_batches_are_refused_on_replay_too(dev):
+    """Batches as host tensors (as DataLoader yields them), an embedding and class targets."""
+    ggrad.manual_seed(0)
+    table = nn.Embedding(10, 4)
+    head = nn.Linear(4, 3)
+    opt = SGD([*table.parameters(), *head.parameters()], lr=0.1)
+
+    @ggrad.compile
+    def step(ids, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(head(table(ids)), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    ids, y = np.arange(6) % 10, np.arange(6) % 3
+    for _ in range(3):
+        step(ggrad.tensor(ids), ggrad.tensor(y))
+    assert step.captured == 1
+    with pytest.raises(IndexError, match="gather index out of range"):
+        step(ggrad.tensor(ids + 5), ggrad.tensor(y))
+    with pytest.raises(IndexError, match="class index out of range"):
+        step(ggrad.tensor(ids), ggrad.tensor(y + 1))
+    assert np.isfinite(step(ggrad.tensor(ids), ggrad.tensor(y)).item())
+
+
+def test_calling_a_compiled_function_inside_a_tape_is_an_error():
+    @ggrad.compile
+    def double(x):
+        return x * 2
+
+    with ggrad.grad_tape(), pytest.raises(RuntimeError, match="inside a grad_tape"):
+        double(np.ones(3, np.float32))
+
+
 def test_a_value_read_inside_the_step_is_not_captured_and_says_why(dev):
     model = mlp()
     opt = Adam(model.parameters(), lr=1e-2)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import lazy, runtime
+from . import autograd, lazy, runtime
 from .tensor import Tensor, _host_array
 
 _epoch = 0  # bumped when state a capture reads is replaced: every capture is then stale
@@ -140,20 +140,22 @@ class _Capture:
         self.rebuild = rebuild
         self.fixed: list[lazy.Node] = []  # leaves read where they are: kept alive with the graph
         self.uploads: list[tuple[int, Any, list]] = []  # (argument, handle, checks on its data)
-        self.rebinds: list[tuple[int, int]] = []  # (slot, argument): a tensor argument's buffer
+        self.rebinds: list[tuple[int, int, list]] = []  # (slot, argument, checks): a tensor argument
         self.buffers: dict[int, Any] = {}  # slot -> where a tensor argument still on the host goes
         arg_of_node = {id(t.node): pos for pos, t in arrays.items()}
         arg_of_handle = {id(t.node.handle): pos for pos, t in tensor_args.items()}
+        checked = {**{id(t.node): pos for pos, t in tensor_args.items()}, **arg_of_node}
         checks: dict[int, list] = {}
         for node, check in trace.input_checks:
-            if id(node) in arg_of_node:
-                checks.setdefault(arg_of_node[id(node)], []).append(check)
+            if id(node) in checked:
+                checks.setdefault(checked[id(node)], []).append(check)
         for slot, leaf in enumerate(run.leaves):
             if id(leaf) in arg_of_node:
                 pos = arg_of_node[id(leaf)]
                 self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
             elif id(leaf.handle) in arg_of_handle:
-                self.rebinds.append((slot, arg_of_handle[id(leaf.handle)]))
+                pos = arg_of_handle[id(leaf.handle)]
+                self.rebinds.append((slot, pos, checks.get(pos, [])))
             elif leaf.handle.scope != "persistent":
                 raise _Refused("the function reads a value computed in an earlier grad tape (pass "
                                "memory, gone at the next tape); pass it as an argument")
@@ -191,12 +193,16 @@ class _Capture:
             for check in checks:
                 check(array)
             data.append((handle, array))
+        for _, pos, checks in self.rebinds:
+            host = values[pos].node.host  # known on the host: checked as an eager step would
+            for check in checks if host is not None else ():
+                check(host)
         for advance in self.advances:
             advance()
         for handle, array in data:
             handle.write(array)
         graph = self.graph
-        for slot, pos in self.rebinds:
+        for slot, pos, _ in self.rebinds:
             node = values[pos].node
             if node.handle is None and not node.pending:  # a batch still on the host
                 buffer = self.buffers.get(slot)
@@ -256,6 +262,9 @@ class Compiled:
         return sum(len(c) for c in self._captures.values())
 
     def __call__(self, *args, **kwargs):
+        if autograd.is_recording():
+            raise RuntimeError("ggrad.compile: a compiled function was called inside a grad_tape; "
+                               "its replays record nothing, so put the tape inside the function")
         values = [*args, *(kwargs[k] for k in sorted(kwargs))]
         key = (len(args), tuple(sorted(kwargs)), tuple(_argument_key(v) for v in values))
         if self._epoch != _epoch or (self._captures and self._dev is not runtime.current()):
