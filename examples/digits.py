@@ -11,6 +11,7 @@ import argparse
 import os
 import time
 
+import matplotlib
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -20,6 +21,9 @@ import ggrad.functional as F
 from ggrad import nn
 from ggrad.optim import Adam
 from ggrad.optim.lr_scheduler import CosineAnnealingLR
+
+matplotlib.use("Agg")
+import matplotlib.pyplot  # noqa: E402,F401  before ggml starts CUDA: importing it after failed on the H200 host
 
 
 def make_model() -> nn.Module:

@@ -22,6 +22,12 @@ try:  # on the H200 host, importing scikit-learn (scipy) after ggml's CUDA backe
     import sklearn.utils.estimator_checks  # noqa: F401  aborted the process; import it first
 except ImportError:
     pass
+try:  # and importing matplotlib.pyplot after it raised SystemError (pybind11, ft2font)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+except ImportError:
+    pass
 
 import ggrad  # noqa: E402
 

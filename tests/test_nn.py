@@ -41,7 +41,10 @@ def test_linear_equals_reference_and_gradchecks(dev):
     def fn(x, w, b):
         layer.weight, layer.bias = w, b
         return layer(x)
-    assert ggrad.gradcheck(fn, [x, w, b])
+    # TF32 on CUDA: a linear map's differences are exact for any step, so a large step
+    # divides the ~1e-3 rounding of each product instead of amplifying it
+    step = dict(eps=0.5, rtol=0.02, atol=0.01) if dev.startswith("cuda") else {}
+    assert ggrad.gradcheck(fn, [x, w, b], **step)
 
 
 def test_layer_norm(dev):
