@@ -251,21 +251,30 @@ def _fill(ctx, s, node):
 # ggml-vulkan dispatches AdamW as one workgroup of 512 per 512 elements along x, and
 # devices may cap x at 65535 workgroups (lavapipe does; GGML_ASSERT aborts past it).
 ADAMW_CHUNK = 512 * 65535
+ADAMW_ROW = 4096
 
 
 @builder("adamw")
 def _adamw(ctx, s, effect):
-    """ggml's fused AdamW over (p, g, m, v) with params (7,), in chunks of 1-d views."""
+    """ggml's fused AdamW over (p, g, m, v) with params (7,), in chunks of contiguous views:
+    at most ADAMW_CHUNK elements each (lavapipe's dispatch limit), as rows of ADAMW_ROW
+    elements where they fill one (the CPU kernel splits rows between threads; a 1-d view
+    is one row, run by one thread) and a 1-d rest."""
     p, g, m, v, hyper = s
     n = math.prod(effect.targets[0].shape)
     flat = [G.ggml_reshape_1d(ctx, t, n) for t in (p, g, m, v)]
     steps = []
     for start in range(0, n, ADAMW_CHUNK):
         size = min(ADAMW_CHUNK, n - start)
-        views = [G.ggml_view_1d(ctx, t, size, start * 4) for t in flat]
-        # ggml_set_param asserts on views; the flag itself is all opt_step_adamw checks
-        views[0].contents.flags |= G.GGML_TENSOR_FLAG_PARAM
-        steps.append(G.ggml_opt_step_adamw(ctx, *views, hyper))
+        rows, rest = divmod(size, ADAMW_ROW)
+        parts = [(start, rows * ADAMW_ROW, rows)] if rows else []
+        parts += [(start + rows * ADAMW_ROW, rest, 1)] if rest else []
+        for offset, count, nrows in parts:
+            views = [G.ggml_view_2d(ctx, t, count // nrows, nrows, 4 * (count // nrows), offset * 4)
+                     for t in flat]
+            # ggml_set_param asserts on views; the flag itself is all opt_step_adamw checks
+            views[0].contents.flags |= G.GGML_TENSOR_FLAG_PARAM
+            steps.append(G.ggml_opt_step_adamw(ctx, *views, hyper))
     return steps
 
 
