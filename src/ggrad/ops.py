@@ -306,13 +306,47 @@ def _log_softmax_back(ctx, s, node):
                    node.shape)
 
 
-@builder("softmax_cross_entropy")
-def _softmax_cross_entropy(ctx, s, node):
-    """Per row: -sum(target * log_softmax(logits))."""
-    logits, target = s
+def _cross_entropy_rows(ctx, logits, target):
+    """-sum(target * log_softmax(logits)) per row, as a (1, rows) column."""
     rows, cols = logits.contents.ne[1], logits.contents.ne[0]
     picked = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, target, _log_softmax_rows(ctx, logits, rows, cols)))
-    return reshape(ctx, G.ggml_neg(ctx, picked), node.shape)
+    return G.ggml_neg(ctx, picked)
+
+
+@builder("softmax_cross_entropy")
+def _softmax_cross_entropy(ctx, s, node):
+    return reshape(ctx, _cross_entropy_rows(ctx, *s), node.shape)
+
+
+def _supported(node):
+    """`node` if the current backend runs its op, else None (then the caller composes it)."""
+    from . import runtime
+    return node if runtime.current().backend.supports(node) else None
+
+
+@builder("cross_entropy_mean")
+def _cross_entropy_mean(ctx, s, node):
+    """The batch mean of the rows' cross-entropy, for one-hot targets: ggml's fused op (one
+    node instead of ~30) where the backend has it (CPU, CUDA), composed elsewhere (Vulkan)."""
+    logits, target = s
+    fused = _supported(G.ggml_cross_entropy_loss(ctx, logits, target))
+    if fused is not None:
+        return reshape(ctx, fused, node.shape)
+    rows = logits.contents.ne[1]
+    return reshape(ctx, G.ggml_scale(ctx, G.ggml_sum(ctx, _cross_entropy_rows(ctx, logits, target)),
+                                     1.0 / rows), node.shape)
+
+
+@builder("cross_entropy_mean_back")
+def _cross_entropy_mean_back(ctx, s, node):
+    """d/dlogits = g / rows * (softmax - target), for targets whose rows sum to 1."""
+    logits, target, g = s
+    fused = _supported(G.ggml_cross_entropy_loss_back(ctx, reshape(ctx, g, (1,)), logits, target))
+    if fused is not None:
+        return fused
+    rows = logits.contents.ne[1]
+    diff = G.ggml_sub(ctx, G.ggml_soft_max(ctx, logits), target)
+    return G.ggml_scale(ctx, G.ggml_mul(ctx, diff, reshape(ctx, g, (1,))), 1.0 / rows)
 
 
 @builder("softmax_cross_entropy_back")
@@ -370,8 +404,8 @@ def _matmul_tn(ctx, s, node):
     x, y = s
     from . import runtime
     if runtime.current().backend.info.kind in OUT_PROD_BACKENDS:
-        product = G.ggml_out_prod(ctx, y, x)
-        if runtime.current().backend.supports(product):
+        product = _supported(G.ggml_out_prod(ctx, y, x))
+        if product is not None:
             return reshape(ctx, product, node.shape)
     yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
     xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))

@@ -79,10 +79,17 @@ def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
         if target.shape != (n,):
             raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
         target = one_hot(target, classes)
+        if reduction == "mean":  # one node where ggml has the fused op
+            return _apply("cross_entropy_mean", (logits, target), (), _cross_entropy_mean_rule)
     elif target.shape != logits.shape:
         raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
     per_sample = _apply("softmax_cross_entropy", (logits, target.detach()), (n,), _cross_entropy_rule)
     return _reduce(per_sample, reduction)
+
+
+def _cross_entropy_mean_rule(ctx, g):
+    logits, target = ctx.parents
+    return _apply("cross_entropy_mean_back", (logits.detach(), target, g), logits.shape), None
 
 
 def _cross_entropy_rule(ctx, g):
