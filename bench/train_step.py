@@ -6,8 +6,9 @@ Adam, fp32. Prints a table of median step times and the ratio ggrad / PyTorch.
 
 Each step feeds a fresh batch from host memory (a data loader), runs forward, backward
 and Adam (fused on both sides), and does not read the loss. ggrad's step is
-`ggrad.compile`d (captured once, replayed); `--eager` also times it without. Times are medians of blocks of steps after a
-warm-up; GPU work is synchronised at the end of each block.
+`ggrad.compile`d (captured once, replayed); `--eager` also times it without. Times are
+medians of blocks of steps after a warm-up, ggrad's and PyTorch's blocks alternating (a
+noisy machine slows both alike); GPU work is synchronised at the end of each block.
 """
 
 from __future__ import annotations
@@ -37,18 +38,22 @@ def init_weights(sizes, seed=0):
             for i, o in zip(sizes[:-1], sizes[1:])]
 
 
-def time_blocks(step, sync, steps: int, blocks: int, warmup: int) -> float:
-    for i in range(warmup):
-        step(i)
-    sync()
-    times = []
-    for b in range(blocks):
-        t0 = time.perf_counter()
-        for i in range(steps):
-            step(b * steps + i)
+def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
+    """Median seconds per step of each (step, sync) runner, timed in alternating blocks so
+    that a noisy machine slows every runner alike."""
+    for step, sync in runners.values():
+        for i in range(warmup):
+            step(i)
         sync()
-        times.append((time.perf_counter() - t0) / steps)
-    return statistics.median(times)
+    times: dict = {label: [] for label in runners}
+    for b in range(blocks):
+        for label, (step, sync) in runners.items():
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step(b * steps + i)
+            sync()
+            times[label].append((time.perf_counter() - t0) / steps)
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def ggrad_step_fn(sizes, data, device, fused, compiled=True):
@@ -155,14 +160,17 @@ def main() -> None:
         steps = max(3, args.steps if name != "mlp-large" else args.steps // 2)
         ours = [("compiled", True)] + ([("eager", False)] if args.eager else [])
         theirs = [("eager", False)] + ([("CUDA graph", True)] if args.cuda_graph else [])
-        ggrad_ms = {label: time_blocks(*ggrad_step_fn(sizes, data, args.device, True, compiled),
-                                       steps, args.blocks, 5) for label, compiled in ours}
-        for their_label, graph in theirs:
-            t = time_blocks(*torch_step_fn(sizes, data, args.torch_device, True, graph), steps, args.blocks, 5)
-            for label, g in ggrad_ms.items():
+        runners = {("ggrad", label): ggrad_step_fn(sizes, data, args.device, True, compiled)
+                   for label, compiled in ours}
+        runners.update({("torch", label): torch_step_fn(sizes, data, args.torch_device, True, graph)
+                        for label, graph in theirs})
+        ms = time_interleaved(runners, steps, args.blocks, 5)
+        for their_label, _ in theirs:
+            t = ms[("torch", their_label)]
+            for label, _ in ours:
+                g = ms[("ggrad", label)]
                 print(f"| {name} | {label} | {g * 1e3:.3f} | {their_label} | {t * 1e3:.3f} | {g / t:.2f} |",
                       flush=True)
-
 
 if __name__ == "__main__":
     main()
