@@ -176,3 +176,10 @@ def test_out_prod_weight_gradient_matches_the_transposed_product(monkeypatch):
     for name in ("matmul", "matmul_x_wT", "matmul_batched", "matmul_batch_broadcast", "matmul_vector"):
         fn, _, inputs = CASES[name]
         assert ggrad.gradcheck(fn, inputs)
+
+
+@pytest.mark.parametrize("classes", [5, 1500])  # a kept identity's rows / a range compare
+def test_one_hot_is_exact_on_both_paths(dev, classes):
+    index = np.array([[0, classes - 1, 3], [2, 1, classes // 2]])
+    expected = np.eye(classes, dtype=np.float32)[index]
+    np.testing.assert_array_equal(F.one_hot(ggrad.tensor(index), classes).numpy(), expected)

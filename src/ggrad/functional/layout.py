@@ -7,7 +7,8 @@ import numbers
 import numpy as np
 
 from .. import capture
-from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, reshape, sum_to)
+from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, reshape, sum_to,
+                    tensor)
 from .elementwise import abs, affine, sign
 
 
@@ -216,6 +217,12 @@ def fill(x: Tensor, value: float) -> Tensor:
     return _apply("fill", (_float(x, "fill"),), x.shape, None, float(value))
 
 
+# Up to this many classes, one_hot picks rows of a kept identity matrix (one ggml node);
+# past it, it compares indices with a range (seven nodes, no num_classes^2 memory).
+IDENTITY_MAX = 1024
+_identities: dict[int, Tensor] = {}
+
+
 def one_hot(index, num_classes: int) -> Tensor:
     index = _as_tensor(index)
     if index.dtype != np.int32:
@@ -223,5 +230,11 @@ def one_hot(index, num_classes: int) -> Tensor:
     if index.ndim + 1 > 4:
         raise ValueError("one_hot index may have at most 3 dimensions")
     _check_range(index, num_classes, "class index", "classes")
-    return _apply("onehot", (index,), index.shape + (int(num_classes),), None, int(num_classes))
+    num_classes = int(num_classes)
+    if num_classes <= IDENTITY_MAX:
+        identity = _identities.get(num_classes)
+        if identity is None:  # uploaded once per device, then read where it is
+            identity = _identities[num_classes] = tensor(np.eye(num_classes, dtype=np.float32))
+        return _apply("gather_rows", (identity, index), index.shape + (num_classes,))
+    return _apply("onehot", (index,), index.shape + (num_classes,), None, num_classes)
 
