@@ -167,12 +167,13 @@ def test_gradcheck_catches_a_wrong_rule(dev, monkeypatch):
         ggrad.gradcheck(F.exp, [rng.standard_normal((2, 3))])
 
 
-def test_out_prod_weight_gradient_matches_the_transposed_product(monkeypatch):
-    """CUDA takes weight gradients from ggml's OUT_PROD; its semantics are ggml's on every
-    backend, so the CPU's OUT_PROD checks the same wiring here."""
+@pytest.mark.parametrize("out_prod_up_to", [0, 10**9])
+def test_both_weight_gradient_paths_match_finite_differences(monkeypatch, out_prod_up_to):
+    """Weight gradients come from OUT_PROD (CUDA; small products on the CPU) or from two
+    transposes into mul_mat (Vulkan; large products on the CPU): both wirings, on the CPU."""
     from ggrad import ops
 
-    monkeypatch.setattr(ops, "OUT_PROD_BACKENDS", {"cpu", "cuda"})
+    monkeypatch.setattr(ops, "CPU_OUT_PROD_MAX_ELEMENTS", out_prod_up_to)
     for name in ("matmul", "matmul_x_wT", "matmul_batched", "matmul_batch_broadcast", "matmul_vector"):
         fn, _, inputs = CASES[name]
         assert ggrad.gradcheck(fn, inputs)
