@@ -284,18 +284,18 @@ def _rows(ctx, x, shape):
     return reshape(ctx, x, (math.prod(shape[:-1]), shape[-1]))
 
 
-def _log_softmax_rows(ctx, x, rows: int, cols: int):
-    """x - max - log(sum(exp(x - max))) per row, stable for any logits."""
-    index = G.ggml_cast(ctx, G.ggml_argmax(ctx, x), F32)
-    peak = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, x, _onehot(ctx, reshape(ctx, index, (rows, 1)), rows, cols)))
+def _log_softmax_rows(ctx, x):
+    """x - max - log(sum(exp(x - max))) per row, stable for any logits. The row max is a
+    max-pool over the whole row: one node (an argmax and a one-hot took ten)."""
+    cols = x.contents.ne[0]
+    peak = G.ggml_pool_2d(ctx, x, G.GGML_OP_POOL_MAX, cols, 1, cols, 1, 0.0, 0.0)
     shifted = G.ggml_sub(ctx, x, peak)
     return G.ggml_sub(ctx, shifted, G.ggml_log(ctx, G.ggml_sum_rows(ctx, G.ggml_exp(ctx, shifted))))
 
 
 @builder("log_softmax")
 def _log_softmax(ctx, s, node):
-    rows, cols = math.prod(node.shape[:-1]), node.shape[-1]
-    return reshape(ctx, _log_softmax_rows(ctx, _rows(ctx, s[0], node.shape), rows, cols), node.shape)
+    return reshape(ctx, _log_softmax_rows(ctx, _rows(ctx, s[0], node.shape)), node.shape)
 
 
 @builder("log_softmax_back")
@@ -308,8 +308,7 @@ def _log_softmax_back(ctx, s, node):
 
 def _cross_entropy_rows(ctx, logits, target):
     """-sum(target * log_softmax(logits)) per row, as a (1, rows) column."""
-    rows, cols = logits.contents.ne[1], logits.contents.ne[0]
-    picked = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, target, _log_softmax_rows(ctx, logits, rows, cols)))
+    picked = G.ggml_sum_rows(ctx, G.ggml_mul(ctx, target, _log_softmax_rows(ctx, logits)))
     return G.ggml_neg(ctx, picked)
 
 
