@@ -30,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import autograd, lazy, runtime
+from . import tensor as tensor_module
 from .tensor import Tensor, _host_array
 
 _epoch = 0  # bumped when state a capture reads is replaced: every capture is then stale
@@ -53,6 +54,9 @@ class _Trace:
         self.advances: list[Callable[[], None]] = []
         self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
         self.refusal: str | None = None
+        # gradients that tracked optimizers' parameters held when the call began
+        self.carried = [p._grad for opt in list(_optimizers) for g in opt.param_groups
+                        for p in g["params"] if p._grad is not None]
 
     def record(self, run: lazy.Run) -> None:
         if self.final:
@@ -93,13 +97,33 @@ def refuse(reason: str) -> None:
         _trace.refusal = reason
 
 
+_optimizers: weakref.WeakSet = weakref.WeakSet()
+
+
+def track(optimizer) -> None:
+    """Watch `optimizer`'s parameters' `.grad`: one set before a call (gradients carried
+    over from earlier calls, or set by hand) is Python state a replay would not see."""
+    _optimizers.add(optimizer)
+
+
+def carried_over(grad) -> bool:
+    """While tracing: whether `grad` was a parameter's gradient before the call began."""
+    return _trace is not None and any(grad is g for g in _trace.carried)
+
+
+def _host_read() -> None:
+    refuse("the function read a tensor's values on the host (numpy(), item(), float()...); "
+           "its Python would not see the values of later calls")
+
+
 MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
+MAX_SIGNATURES = 16  # argument signatures with kept graphs (static arguments make new ones)
 _STATIC = (type(None), bool, numbers.Number, str, bytes)
 
 
 def _argument_key(value) -> tuple:
     if isinstance(value, Tensor):
-        return ("tensor", value.shape, value.dtype.char)
+        return ("tensor", value.shape, value.dtype.char, value.requires_grad)
     if isinstance(value, np.ndarray):
         return ("array", value.shape, value.dtype.char)
     if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):
@@ -107,6 +131,18 @@ def _argument_key(value) -> tuple:
     raise TypeError(f"ggrad.compile: an argument of type {type(value).__name__} cannot be passed; "
                     "pass tensors, numpy arrays, numbers or strings, and reach models and "
                     "optimizers through the function's closure")
+
+
+def _own_leaf(arg: Tensor) -> Tensor:
+    """What a traced function gets for a tensor argument: a leaf of its own over the same
+    buffer, so that a replay can point it at the next call's argument without moving a
+    read of the same tensor through the closure (or through another argument). A tensor
+    that needs a gradient is passed itself (its .grad must reach it)."""
+    lazy.ensure_on_device(arg.node)
+    if arg.requires_grad:
+        return arg
+    node = arg.node
+    return Tensor._wrap(lazy.Node(node.shape, node.dtype, handle=node.handle, host=node.host, scope=node.scope))
 
 
 def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
@@ -133,6 +169,9 @@ class _Capture:
 
     def __init__(self, run: lazy.Run, trace: _Trace, arrays: dict[int, Tensor],
                  tensor_args: dict[int, Tensor], returned: list[Tensor], rebuild) -> None:
+        """`arrays`: the tensors made from numpy arguments; `tensor_args`: what the function
+        got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
+        gradient), by argument position."""
         self.dev = run.dev
         self.graph = run.graph
         self.checks = trace.checks
@@ -143,8 +182,8 @@ class _Capture:
         self.rebinds: list[tuple[int, int, list]] = []  # (slot, argument, checks): a tensor argument
         self.buffers: dict[int, Any] = {}  # slot -> where a tensor argument still on the host goes
         arg_of_node = {id(t.node): pos for pos, t in arrays.items()}
-        arg_of_handle = {id(t.node.handle): pos for pos, t in tensor_args.items()}
-        checked = {**{id(t.node): pos for pos, t in tensor_args.items()}, **arg_of_node}
+        tensor_arg_of_node = {id(t.node): pos for pos, t in tensor_args.items()}
+        checked = {**tensor_arg_of_node, **arg_of_node}
         checks: dict[int, list] = {}
         for node, check in trace.input_checks:
             if id(node) in checked:
@@ -153,8 +192,8 @@ class _Capture:
             if id(leaf) in arg_of_node:
                 pos = arg_of_node[id(leaf)]
                 self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
-            elif id(leaf.handle) in arg_of_handle:
-                pos = arg_of_handle[id(leaf.handle)]
+            elif id(leaf) in tensor_arg_of_node:
+                pos = tensor_arg_of_node[id(leaf)]
                 self.rebinds.append((slot, pos, checks.get(pos, [])))
             elif leaf.handle.scope != "persistent":
                 raise _Refused("the function reads a value computed in an earlier grad tape (pass "
@@ -163,7 +202,7 @@ class _Capture:
                 self.fixed.append(leaf)
         written = {id(t.handle) for t, _ in run.stores} | {
             id(t.handle) for e in run.effects for t in e.targets}
-        if written & (set(arg_of_handle) | {id(t.node.handle) for t in arrays.values()}):
+        if written & {id(t.node.handle) for t in [*arrays.values(), *tensor_args.values()]}:
             raise _Refused("the function writes into one of its arguments in place")
         # outputs: each is a returned tensor's value, nothing else may hold it
         self.outputs: list[tuple[int, tuple, np.dtype, list[int]]] = []  # (slot, shape, dtype, returned)
@@ -173,12 +212,14 @@ class _Capture:
             positions.setdefault(id(t.node), []).append(i)
         for j, node in enumerate(run.outputs):
             where = positions.get(id(node), [])
-            if node.owners != len(where):
+            if node.owners != len({id(returned[i]) for i in where}):
                 raise _Refused(f"a tensor of shape {node.shape} computed inside the function is kept "
                                "outside it (a .grad not cleared by zero_grad(), or a tensor stored on "
                                "an object); return it instead, or clear it before returning")
             self.outputs.append((first + j, node.shape, node.dtype, where))
-        self.static = [(i, t) for i, t in enumerate(returned)
+        # returned tensors computed before the call: the same objects again, except an
+        # argument (or a view of one), which is this call's argument
+        self.static = [(i, t, checked.get(id(t.node))) for i, t in enumerate(returned)
                        if not any(i in out[3] for out in self.outputs)]
         self._last: list[lazy.Node | None] = [None] * len(self.outputs)
 
@@ -197,8 +238,6 @@ class _Capture:
             host = values[pos].node.host  # known on the host: checked as an eager step would
             for check in checks if host is not None else ():
                 check(host)
-        for advance in self.advances:
-            advance()
         for handle, array in data:
             handle.write(array)
         graph = self.graph
@@ -222,13 +261,28 @@ class _Capture:
                 handle = self.dev.new_handle(shape, dtype, "persistent")
             graph.rebind(slot, handle)
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
+        for advance in self.advances:  # last before the compute: what can fail has run
+            advance()
         graph.compute()
         for k, (_, _, _, where) in enumerate(self.outputs):
             self._last[k] = nodes[k]
             for i in where:
                 returned[i] = Tensor._wrap(nodes[k])
-        for i, t in self.static:
-            returned[i] = t
+        self._fill_static(returned, values)
+        return self.rebuild(returned)
+
+    def _fill_static(self, returned: list, values: list) -> None:
+        for i, t, pos in self.static:
+            value = t if pos is None else values[pos]
+            returned[i] = value if isinstance(value, Tensor) else Tensor(value)
+
+    def traced_result(self, returned: list[Tensor], values: list, result):
+        """The traced call's own result, with an argument returned as the argument (the
+        function saw a leaf of its own, whose buffer the next replays write)."""
+        if all(pos is None for _, _, pos in self.static):
+            return result
+        returned = list(returned)
+        self._fill_static(returned, values)
         return self.rebuild(returned)
 
     def free(self) -> None:
@@ -288,12 +342,11 @@ class Compiled:
         names = sorted(kwargs)
         values = [*args, *(kwargs[k] for k in names)]
         arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
-        tensor_args = {i: v for i, v in enumerate(values) if isinstance(v, Tensor)}
-        for t in tensor_args.values():
-            lazy.ensure_on_device(t.node)
-        call = [arrays.get(i, v) for i, v in enumerate(values)]
+        tensor_args = {i: _own_leaf(v) for i, v in enumerate(values) if isinstance(v, Tensor)}
+        call = [arrays.get(i, tensor_args.get(i, v)) for i, v in enumerate(values)]
         trace = _trace = _Trace()
         previous, lazy.recorder = lazy.recorder, trace.record
+        tensor_module.host_read_hook = _host_read
         downloads = runtime.transfers()["downloads"]
         try:
             result = self.fn(*call[:len(args)], **dict(zip(names, call[len(args):])))
@@ -304,6 +357,7 @@ class Compiled:
         finally:
             _trace = None
             lazy.recorder = previous
+            tensor_module.host_read_hook = None
         try:
             if trace.refusal:
                 raise _Refused(trace.refusal)
@@ -318,6 +372,9 @@ class Compiled:
             self._refused(str(why))
             return result
         run.dev.graphs.pop(run.key, None)  # the capture owns its graph now
+        if key not in self._captures and len(self._captures) >= MAX_SIGNATURES:
+            for old in self._captures.pop(next(iter(self._captures))):  # the oldest signature
+                old.free()
         variants = self._captures.setdefault(key, [])
         variants.insert(0, capture)
         for old in variants[MAX_VARIANTS:]:
@@ -326,7 +383,7 @@ class Compiled:
         self._dev = run.dev
         self.reason = None
         self._failures = 0
-        return result
+        return capture.traced_result(returned, values, result)
 
     def _refused(self, reason: str) -> None:
         self.reason = reason
@@ -334,7 +391,7 @@ class Compiled:
         if self._failures >= 3 and not self._warned:
             self._warned = True
             warnings.warn(f"ggrad.compile({getattr(self.fn, '__name__', 'fn')}): not captured, each "
-                          f"call runs as an ordinary step: {reason}", RuntimeWarning, stacklevel=3)
+                          f"call runs as an ordinary step: {reason}", RuntimeWarning, stacklevel=4)
 
     def release(self) -> None:
         """Drop every kept graph (the next call traces again)."""

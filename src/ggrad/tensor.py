@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Callable
 
 import numpy as np
 
@@ -29,6 +30,10 @@ def _host_array(data) -> np.ndarray:
             raise ValueError("integer tensor data does not fit in int32")
         array = array.astype(np.int32, copy=False)
     return as_host_array(array, "tensor data")
+
+
+# Called before any read of a tensor's values on the host (set while ggrad.compile traces).
+host_read_hook: Callable[[], None] | None = None
 
 
 def _check_device(device) -> None:
@@ -109,6 +114,8 @@ class Tensor:
         return lazy.ensure_on_device(self._node)
 
     def numpy(self) -> np.ndarray:
+        if host_read_hook is not None:
+            host_read_hook()
         node = self._node
         if not node.pending and node.handle is None:
             return node.host.copy()  # never uploaded: no crossing

@@ -96,6 +96,7 @@ class Optimizer:
         self.group_state.append({})
         self._lr_tensors.append((device_scalar(full["lr"]), float(full["lr"])))
         capture.invalidate()  # a kept step graph does not update the new group
+        capture.track(self)
 
     def _validate(self, group: dict) -> None:
         _check_positive("learning rate", group["lr"])
@@ -139,6 +140,10 @@ class Optimizer:
                     accumulated = "accumulator" in self.state.get(p, {})
                     if p.grad is None and not (apply and accumulated):
                         continue  # no gradient now, and none accumulated to apply
+                    if p.grad is not None and capture.carried_over(p.grad):
+                        capture.refuse("a gradient set before the call (accumulated over calls, or "
+                                       "by hand) is read; accumulate with accumulate_steps=k, or "
+                                       "call zero_grad() inside the step")
                     state = self.state.setdefault(p, {"step": 0})
                     if k > 1 and "accumulator" not in state:
                         state["accumulator"] = device_zeros_like(p)
@@ -162,8 +167,11 @@ class Optimizer:
 
     # ---- replaying a captured step (ggrad.compile) ---------------------------------------
     def _hyperparameters(self) -> list:
-        """What a step graph bakes in (everything but the lr, which it reads on the device)."""
-        return [[(k, v) for k, v in g.items() if k not in ("params", "lr")] for g in self.param_groups]
+        """What a step graph bakes in: the groups' settings but the lr (read on the device),
+        which parameters train, and how gradients are accumulated."""
+        return [(self.accumulate_steps, self.average)] + [
+            ([(k, v) for k, v in g.items() if k not in ("params", "lr")],
+             tuple(p.requires_grad for p in g["params"])) for g in self.param_groups]
 
     def _replayable(self, apply: bool, hyperparameters: list) -> bool:
         """Whether the next step does what the captured one did."""
