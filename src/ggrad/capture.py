@@ -13,10 +13,10 @@ while tracing, as under ``jax.jit``: its control flow and the Python values it c
 over are frozen into the capture. Library code whose Python state changes per step
 (optimizer step counts, the learning rate, train/eval flags) registers here while
 tracing: checks that say whether the capture still holds, and the bookkeeping a replay
-repeats. What cannot be replayed (a value read on the host in the middle of the step,
-a tensor computed inside `fn` that outlives it other than through its return value)
-is not captured: such a call stays an ordinary one, and the reason is kept in
-`Compiled.reason` (and warned about once).
+repeats. What cannot be replayed (a value read on the host while tracing, gradients
+left from an earlier call, a tensor computed inside `fn` that outlives it other than
+through its return value) is not captured: such a call stays an ordinary one, and the
+reason is kept in `Compiled.reason` (and warned about once).
 """
 
 from __future__ import annotations
