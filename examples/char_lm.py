@@ -64,17 +64,22 @@ def main() -> None:
     model = CharLM(len(chars), args.context)
     opt = AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
     rng = np.random.default_rng(0)
-    start = time.perf_counter()
-    for step in range(args.steps):
-        rows = rng.integers(0, len(data) - args.context - 1, args.batch)
-        window = np.stack([data[r:r + args.context + 1] for r in rows])
-        x, y = ggrad.tensor(window[:, :-1]), ggrad.tensor(window[:, 1:].reshape(-1))
+
+    @ggrad.compile  # traced on the first calls, then one kept graph per step
+    def train_step(x, y):
         with ggrad.grad_tape():
             logits = model(x)
             loss = F.cross_entropy(logits.reshape(-1, len(chars)), y)
             loss.backward()
         opt.step()
         opt.zero_grad()
+        return loss
+
+    start = time.perf_counter()
+    for step in range(args.steps):
+        rows = rng.integers(0, len(data) - args.context - 1, args.batch)
+        window = np.stack([data[r:r + args.context + 1] for r in rows])
+        loss = train_step(window[:, :-1], window[:, 1:].reshape(-1))
         if step % 100 == 0 or step == args.steps - 1:
             print(f"step {step:4d}  loss {loss.item():.3f}  ({(step + 1) / (time.perf_counter() - start):.1f} steps/s)")
 
