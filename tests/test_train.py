@@ -116,3 +116,11 @@ def test_demo_command_exits_zero(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test accuracy" in proc.stdout and "reloaded checkpoint" in proc.stdout
     assert (tmp_path / "curve.png").exists() and (tmp_path / "model.safetensors").exists()
+
+
+def test_the_language_model_example_trains_and_samples():
+    proc = run(["examples/char_lm.py", "--steps", "40", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    losses = [float(line.split("loss")[1].split()[0]) for line in proc.stdout.splitlines() if line.startswith("step")]
+    assert losses[-1] < losses[0] - 0.5  # compiled steps keep training
+    assert "sample:" in proc.stdout
