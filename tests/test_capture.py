@@ -142,7 +142,7 @@ def test_a_replay_is_one_dispatch_in_place_with_no_crossing(dev):
     assert [p.handle.ptr for p in model.parameters()] == ptrs
     after = ggrad.runtime.memory()
     assert after["persistent_bytes"] == memory["persistent_bytes"]
-    assert after["scratch_bytes"] == memory["scratch_bytes"]
+    assert after["scratch_bytes"] == memory["scratch_bytes"] > 0  # the kept graph's, counted
 
 
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):

@@ -371,7 +371,7 @@ class Compiled:
         except _Refused as why:
             self._refused(str(why))
             return result
-        run.dev.graphs.pop(run.key, None)  # the capture owns its graph now
+        run.dev.take_graph(run.key, run.graph)  # the capture owns its graph now
         if key not in self._captures and len(self._captures) >= MAX_SIGNATURES:
             for old in self._captures.pop(next(iter(self._captures))):  # the oldest signature
                 old.free()

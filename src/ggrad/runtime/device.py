@@ -30,6 +30,7 @@ class ActiveDevice:
         self.galloc = G.ggml_gallocr_new(self.backend.buft)
         self._persistent_handles: weakref.WeakSet[Handle] = weakref.WeakSet()
         self.graphs: OrderedDict = OrderedDict()  # signature -> runtime.graph.Graph, for reuse
+        self.held: weakref.WeakSet = weakref.WeakSet()  # graphs taken out for a caller to keep
         self.released = False
 
     def cached_graph(self, key):
@@ -45,6 +46,13 @@ class ActiveDevice:
             _, old = self.graphs.popitem(last=False)
             old.free()
 
+    def take_graph(self, key, graph) -> None:
+        """`graph` leaves the reuse cache: its caller keeps (and frees) it from now on; its
+        scratch memory still counts in `memory()`."""
+        if self.graphs.get(key) is graph:
+            del self.graphs[key]
+        self.held.add(graph)
+
     def new_handle(self, shape: tuple[int, ...], dtype, scope: str) -> Handle:
         pool = self.persistent if scope == "persistent" else self.passes
         handle = Handle(pool, shape, dtype, self.name)
@@ -54,13 +62,14 @@ class ActiveDevice:
 
     def scratch_bytes(self) -> int:
         shared = G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self.galloc else 0
-        return shared + sum(g.scratch_bytes() for g in self.graphs.values())
+        kept = [*self.graphs.values(), *self.held]
+        return shared + sum(g.scratch_bytes() for g in kept)
 
     def release(self) -> None:
         for handle in list(self._persistent_handles):
             handle.evict()
         self._persistent_handles = weakref.WeakSet()
-        for graph in self.graphs.values():
+        for graph in [*self.graphs.values(), *self.held]:
             graph.free()
         self.graphs.clear()
         G.ggml_gallocr_free(self.galloc)

@@ -170,7 +170,7 @@ class Graph:
         transfers.count_dispatch()
 
     def scratch_bytes(self) -> int:
-        return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator else 0
+        return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator and self.galloc else 0
 
     def free(self) -> None:
         if self.ctx:
