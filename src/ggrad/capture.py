@@ -303,6 +303,7 @@ class Compiled:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.reason: str | None = None  # why the last trace was not captured
+        self.traces = 0  # calls that ran the function's Python (the rest were replays)
         self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
         self._epoch = _epoch
         self._dev = None  # the device the kept graphs belong to
@@ -339,6 +340,7 @@ class Compiled:
                                "traced; compile the outer function only")
         if lazy.has_pending_work():
             lazy.realize()
+        self.traces += 1
         names = sorted(kwargs)
         values = [*args, *(kwargs[k] for k in names)]
         arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
