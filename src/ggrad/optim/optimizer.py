@@ -162,8 +162,9 @@ class Optimizer:
                     stepped += [state for _, _, state in items]
                     updated.append(index)
                     self._update_group(index, group, items, self._lr_tensor(index))
-        capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters()),
-                          functools.partial(self._advance, stepped, updated))
+        if capture.tracing():
+            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters()),
+                              functools.partial(self._advance, stepped, updated))
 
     # ---- replaying a captured step (ggrad.compile) ---------------------------------------
     def _hyperparameters(self) -> list:
