@@ -177,8 +177,9 @@ def test_dropout_draws_on_the_device_without_crossings(dev):
 
 
 def test_a_transformer_language_model_gradient_matches_finite_differences(dev):
-    """End to end through embedding, positions, a pre-norm block and the loss: the case
-    where ggml's allocator once reused a viewed tensor's memory too early (graph.py)."""
+    """End to end through embedding, positions, a pre-norm block and the loss: on the CPU
+    it catches ggml computing SOFT_MAX_BACK in place over the softmax's output, which its
+    kernel overwrites before reading (ops.py `_softmax_back`)."""
     ggrad.manual_seed(0)
     vocab, context, dim = 11, 6, 8
 

@@ -115,7 +115,12 @@ def _pow(ctx, s, node):
 
 @builder("softmax_back")
 def _softmax_back(ctx, s, node):
+    """NOTE: ggml's allocator may compute SOFT_MAX_BACK in place over either source, but the
+    CPU kernel copies dy into dx before it reads y: in place over y it multiplies by dy.
+    Flagging y as an output keeps its memory (it was wrong gradients upstream of attention
+    whenever the softmax's output had no other reader left; ggml 0.15.3, 2026-12-02)."""
     grad, y = s
+    y.contents.flags |= G.GGML_TENSOR_FLAG_OUTPUT
     return G.ggml_soft_max_ext_back(ctx, grad, y, 1.0, 0.0)
 
 
@@ -407,11 +412,8 @@ def _matmul_tn(ctx, s, node):
     x, y = s
     from . import runtime
     kind = runtime.current().backend.info.kind
-    # NOTE: the CPU's OUT_PROD over batch dimensions gave wrong gradients upstream of the
-    # attention in tests/test_nn.py's transformer LM (10% off; cause not found, CUDA's was
-    # right): on the CPU only plain 2-d products take it.
-    small_2d = len(node.shape) == 2 and math.prod(node.shape) <= CPU_OUT_PROD_MAX_ELEMENTS
-    if kind in OUT_PROD_BACKENDS or (kind == "cpu" and small_2d):
+    small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
+    if kind in OUT_PROD_BACKENDS or (kind == "cpu" and small):
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
             return reshape(ctx, product, node.shape)

@@ -136,7 +136,6 @@ class Graph:
         """Point the slots at `bindings` (live handles on this device) and compute."""
         if self._views is None:
             self._check_supported()
-            self._keep_viewed_tensors()
             for slot, handle in zip(self.slots, bindings):
                 src = handle.tensor.contents
                 G.ggml_backend_tensor_alloc(src.buffer, slot, src.data)
@@ -191,19 +190,6 @@ class Graph:
                 views[index[ctypes.addressof(src.contents)]].append((t, t.contents.view_offs))
             t = G.ggml_get_next_tensor(self.ctx, t)
         return views
-
-    def _keep_viewed_tensors(self) -> None:
-        """Keep every tensor that a view reads from for the whole graph.
-
-        NOTE: without this, ggml's graph allocator gave wrong gradients on the CPU backend
-        for a transformer block (a char-level LM): the memory of a viewed tensor was reused
-        while a view of it was still to be read (seen 2026-12-02; marking the viewed tensors
-        as outputs, which the allocator never reuses, fixes it; the exact ggml-alloc path was
-        not found). It costs scratch memory, not time."""
-        for i in range(G.ggml_graph_n_nodes(self.graph)):
-            src = G.ggml_graph_node(self.graph, i).contents.view_src
-            if src:
-                src.contents.flags |= G.GGML_TENSOR_FLAG_OUTPUT
 
     def _check_supported(self) -> None:
         backend = self.dev.backend
