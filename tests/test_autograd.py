@@ -309,3 +309,18 @@ def test_a_training_loop_builds_its_graph_once(dev, monkeypatch):
         total = loss.detach() if total is None else total + loss.detach()
     total.item()
     assert len(builds) <= 4  # the first steps differ (state is made); the rest reuse one graph
+
+
+def test_softmax_backward_when_the_backward_is_the_output_s_last_reader(dev):
+    """ggml may compute SOFT_MAX_BACK in place over the softmax's output; the CPU kernel
+    would then overwrite y with dy before reading it (ops.py `_softmax_back`)."""
+    rng = np.random.default_rng(4)
+    x_np, g_np = rng.standard_normal((5, 7)), rng.standard_normal((5, 7))
+    x = ggrad.tensor(x_np, requires_grad=True)
+    with ggrad.grad_tape():
+        F.softmax(x).backward(grad=ggrad.tensor(g_np))  # the output itself is not kept
+    y = np.exp(x_np - x_np.max(-1, keepdims=True))
+    y /= y.sum(-1, keepdims=True)
+    expected = y * (g_np - (y * g_np).sum(-1, keepdims=True))
+    tol = 3e-3 if dev.startswith("cuda") else 1e-5
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=tol, atol=tol)
