@@ -320,29 +320,24 @@ class Compiled:
         if autograd.is_recording():
             raise RuntimeError("ggrad.compile: a compiled function was called inside a grad_tape; "
                                "its replays record nothing, so put the tape inside the function")
-        values = [*args, *(kwargs[k] for k in sorted(kwargs))]
-        key = (len(args), tuple(sorted(kwargs)), tuple(_argument_key(v) for v in values))
+        names = sorted(kwargs)
+        values = [*args, *(kwargs[k] for k in names)]
+        key = (len(args), tuple(names), tuple(_argument_key(v) for v in values))
         if self._epoch != _epoch or (self._captures and self._dev is not runtime.current()):
             self.release()
-        captures = self._captures.get(key)
-        if captures:
-            if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would
-                lazy.realize()
-            for capture in captures:
-                if capture.matches():
-                    return capture.replay(values)
-        return self._trace(key, args, kwargs)
+        if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would
+            lazy.realize()
+        for capture in self._captures.get(key, ()):
+            if capture.matches():
+                return capture.replay(values)
+        return self._trace(key, values, len(args), names)
 
-    def _trace(self, key: tuple, args: tuple, kwargs: dict):
+    def _trace(self, key: tuple, values: list, positional: int, names: list[str]):
         global _trace
         if _trace is not None:
             raise RuntimeError("ggrad.compile: a compiled function was called while another was being "
                                "traced; compile the outer function only")
-        if lazy.has_pending_work():
-            lazy.realize()
         self.traces += 1
-        names = sorted(kwargs)
-        values = [*args, *(kwargs[k] for k in names)]
         arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
         tensor_args = {i: _own_leaf(v) for i, v in enumerate(values) if isinstance(v, Tensor)}
         call = [arrays.get(i, tensor_args.get(i, v)) for i, v in enumerate(values)]
@@ -351,7 +346,7 @@ class Compiled:
         tensor_module.host_read_hook = _host_read
         downloads = runtime.transfers()["downloads"]
         try:
-            result = self.fn(*call[:len(args)], **dict(zip(names, call[len(args):])))
+            result = self.fn(*call[:positional], **dict(zip(names, call[positional:])))
             returned: list[Tensor] = []
             rebuild = _flatten(result, returned)
             trace.final = True
