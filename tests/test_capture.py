@@ -41,6 +41,17 @@ def train_step(model, opt, compiled: bool):
     return ggrad.compile(step) if compiled else step
 
 
+def warmed_up(calls: int = 3, **adam):
+    """A compiled Adam step on the MLP, called `calls` times: (model, opt, step, data)."""
+    model = mlp()
+    opt = Adam(model.parameters(), **{"lr": 1e-2, **adam})
+    step = train_step(model, opt, True)
+    data = batches()
+    for i in range(calls):
+        step(*data[i])
+    return model, opt, step, data
+
+
 def run_both(make_opt, steps=12, between=None, data=None):
     """The same training run eagerly and compiled; returns both (losses, model, opt)."""
     data = data or batches()
@@ -146,12 +157,7 @@ def test_a_replay_is_one_dispatch_in_place_with_no_crossing(dev):
 
 
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
-    model = mlp()
-    opt = Adam(model.parameters(), lr=1e-2)
-    step = train_step(model, opt, True)
-    data = batches()
-    for i in range(3):
-        step(*data[i])
+    model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:
         loss = step(*data[3])
         loss.item()
@@ -184,12 +190,7 @@ def test_train_and_eval_modes_are_separate_captures(dev):
 
 
 def test_an_out_of_range_class_in_a_later_batch_is_refused_before_anything_runs(dev):
-    model = mlp()
-    opt = Adam(model.parameters(), lr=1e-2)
-    step = train_step(model, opt, True)
-    data = batches()
-    for i in range(3):
-        step(*data[i])
+    model, opt, step, data = warmed_up()
     assert step.captured == 1
     before = [p.numpy() for p in model.parameters()]
     x, y = data[0]
@@ -294,12 +295,7 @@ def test_replacing_a_weight_makes_the_next_call_trace_again(dev):
 
 
 def test_loading_optimizer_state_makes_the_next_call_trace_again(dev):
-    model = mlp()
-    opt = Adam(model.parameters(), lr=1e-2)
-    step = train_step(model, opt, True)
-    data = batches()
-    for i in range(3):
-        step(*data[i])
+    model, opt, step, data = warmed_up()
     saved = opt.state_dict()
     weights = [p.numpy() for p in model.parameters()]
     for i in range(3):
@@ -316,12 +312,7 @@ def test_loading_optimizer_state_makes_the_next_call_trace_again(dev):
 
 
 def test_a_device_switch_moves_the_state_and_the_step_carries_on(dev):
-    model = mlp()
-    opt = Adam(model.parameters(), lr=1e-2, fused=True)
-    step = train_step(model, opt, True)
-    data = batches()
-    for i in range(4):
-        step(*data[i])
+    model, opt, step, data = warmed_up(4, fused=True)
     other = "vulkan:0" if dev == "cpu" and "vulkan:0" in [d.name for d in ggrad.devices()] else "cpu"
     with ggrad.device(other):
         losses = [step(*data[i]).item() for i in range(4, 6)]
