@@ -93,7 +93,7 @@ def backward(loss, grad=None) -> None:
         raise RuntimeError("backward: this tensor's tape was reset (a newer grad_tape was entered); "
                            "its pass memory is gone, record the forward pass again")
     if grad is None:
-        if loss.size != 1:
+        if loss.numel() != 1:
             raise ValueError(f"backward on a tensor of shape {loss.shape} needs an explicit grad= "
                              "seed of that shape (only a scalar loss has an implied seed of 1)")
         seed = ones_like(loss)
@@ -118,6 +118,8 @@ def backward(loss, grad=None) -> None:
                     continue
                 if pg.shape != parent.shape:
                     raise AssertionError(f"gradient rule gave {pg.shape} for an input of {parent.shape}")
+                if pg.dtype is not parent.dtype:  # a float16 input of a float32 result
+                    pg = pg.to(parent.dtype)
                 prev = grads.get(id(parent))
                 grads[id(parent)] = pg if prev is None else prev + pg
     for t in order:

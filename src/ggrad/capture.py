@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import autograd, lazy, runtime
+from . import autograd, dtypes, lazy, runtime
 from . import tensor as tensor_module
 from .tensor import Tensor, _host_array
 
@@ -123,7 +123,7 @@ _STATIC = (type(None), bool, numbers.Number, str, bytes)
 
 def _argument_key(value) -> tuple:
     if isinstance(value, Tensor):
-        return ("tensor", value.shape, value.dtype.char, value.requires_grad)
+        return ("tensor", value.shape, value.dtype, value.requires_grad)
     if isinstance(value, np.ndarray):
         return ("array", value.shape, value.dtype.char)
     if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):
@@ -205,7 +205,7 @@ class _Capture:
         if written & {id(t.node.handle) for t in [*arrays.values(), *tensor_args.values()]}:
             raise _Refused("the function writes into one of its arguments in place")
         # outputs: each is a returned tensor's value, nothing else may hold it
-        self.outputs: list[tuple[int, tuple, np.dtype, list[int]]] = []  # (slot, shape, dtype, returned)
+        self.outputs: list[tuple[int, tuple, dtypes.dtype, list[int]]] = []  # (slot, shape, dtype, returned)
         first = len(run.leaves)
         positions: dict[int, list[int]] = {}
         for i, t in enumerate(returned):
@@ -230,7 +230,7 @@ class _Capture:
     def replay(self, values: list) -> Any:
         data = []
         for pos, handle, checks in self.uploads:
-            array = _host_array(values[pos])
+            array, _ = _host_array(values[pos])
             for check in checks:
                 check(array)
             data.append((handle, array))
@@ -246,7 +246,7 @@ class _Capture:
             if node.handle is None and not node.pending:  # a batch still on the host
                 buffer = self.buffers.get(slot)
                 if buffer is None:
-                    buffer = self.buffers[slot] = self.dev.new_handle(node.shape, node.dtype, "persistent")
+                    buffer = self.buffers[slot] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
                 buffer.write(node.host)
                 graph.rebind(slot, buffer)
             else:
@@ -258,7 +258,7 @@ class _Capture:
             if last is not None and last.owners == 0 and last.handle.live:
                 handle = last.handle  # nobody holds the previous result: reuse its buffer
             else:
-                handle = self.dev.new_handle(shape, dtype, "persistent")
+                handle = self.dev.new_handle(shape, dtype.storage, "persistent")
             graph.rebind(slot, handle)
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
         for advance in self.advances:  # last before the compute: what can fail has run

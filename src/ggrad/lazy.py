@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import runtime
+from . import dtypes, runtime
 from .runtime.graph import Graph
 
 # op name -> fn(ctx, src_ggml_tensors, node) -> ggml tensor of node.shape
@@ -48,7 +48,8 @@ _sequence = itertools.count()
 
 class Node:
     """A value: realized (a live `handle`), on the host (`host`, uploaded on first use),
-    or pending (`op` applied to `srcs`)."""
+    or pending (`op` applied to `srcs`). `dtype` is a ggrad dtype; `host` and the
+    handle hold its storage form (dtypes.py)."""
 
     __slots__ = ("shape", "dtype", "op", "srcs", "arg", "handle", "host", "scope", "owners", "seq",
                  "__weakref__")
@@ -56,7 +57,7 @@ class Node:
     def __init__(self, shape: tuple[int, ...], dtype, op: str | None = None, srcs: tuple = (),
                  arg=None, handle=None, host: np.ndarray | None = None, scope: str = "pass") -> None:
         self.shape = shape
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype if isinstance(dtype, dtypes.dtype) else dtypes.as_dtype(dtype)
         self.op = op
         self.srcs = srcs
         self.arg = arg
@@ -112,8 +113,9 @@ class Run:
 recorder: Callable[[Run], None] | None = None  # told of every graph `realize` runs
 
 
-def from_host(array: np.ndarray, scope: str = "persistent") -> Node:
-    return Node(array.shape, array.dtype, host=array, scope=scope)
+def from_host(array: np.ndarray, dtype: dtypes.dtype, scope: str = "persistent") -> Node:
+    """A leaf holding `array`, already in `dtype`'s storage form."""
+    return Node(array.shape, dtype, host=array, scope=scope)
 
 
 # "pass" while a grad tape is recording, else "persistent": see `_landing`.
@@ -127,7 +129,7 @@ def _landing(node: Node) -> str:
     return "persistent" if node.scope == "persistent" or default_scope == "persistent" else "pass"
 
 
-def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=np.float32, arg=None) -> Node:
+def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.float32, arg=None) -> Node:
     for src in srcs:
         if src.op == VERSION:  # its effect has not run: run it before reading the result
             realize()
@@ -189,7 +191,7 @@ def ensure_on_device(node: Node):
     elif handle is not None:
         handle.check_live()  # raises: its pass was reset
     node.handle = runtime.to_device(node.host, scope=node.scope)
-    if node.dtype.kind == "f":  # integer data (class targets, indices) stays checkable on the host
+    if node.dtype.is_floating_point:  # integers and masks (targets, indices) stay checkable on the host
         node.host = None
     return node.handle
 
@@ -225,7 +227,7 @@ def realize(nodes: Iterable[Node] = ()) -> None:
         fresh = graph is None
         if fresh:
             graph = _build(dev, order, outputs, stores, effects)
-        results = [(node, dev.new_handle(node.shape, node.dtype, _landing(node))) for node in outputs]
+        results = [(node, dev.new_handle(node.shape, node.dtype.storage, _landing(node))) for node in outputs]
         results += [(value, target.handle) for target, value in stores]
         graph.run([leaf.handle for leaf in leaves] + [handle for _, handle in results])
     except BaseException:
@@ -249,8 +251,8 @@ def realize(nodes: Iterable[Node] = ()) -> None:
 def _signature(order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> tuple:
     """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring."""
     index = {id(n): i for i, n in enumerate(order)}
-    sig = [(n.op, n.shape, n.dtype.char, n.arg, tuple(index[id(s)] for s in n.srcs)) if n.pending
-           else (None, n.shape, n.dtype.char) for n in order]
+    sig = [(n.op, n.shape, n.dtype, n.arg, tuple(index[id(s)] for s in n.srcs)) if n.pending
+           else (None, n.shape, n.dtype) for n in order]
     sig.append(tuple(index[id(n)] for n in outputs))
     sig.append(tuple(index[id(value)] for _, value in stores))
     sig.append(tuple((e.op, e.arg, tuple(index[id(s)] for s in e.srcs)) for e in effects))
@@ -265,13 +267,13 @@ def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: l
             if node.pending:
                 built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
             else:
-                built[id(node)] = graph.slot(node.shape, node.dtype)
+                built[id(node)] = graph.slot(node.shape, node.dtype.storage)
         values = [*outputs, *(value for _, value in stores)]
         for node in values:  # a value still in a buffer (a view, a slot) is copied out first
             built[id(node)] = graph.computed(built[id(node)])
         for node in [*values, *(s for e in effects for s in e.srcs)]:
             graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
-        destinations = [graph.slot(node.shape, node.dtype) for node in values]
+        destinations = [graph.slot(node.shape, node.dtype.storage) for node in values]
         for effect in effects:  # 2. ops that write their targets in place
             for node in BUILDERS[effect.op](graph.ctx, [built[id(s)] for s in effect.srcs], effect):
                 graph.expand(node)

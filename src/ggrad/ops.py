@@ -4,6 +4,11 @@ A numpy shape ``(..., rows, cols)`` is a ggml tensor with ``ne = (cols, rows, ..
 Every builder takes contiguous sources and returns a contiguous result of
 `node.shape`, so the next builder may reshape it freely. Shapes were validated when
 the node was made (functional.py); nothing here may reach a ggml assert.
+
+Dtypes: arithmetic runs in float32 (`@compute`): float16/bfloat16 and integer sources
+are cast up first and the result is cast to the node's storage type, so every backend
+computes the same thing whatever it supports for the low types (PyTorch's CPU half ops
+do the same: float math, one rounding). Layout ops (`@builder`) move data as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +22,23 @@ from .lazy import builder
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
 
 F32 = G.GGML_TYPE_F32
+I32 = G.GGML_TYPE_I32
+
+
+def as_type(ctx, x, ggml_type):
+    return x if x.contents.type == ggml_type else G.ggml_cast(ctx, x, ggml_type)
+
+
+def compute(name: str, keep_int: bool = False):
+    """Register a builder that computes in float32 (integer sources too, unless
+    `keep_int`: indices stay I32) and returns the node's storage type."""
+    def register(fn):
+        def build(ctx, s, node):
+            srcs = [x if keep_int and x.contents.type == I32 else as_type(ctx, x, F32) for x in s]
+            return as_type(ctx, fn(ctx, srcs, node), DTYPES[node.dtype.storage])
+        builder(name)(build)
+        return fn
+    return register
 
 
 def reshape(ctx, x, shape):
@@ -49,29 +71,31 @@ def _binary(fn, commutative: bool):
     return build
 
 
-builder("add")(_binary(G.ggml_add, True))
-builder("sub")(_binary(G.ggml_sub, False))
-builder("mul")(_binary(G.ggml_mul, True))
-builder("div")(_binary(G.ggml_div, False))
+compute("add")(_binary(G.ggml_add, True))
+compute("sub")(_binary(G.ggml_sub, False))
+compute("mul")(_binary(G.ggml_mul, True))
+compute("div")(_binary(G.ggml_div, False))
 
 _UNARY = {
     "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
     "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
     "gelu": G.ggml_gelu_erf, "silu": G.ggml_silu,
-    "softmax": G.ggml_soft_max, "cont": G.ggml_cont,
+    "softmax": G.ggml_soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
+    "round": G.ggml_round, "trunc": G.ggml_trunc,
 }
 for _name, _fn in _UNARY.items():
-    builder(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
+    compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
+builder("cont")(lambda ctx, s, node: G.ggml_cont(ctx, s[0]))
 
 
-@builder("step")
+@compute("step")
 def _step(ctx, s, node):
     # relu(sign(x)), not ggml_step: Vulkan's step(0) is 1, the CPU's is 0.
     return G.ggml_relu(ctx, G.ggml_sgn(ctx, s[0]))
 
 
-@builder("affine")
+@compute("affine")
 def _affine(ctx, s, node):
     scale, bias = node.arg
     if bias == 0.0:
@@ -79,18 +103,18 @@ def _affine(ctx, s, node):
     return G.ggml_scale_bias(ctx, s[0], scale, bias)
 
 
-@builder("leaky_relu")
+@compute("leaky_relu")
 def _leaky_relu(ctx, s, node):
     return G.ggml_leaky_relu(ctx, s[0], node.arg, False)
 
 
-@builder("clamp")
+@compute("clamp")
 def _clamp(ctx, s, node):
     lo, hi = node.arg
     return G.ggml_clamp(ctx, s[0], lo, hi)
 
 
-@builder("pow")
+@compute("pow")
 def _pow(ctx, s, node):
     x, p = s[0], node.arg
     if p == 2:
@@ -113,7 +137,7 @@ def _pow(ctx, s, node):
     return G.ggml_exp(ctx, G.ggml_scale(ctx, G.ggml_log(ctx, x), p))
 
 
-@builder("softmax_back")
+@compute("softmax_back")
 def _softmax_back(ctx, s, node):
     """NOTE: ggml's allocator may compute SOFT_MAX_BACK in place over either source, but the
     CPU kernel copies dy into dx before it reads y: in place over y it multiplies by dy.
@@ -124,7 +148,7 @@ def _softmax_back(ctx, s, node):
     return G.ggml_soft_max_ext_back(ctx, grad, y, 1.0, 0.0)
 
 
-@builder("matmul_nt")
+@compute("matmul_nt")
 def _matmul_nt(ctx, s, node):
     """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes."""
     a, b = s
@@ -146,7 +170,7 @@ def _reshape(ctx, s, node):
     return reshape(ctx, s[0], node.shape)
 
 
-@builder("sum_to")
+@compute("sum_to")
 def _sum_to(ctx, s, node):
     """Sum over the axes where node.arg (the kept shape, same rank as the source) has 1."""
     x, keep = s[0], node.arg
@@ -155,19 +179,19 @@ def _sum_to(ctx, s, node):
     return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
 
 
-@builder("relu_back")
+@compute("relu_back")
 def _relu_back(ctx, s, node):
     """g where relu's output is positive, else 0."""
     g, out = s
     return G.ggml_mul(ctx, g, G.ggml_sgn(ctx, out))
 
 
-@builder("broadcast_to")
+@compute("broadcast_to", keep_int=True)
 def _broadcast_to(ctx, s, node):
     return expand(ctx, s[0], node.shape)
 
 
-@builder("onehot_argmax")
+@compute("onehot_argmax")
 def _onehot_argmax(ctx, s, node):
     """1.0 at the first maximum of each row (last axis), 0.0 elsewhere."""
     x = s[0]
@@ -177,7 +201,7 @@ def _onehot_argmax(ctx, s, node):
     return reshape(ctx, _onehot(ctx, reshape(ctx, index, (rows, 1)), rows, cols), node.shape)
 
 
-@builder("onehot")
+@compute("onehot", keep_int=True)
 def _onehot_build(ctx, s, node):
     """Integer class indices (any shape) -> float one-hot rows of node.arg classes."""
     rows = math.prod(node.shape[:-1])
@@ -192,7 +216,7 @@ def _onehot(ctx, index, rows: int, cols: int):
     return G.ggml_relu(ctx, G.ggml_scale_bias(ctx, distance, -1.0, 1.0))
 
 
-@builder("argmax")
+@compute("argmax")
 def _argmax(ctx, s, node):
     x = s[0]
     rows = math.prod(node.shape) if node.shape else 1
@@ -201,17 +225,22 @@ def _argmax(ctx, s, node):
 
 @builder("cast")
 def _cast(ctx, s, node):
-    return G.ggml_cast(ctx, s[0], DTYPES[node.dtype])
+    """Storage conversion (float -> int truncates toward zero, as torch); between two
+    non-float32 types through float32, which every backend converts to and from."""
+    x, want = s[0], DTYPES[node.dtype.storage]
+    if x.contents.type not in (F32, want) and want != F32:
+        x = G.ggml_cast(ctx, x, F32)
+    return as_type(ctx, x, want)
 
 
-@builder("gather_rows")
+@compute("gather_rows", keep_int=True)
 def _gather_rows(ctx, s, node):
     table, index = s
     flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
     return reshape(ctx, flat, node.shape)
 
 
-@builder("scatter_rows")
+@compute("scatter_rows", keep_int=True)
 def _scatter_rows(ctx, s, node):
     """Gradient of gather_rows: rows of `grad` summed into a table of node.shape."""
     grad, index = s
@@ -220,7 +249,7 @@ def _scatter_rows(ctx, s, node):
                                 reshape(ctx, index, (n,)), template(ctx, node.shape))
 
 
-@builder("concat")
+@compute("concat", keep_int=True)
 def _concat(ctx, s, node):
     axis = node.arg
     return G.ggml_concat(ctx, s[0], s[1], len(node.shape) - 1 - axis)
@@ -228,16 +257,21 @@ def _concat(ctx, s, node):
 
 @builder("slice")
 def _slice(ctx, s, node):
-    axis, start = node.arg
+    """Elements start, start + step, ... along one axis: a strided view, then a copy."""
+    axis, start, step = node.arg
     x = s[0]
-    nb = x.contents.nb
+    nb = list(x.contents.nb)
     dim = len(node.shape) - 1 - axis
+    offset = start * nb[dim]
+    nb[dim] *= step
     ne = ggml_ne(node.shape)
-    view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], start * nb[dim])
-    return G.ggml_cont(ctx, view)
+    if dim == 0 and step != 1:  # elements of a row are adjacent: make each its own row
+        view = G.ggml_view_4d(ctx, x, 1, *ne[:3], nb[0], nb[1], nb[2], offset)
+        return reshape(ctx, G.ggml_cont(ctx, view), node.shape)
+    return G.ggml_cont(ctx, G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], offset))
 
 
-@builder("pad")
+@compute("pad")
 def _pad(ctx, s, node):
     """Zeros around `x` along one axis: the gradient of slice."""
     axis, before, after = node.arg
@@ -247,7 +281,7 @@ def _pad(ctx, s, node):
     return G.ggml_pad_ext(ctx, s[0], *pads)
 
 
-@builder("fill")
+@compute("fill")
 def _fill(ctx, s, node):
     return G.ggml_fill(ctx, s[0], node.arg)
 
@@ -298,12 +332,12 @@ def _log_softmax_rows(ctx, x):
     return G.ggml_sub(ctx, shifted, G.ggml_log(ctx, G.ggml_sum_rows(ctx, G.ggml_exp(ctx, shifted))))
 
 
-@builder("log_softmax")
+@compute("log_softmax")
 def _log_softmax(ctx, s, node):
     return reshape(ctx, _log_softmax_rows(ctx, _rows(ctx, s[0], node.shape)), node.shape)
 
 
-@builder("log_softmax_back")
+@compute("log_softmax_back")
 def _log_softmax_back(ctx, s, node):
     """g - softmax * sum(g) per row, with softmax = exp(log_softmax)."""
     g, out = (_rows(ctx, t, node.shape) for t in s)
@@ -317,7 +351,7 @@ def _cross_entropy_rows(ctx, logits, target):
     return G.ggml_neg(ctx, picked)
 
 
-@builder("softmax_cross_entropy")
+@compute("softmax_cross_entropy")
 def _softmax_cross_entropy(ctx, s, node):
     return reshape(ctx, _cross_entropy_rows(ctx, *s), node.shape)
 
@@ -328,7 +362,7 @@ def _supported(node):
     return node if runtime.current().backend.supports(node) else None
 
 
-@builder("cross_entropy_mean")
+@compute("cross_entropy_mean")
 def _cross_entropy_mean(ctx, s, node):
     """The batch mean of the rows' cross-entropy, for one-hot targets: ggml's fused op (one
     node instead of ~30) where the backend has it (CPU, CUDA), composed elsewhere (Vulkan)."""
@@ -341,7 +375,7 @@ def _cross_entropy_mean(ctx, s, node):
                                      1.0 / rows), node.shape)
 
 
-@builder("cross_entropy_mean_back")
+@compute("cross_entropy_mean_back")
 def _cross_entropy_mean_back(ctx, s, node):
     """d/dlogits = g / rows * (softmax - target), for targets whose rows sum to 1."""
     logits, target, g = s
@@ -353,7 +387,7 @@ def _cross_entropy_mean_back(ctx, s, node):
     return G.ggml_scale(ctx, G.ggml_mul(ctx, diff, reshape(ctx, g, (1,))), 1.0 / rows)
 
 
-@builder("softmax_cross_entropy_back")
+@compute("softmax_cross_entropy_back")
 def _softmax_cross_entropy_back(ctx, s, node):
     """d/dlogits = g * (softmax * sum(target) - target), per row."""
     logits, target, g = s
@@ -368,7 +402,7 @@ def _fract(ctx, x):
     return G.ggml_sub(ctx, x, G.ggml_floor(ctx, x))
 
 
-@builder("rand")
+@compute("rand")
 def _rand(ctx, s, node):
     """Uniform [0, 1) per element: Dave Hoskins' sine-free hash of the element's (row,
     column) in a 4096-wide grid, the state added to the column. Only products, sums and
@@ -391,7 +425,7 @@ def _rand(ctx, s, node):
     return reshape(ctx, _fract(ctx, G.ggml_mul(ctx, G.ggml_add(ctx, e, G.ggml_add(ctx, b, d)), e)), node.shape)
 
 
-@builder("rand_next")
+@compute("rand_next")
 def _rand_next(ctx, s, node):
     """The next state: fract(state * golden + 1/pi) * 1000, bounded so the hash stays precise."""
     return G.ggml_scale(ctx, _fract(ctx, G.ggml_scale_bias(ctx, s[0], 1.6180339887, 0.3183098862)), 1000.0)
@@ -405,7 +439,7 @@ OUT_PROD_BACKENDS = {"cuda"}
 CPU_OUT_PROD_MAX_ELEMENTS = 256 * 256
 
 
-@builder("matmul_tn")
+@compute("matmul_tn")
 def _matmul_tn(ctx, s, node):
     """x^T @ y over the last two axes (the weight gradient of a product): ggml's OUT_PROD
     where it is used, else both operands transposed into mul_mat."""
@@ -420,3 +454,100 @@ def _matmul_tn(ctx, s, node):
     yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
     xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))
     return reshape(ctx, G.ggml_mul_mat(ctx, yt, xt), node.shape)
+
+
+# ---- comparisons and selection (bool results are float32 0/1) -------------------------
+# Built from ggml's step, whose result at 0 differs between backends (CPU and CUDA:
+# x > 0; Vulkan: x >= 0) but is 0 for NaN on all of them (an ordered comparison):
+# `_positive` is exactly d > 0 everywhere, and NaN is never positive.
+def _positive(ctx, d):
+    up = G.ggml_step(ctx, d)
+    down = G.ggml_step(ctx, G.ggml_neg(ctx, d))
+    return G.ggml_mul(ctx, up, G.ggml_scale_bias(ctx, down, -1.0, 1.0))
+
+
+def _not_nan(ctx, x):
+    """1 where x is a number (|x| + 1 > 0 holds for every number, infinities included)."""
+    return G.ggml_step(ctx, G.ggml_scale_bias(ctx, G.ggml_abs(ctx, x), 1.0, 1.0))
+
+
+def _finite(ctx, x):
+    """1 where x is finite: x * 0 + 1 is 1 for numbers, NaN for infinities and NaN."""
+    return G.ggml_step(ctx, G.ggml_scale_bias(ctx, x, 0.0, 1.0))
+
+
+def _not(ctx, x):
+    return G.ggml_scale_bias(ctx, x, -1.0, 1.0)
+
+
+@compute("compare")
+def _compare(ctx, s, node):
+    """a <op> b with IEEE semantics (NaN compares unequal to everything, inf == inf).
+    node.arg is (op, scalar): the second operand is s[1], or the scalar when s has one."""
+    kind, scalar = node.arg
+    a = expand(ctx, s[0], node.shape)
+    if len(s) > 1:
+        b = expand(ctx, s[1], node.shape)
+        d = G.ggml_sub(ctx, a, b)
+        ordered = G.ggml_mul(ctx, _not_nan(ctx, a), _not_nan(ctx, b))
+    else:
+        d = G.ggml_scale_bias(ctx, a, 1.0, -scalar)
+        ordered = _not_nan(ctx, a)
+    if kind == "gt":
+        return _positive(ctx, d)
+    if kind == "lt":
+        return _positive(ctx, G.ggml_neg(ctx, d))
+    unequal = G.ggml_add(ctx, _positive(ctx, d), _positive(ctx, G.ggml_neg(ctx, d)))
+    eq = G.ggml_mul(ctx, ordered, _not(ctx, unequal))
+    if kind == "eq":
+        return eq
+    if kind == "ne":
+        return _not(ctx, eq)
+    side = _positive(ctx, d if kind == "ge" else G.ggml_neg(ctx, d))
+    return G.ggml_add(ctx, side, eq)  # ge / le
+
+
+@compute("classify")
+def _classify(ctx, s, node):
+    x = s[0]
+    if node.arg == "nan":
+        return _not(ctx, _not_nan(ctx, x))
+    if node.arg == "finite":
+        return _finite(ctx, x)
+    return G.ggml_mul(ctx, _not_nan(ctx, x), _not(ctx, _finite(ctx, x)))  # inf
+
+
+@compute("select", keep_int=True)
+def _select(ctx, s, node):
+    """where(c, a, b) exactly (a NaN or inf in the branch not taken does not leak): each
+    element is a 2-row table [a_i, b_i] and get_rows picks row 1 - c_i of it."""
+    c, a, b = (expand(ctx, t, node.shape) for t in s)
+    if a.contents.type != b.contents.type:
+        a, b = as_type(ctx, a, F32), as_type(ctx, b, F32)
+    n = math.prod(node.shape)
+    table = G.ggml_concat(ctx, reshape(ctx, a, (n, 1, 1)), reshape(ctx, b, (n, 1, 1)), 1)
+    pick = G.ggml_cast(ctx, reshape(ctx, _not(ctx, c), (n, 1)), I32)
+    return reshape(ctx, G.ggml_get_rows(ctx, table, pick), node.shape)
+
+
+# ---- along the last axis: running sums, sorting, picking by index ----------------------
+@compute("cumsum")
+def _cumsum(ctx, s, node):
+    return reshape(ctx, G.ggml_cumsum(ctx, _rows(ctx, s[0], node.shape)), node.shape)
+
+
+@compute("argsort")
+def _argsort(ctx, s, node):
+    order = G.GGML_SORT_ORDER_DESC if node.arg else G.GGML_SORT_ORDER_ASC
+    return reshape(ctx, G.ggml_argsort(ctx, _rows(ctx, s[0], node.shape), order), node.shape)
+
+
+@compute("take_rows", keep_int=True)
+def _take_rows(ctx, s, node):
+    """out[r, j] = x[r, index[r, j]]: each row of x a table of one-element rows."""
+    x, index = s
+    rows = math.prod(node.shape[:-1])
+    n, k = x.contents.ne[0], node.shape[-1]
+    table = reshape(ctx, x, (rows, n, 1))
+    picked = G.ggml_get_rows(ctx, table, reshape(ctx, index, (rows, k)))
+    return reshape(ctx, picked, node.shape)

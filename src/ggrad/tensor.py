@@ -9,27 +9,25 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from . import autograd, lazy, runtime
+from . import autograd, dtypes, lazy, runtime
 from .runtime.graph import as_host_array
 
 
-def _host_array(data) -> np.ndarray:
-    """Floats become float32, integers and bools int32; anything else is refused."""
+def _host_array(data, dtype=None) -> tuple[np.ndarray, dtypes.dtype]:
+    """Host data in its dtype's storage form, and that dtype (see dtypes.py for the
+    rules: float64 -> float32, Python ints -> int64, ...)."""
     try:
         array = np.asarray(data)
     except ValueError as err:
         raise ValueError(f"tensor data is ragged (rows of different lengths): {err}") from None
-    if array.dtype.kind == "f":
-        array = array.astype(np.float32, copy=False)
-    elif array.dtype.kind in "iub":
-        if array.size and array.dtype.kind != "b" and (array.min() < -2**31 or array.max() >= 2**31):
-            raise ValueError("integer tensor data does not fit in int32")
-        array = array.astype(np.int32, copy=False)
-    return as_host_array(array, "tensor data")
+    if array.dtype == object:
+        raise TypeError(f"tensor data must be numeric, got {type(data).__name__} of objects")
+    dt = dtypes.of_numpy(array.dtype) if dtype is None else dtypes.as_dtype(dtype)
+    return as_host_array(dtypes.to_storage(array, dt), "tensor data"), dt
 
 
 # Called before any read of a tensor's values on the host (set while ggrad.compile traces).
@@ -48,13 +46,14 @@ class Tensor:
     __slots__ = ("_node", "requires_grad", "_ctx", "_grad", "__weakref__")
     __array_priority__ = 100  # numpy defers to our reflected operators
 
-    def __init__(self, data, requires_grad: bool = False, device: str | None = None) -> None:
+    def __init__(self, data, requires_grad: bool = False, device: str | None = None, dtype=None) -> None:
         _check_device(device)
         if isinstance(data, Tensor):
-            node = lazy.apply("cont", (data._node,), data.shape, data.dtype)
+            source = data if dtype is None else data.to(dtype)
+            node = lazy.apply("cont", (source._node,), source.shape, source.dtype)
             node.scope = "persistent"
         else:
-            node = lazy.from_host(_host_array(data))
+            node = lazy.from_host(*_host_array(data, dtype))
         self._node = None
         self.node = node
         self._ctx: autograd.Context | None = None
@@ -93,8 +92,27 @@ class Tensor:
     shape = property(lambda self: self._node.shape)
     dtype = property(lambda self: self._node.dtype)
     ndim = property(lambda self: len(self._node.shape))
-    size = property(lambda self: math.prod(self._node.shape))
     is_leaf = property(lambda self: self._ctx is None)
+
+    def is_floating_point(self) -> bool:
+        return self._node.dtype.is_floating_point
+
+    def size(self, dim: int | None = None):
+        """The shape (a tuple), or the size of axis `dim`, as torch's."""
+        if dim is None:
+            return self._node.shape
+        return self._node.shape[F._core._axis(dim, self.ndim)] if self.ndim else 1
+
+    def numel(self) -> int:
+        return math.prod(self._node.shape)
+
+    def dim(self) -> int:
+        return len(self._node.shape)
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return self._node.dtype.itemsize
 
     @property
     def device(self) -> str:
@@ -102,8 +120,8 @@ class Tensor:
         return handle.device if handle is not None and handle.live else runtime.get_device()
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
-        if flag and self.dtype != np.float32:
-            raise TypeError(f"only float tensors can require grad, this one is {self.dtype}")
+        if flag and not self.dtype.is_floating_point:
+            raise TypeError(f"only floating-point tensors can require grad, this one is {self.dtype}")
         self.requires_grad = flag
         return self
 
@@ -114,23 +132,33 @@ class Tensor:
         return lazy.ensure_on_device(self._node)
 
     def numpy(self) -> np.ndarray:
+        """The values on the host, in the tensor's dtype (int64 and bool as numpy's)."""
         if host_read_hook is not None:
             host_read_hook()
         node = self._node
         if not node.pending and node.handle is None:
-            return node.host.copy()  # never uploaded: no crossing
-        if not node.pending and not node.handle.live and node.handle.host_copy is not None:
-            return node.handle.host_copy.copy()
-        if node.pending or lazy.pending_write(node.handle):  # a write not yet run: run it first
-            lazy.realize([node])
-        return node.handle.numpy()
+            stored = node.host.copy()  # never uploaded: no crossing
+        elif not node.pending and not node.handle.live and node.handle.host_copy is not None:
+            stored = node.handle.host_copy.copy()
+        else:
+            if node.pending or lazy.pending_write(node.handle):  # a write not yet run: run it first
+                lazy.realize([node])
+            stored = node.handle.numpy()
+        return dtypes.from_storage(stored, node.dtype)
 
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()
         return array if dtype is None else array.astype(dtype)
 
-    def item(self) -> float | int:
-        if self.size != 1:
+    def __dlpack__(self, stream=None):
+        """The values as a DLPack capsule (a host copy; numpy's exporter)."""
+        return self.numpy().__dlpack__()
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU: the capsule holds host memory
+
+    def item(self) -> float | int | bool:
+        if self.numel() != 1:
             raise ValueError(f"item() needs a tensor of one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
@@ -143,7 +171,15 @@ class Tensor:
     def __int__(self) -> int:
         return int(self.item())
 
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
     def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"the truth value of a tensor of {self.numel()} elements is ambiguous; "
+                               "use .any() or .all()")
         return bool(self.item())
 
     def __len__(self) -> int:
@@ -151,13 +187,21 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
 
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    __hash__ = object.__hash__  # == is elementwise (as torch's); tensors hash by identity
+
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
+        dtype = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else f", dtype={self.dtype}"
         try:
             body = np.array2string(self.numpy(), separator=", ", prefix="tensor(")
         except RuntimeError as err:  # a dead pass value: say so instead of failing to print
             body = f"<{err}>"
-        return f"tensor({body}{grad})"
+        return f"tensor({body}{dtype}{grad})"
 
     # ---- gradients -------------------------------------------------------------------
     @property
@@ -172,11 +216,11 @@ class Tensor:
         if isinstance(value, Tensor):
             node = lazy.apply("cont", (value.node,), value.shape, value.dtype)
         else:
-            node = lazy.from_host(_host_array(value))
+            node = lazy.from_host(*_host_array(value, self.dtype))
         if node.shape != self.shape:
             raise ValueError(f"grad of shape {node.shape} assigned to a tensor of shape {self.shape}")
-        if node.dtype != np.float32:
-            raise TypeError(f"grad must be float, got {node.dtype}")
+        if node.dtype is not self.dtype:
+            raise TypeError(f"grad of dtype {node.dtype} assigned to a tensor of dtype {self.dtype}")
         node.scope = "persistent"
         self._grad = Tensor._wrap(node)
 
@@ -226,27 +270,42 @@ class Tensor:
             return False
         handle = node.handle
         if handle is None:
-            node.host = np.array(array, dtype=node.dtype).reshape(node.shape)  # not uploaded yet
+            node.host = np.array(dtypes.to_storage(np.asarray(array), node.dtype)).reshape(node.shape)  # not uploaded yet
             return True
         if not handle.live or handle.device != runtime.get_device() or lazy.pending_write(handle):
             return False
-        handle.write(np.ascontiguousarray(array, dtype=node.dtype).reshape(node.shape))
+        handle.write(np.ascontiguousarray(dtypes.to_storage(np.asarray(array), node.dtype)).reshape(node.shape))
         return True
 
     def assign_(self, value) -> Tensor:
-        return self._assign(value if isinstance(value, Tensor) else Tensor(value))
+        return self._assign(value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype))
+
+    def copy_(self, src) -> Tensor:
+        """Write `src` (broadcast, converted to this dtype) into this tensor, in place."""
+        src = src if isinstance(src, Tensor) else Tensor(src, dtype=self.dtype)
+        return self._assign(F.broadcast_to(src.to(self.dtype), self.shape))
+
+    def __setitem__(self, index, value) -> None:
+        F.setitem(self, index, value)
+
+    def _inplace_result(self, value: Tensor) -> Tensor:
+        if value.dtype is not self.dtype:  # torch: x += 1.5 on an int tensor refuses
+            if not (value.dtype.category <= self.dtype.category):
+                raise TypeError(f"result type {value.dtype} cannot be written into a {self.dtype} tensor in place")
+            value = value.to(self.dtype)
+        return self._assign(value)
 
     def __iadd__(self, other):
-        return self._assign(self + other)
+        return self._inplace_result(self + other)
 
     def __isub__(self, other):
-        return self._assign(self - other)
+        return self._inplace_result(self - other)
 
     def __imul__(self, other):
-        return self._assign(self * other)
+        return self._inplace_result(self * other)
 
     def __itruediv__(self, other):
-        return self._assign(self / other)
+        return self._inplace_result(self / other)
 
     add_ = __iadd__
     sub_ = __isub__
@@ -256,7 +315,16 @@ class Tensor:
     def zero_(self) -> Tensor:
         return self._assign(zeros_like(self))
 
-    # ---- operators (functional.py holds the rules) -------------------------------------
+    def fill_(self, value) -> Tensor:
+        return self._assign(full_like(self, value))
+
+    def clamp_(self, min=None, max=None) -> Tensor:
+        return self._inplace_result(F.clamp(self, min, max))
+
+    def masked_fill_(self, mask, value) -> Tensor:
+        return self._inplace_result(F.masked_fill(self, mask, value))
+
+    # ---- operators (functional/ holds the rules) ---------------------------------------
     def __add__(self, other): return F.add(self, other)
     def __radd__(self, other): return F.add(other, self)
     def __sub__(self, other): return F.sub(self, other)
@@ -265,40 +333,229 @@ class Tensor:
     def __rmul__(self, other): return F.mul(other, self)
     def __truediv__(self, other): return F.div(self, other)
     def __rtruediv__(self, other): return F.div(other, self)
+    def __floordiv__(self, other): return F.floor_divide(self, other)
+    def __rfloordiv__(self, other): return F.floor_divide(other, self)
+    def __mod__(self, other): return F.remainder(self, other)
+    def __rmod__(self, other): return F.remainder(other, self)
     def __matmul__(self, other): return F.matmul(self, other)
     def __rmatmul__(self, other): return F.matmul(other, self)
     def __pow__(self, p): return F.pow(self, p)
     def __neg__(self): return F.neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return F.abs(self)
     def __getitem__(self, index): return F.getitem(self, index)
+    def __eq__(self, other): return F.eq(self, other)  # type: ignore[override]
+    def __ne__(self, other): return F.ne(self, other)  # type: ignore[override]
+    def __lt__(self, other): return F.lt(self, other)
+    def __le__(self, other): return F.le(self, other)
+    def __gt__(self, other): return F.gt(self, other)
+    def __ge__(self, other): return F.ge(self, other)
+    def __and__(self, other): return F.compare._bitwise("&", self, other)
+    def __rand__(self, other): return F.compare._bitwise("&", other, self)
+    def __or__(self, other): return F.compare._bitwise("|", self, other)
+    def __ror__(self, other): return F.compare._bitwise("|", other, self)
+    def __xor__(self, other): return F.compare._bitwise("^", self, other)
+    def __rxor__(self, other): return F.compare._bitwise("^", other, self)
 
+    def __invert__(self):
+        if self.dtype is not dtypes.bool_:
+            raise TypeError(f"~ is supported on bool tensors only, got {self.dtype}")
+        return F.logical_not(self)
+
+    # ---- torch-style methods ------------------------------------------------------------
     @property
     def T(self) -> Tensor:
+        return F.permute(self, tuple(reversed(range(self.ndim)))) if self.ndim > 2 else F.transpose(self)
+
+    @property
+    def mT(self) -> Tensor:
+        return F.transpose(self, -2, -1)
+
+    @property
+    def data(self) -> Tensor:
+        """This tensor's value without its gradient history (shares the value)."""
+        return self.detach()
+
+    def t(self) -> Tensor:
+        if self.ndim > 2:
+            raise ValueError(f"t() expects a tensor of at most 2 dimensions, got {self.ndim}")
         return F.transpose(self)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> Tensor: return F.transpose(self, dim0, dim1)
-    def permute(self, *axes) -> Tensor: return F.permute(self, *axes)
+    def permute(self, *dims) -> Tensor: return F.permute(self, *dims)
     def reshape(self, *shape) -> Tensor: return F.reshape(self, *shape)
-    def sum(self, axis=None, keepdims: bool = False) -> Tensor: return F.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: bool = False) -> Tensor: return F.mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims: bool = False) -> Tensor: return F.max(self, axis, keepdims)
-    def argmax(self, axis: int = -1) -> Tensor: return F.argmax(self, axis)
+    view = reshape
+    def view_as(self, other: Tensor) -> Tensor: return F.reshape(self, other.shape)
+    def reshape_as(self, other: Tensor) -> Tensor: return F.reshape(self, other.shape)
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor: return F.flatten(self, start_dim, end_dim)
+    def unflatten(self, dim: int, sizes) -> Tensor: return F.unflatten(self, dim, sizes)
+    def squeeze(self, dim=None) -> Tensor: return F.squeeze(self, dim)
+    def unsqueeze(self, dim: int) -> Tensor: return F.unsqueeze(self, dim)
+    def expand(self, *sizes) -> Tensor: return F.expand(self, *sizes)
+    def expand_as(self, other: Tensor) -> Tensor: return F.broadcast_to(self, other.shape)
+    def repeat(self, *repeats) -> Tensor: return F.repeat(self, *repeats)
+    def movedim(self, source: int, destination: int) -> Tensor: return F.movedim(self, source, destination)
+    def narrow(self, dim: int, start: int, length: int) -> Tensor: return F.narrow(self, dim, start, length)
+    def chunk(self, chunks: int, dim: int = 0): return F.chunk(self, chunks, dim)
+    def split(self, split_size, dim: int = 0): return F.split(self, split_size, dim)
+
+    def contiguous(self) -> Tensor:
+        return self  # every ggrad tensor is contiguous
+
+    def clone(self) -> Tensor:
+        """A copy with its own buffer; gradients flow through it to this tensor."""
+        return F._core._apply("cont", (self,), self.shape, lambda ctx, g: (g,), dtype=self.dtype)
+
+    def sum(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=None) -> Tensor:
+        return F.sum(self, dim, keepdim, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def mean(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=None) -> Tensor:
+        return F.mean(self, dim, keepdim, axis=axis, keepdims=keepdims, dtype=dtype)
+
+    def var(self, dim=None, keepdim: bool = False, *, correction=1, unbiased=None) -> Tensor:
+        return F.var(self, dim, keepdim, correction=correction, unbiased=unbiased)
+
+    def std(self, dim=None, keepdim: bool = False, *, correction=1, unbiased=None) -> Tensor:
+        return F.std(self, dim, keepdim, correction=correction, unbiased=unbiased)
+
+    def norm(self, p=2, dim=None, keepdim: bool = False) -> Tensor:
+        return F.norm(self, p, dim, keepdim)
+
+    def max(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        """The largest value; with `dim`, (values, indices) as torch's; with a tensor,
+        the elementwise maximum."""
+        return self._extreme(F.max, F.argmax, F.maximum, dim, keepdim, axis, keepdims)
+
+    def min(self, dim=None, keepdim: bool = False, *, axis=None, keepdims=None):
+        return self._extreme(F.min, F.argmin, F.minimum, dim, keepdim, axis, keepdims)
+
+    def _extreme(self, values, indices, pairwise, dim, keepdim, axis, keepdims):
+        if isinstance(dim, Tensor):
+            return pairwise(self, dim)
+        if axis is not None or keepdims is not None:  # the numpy spelling: values only
+            return values(self, dim, keepdim, axis=axis, keepdims=keepdims)
+        if dim is None:
+            return values(self)
+        return MinMax(values(self, dim, keepdim), indices(self, dim, keepdim))
+
+    def amax(self, dim=None, keepdim: bool = False) -> Tensor: return F.amax(self, dim, keepdim)
+    def amin(self, dim=None, keepdim: bool = False) -> Tensor: return F.amin(self, dim, keepdim)
+    def argmax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return F.argmax(self, dim, keepdim, axis=axis)
+    def argmin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return F.argmin(self, dim, keepdim, axis=axis)
+    def cumsum(self, dim: int, *, dtype=None) -> Tensor: return F.cumsum(self, dim, dtype=dtype)
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+        return TopK(*F.topk(self, k, dim, largest, sorted))
+
+    def sort(self, dim: int = -1, descending: bool = False):
+        return Sort(*F.sort(self, dim, descending))
+
+    def argsort(self, dim: int = -1, descending: bool = False) -> Tensor: return F.argsort(self, dim, descending)
+    def any(self, dim=None, keepdim: bool = False) -> Tensor: return F.any(self, dim, keepdim)
+    def all(self, dim=None, keepdim: bool = False) -> Tensor: return F.all(self, dim, keepdim)
     def exp(self) -> Tensor: return F.exp(self)
     def log(self) -> Tensor: return F.log(self)
     def sqrt(self) -> Tensor: return F.sqrt(self)
     def abs(self) -> Tensor: return F.abs(self)
+    def neg(self) -> Tensor: return F.neg(self)
+    def sign(self) -> Tensor: return F.sign(self)
+    def square(self) -> Tensor: return F.square(self)
+    def pow(self, p) -> Tensor: return F.pow(self, p)
+    def floor(self) -> Tensor: return F.floor(self)
+    def ceil(self) -> Tensor: return F.ceil(self)
+    def round(self) -> Tensor: return F.round(self)
+    def trunc(self) -> Tensor: return F.trunc(self)
     def relu(self) -> Tensor: return F.relu(self)
     def sigmoid(self) -> Tensor: return F.sigmoid(self)
     def tanh(self) -> Tensor: return F.tanh(self)
-    def softmax(self, axis: int = -1) -> Tensor: return F.softmax(self, axis)
-    def log_softmax(self, axis: int = -1) -> Tensor: return F.log_softmax(self, axis)
+    def softmax(self, dim: int = -1) -> Tensor: return F.softmax(self, dim)
+    def log_softmax(self, dim: int = -1) -> Tensor: return F.log_softmax(self, dim)
     def clamp(self, min=None, max=None) -> Tensor: return F.clamp(self, min, max)
-    def float(self) -> Tensor: return F.cast(self, np.float32)
-    def int(self) -> Tensor: return F.cast(self, np.int32)
+    clip = clamp
+    def maximum(self, other) -> Tensor: return F.maximum(self, other)
+    def minimum(self, other) -> Tensor: return F.minimum(self, other)
+    def where(self, condition, other) -> Tensor: return F.where(condition, self, other)
+    def masked_fill(self, mask, value) -> Tensor: return F.masked_fill(self, mask, value)
+    def isnan(self) -> Tensor: return F.isnan(self)
+    def isinf(self) -> Tensor: return F.isinf(self)
+    def isfinite(self) -> Tensor: return F.isfinite(self)
+    def logical_and(self, other) -> Tensor: return F.logical_and(self, other)
+    def logical_or(self, other) -> Tensor: return F.logical_or(self, other)
+    def logical_xor(self, other) -> Tensor: return F.logical_xor(self, other)
+    def logical_not(self) -> Tensor: return F.logical_not(self)
+    def eq(self, other) -> Tensor: return F.eq(self, other)
+    def ne(self, other) -> Tensor: return F.ne(self, other)
+    def lt(self, other) -> Tensor: return F.lt(self, other)
+    def le(self, other) -> Tensor: return F.le(self, other)
+    def gt(self, other) -> Tensor: return F.gt(self, other)
+    def ge(self, other) -> Tensor: return F.ge(self, other)
+    def add(self, other, alpha=1) -> Tensor: return F.add(self, other, alpha)
+    def sub(self, other, alpha=1) -> Tensor: return F.sub(self, other, alpha)
+    def mul(self, other) -> Tensor: return F.mul(self, other)
+    def div(self, other, rounding_mode=None) -> Tensor: return F.div(self, other, rounding_mode)
+    def matmul(self, other) -> Tensor: return F.matmul(self, other)
+
+    # ---- dtype and device ---------------------------------------------------------------
+    def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:
+        """``.to(dtype)``, ``.to(device)``, ``.to(device, dtype)`` or ``.to(other)``.
+        ggrad runs one device at a time (the README says why): a device must be the
+        current one; ``Module.to(device)`` (or ggrad.set_device) switches it."""
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype = a.dtype
+            elif isinstance(a, str) and not _is_dtype_name(a):
+                device = a
+            else:
+                dtype = a
+        _check_device(device)
+        out = self if dtype is None else F.cast(self, dtype)
+        return out.clone() if copy and out is self else out
+
+    def type(self, dtype=None):
+        if dtype is None:
+            return f"ggrad.{self.dtype.name}"
+        return self.to(dtype)
+
+    def type_as(self, other: Tensor) -> Tensor: return self.to(other.dtype)
+    def float(self) -> Tensor: return F.cast(self, dtypes.float32)
+    def half(self) -> Tensor: return F.cast(self, dtypes.float16)
+    def bfloat16(self) -> Tensor: return F.cast(self, dtypes.bfloat16)
+    def int(self) -> Tensor: return F.cast(self, dtypes.int32)
+    def long(self) -> Tensor: return F.cast(self, dtypes.int64)
+    def bool(self) -> Tensor: return F.cast(self, dtypes.bool_)
+    def cpu(self) -> Tensor: return self.to("cpu")
 
 
-def tensor(data, requires_grad: bool = False, device: str | None = None) -> Tensor:
-    """A tensor from array-like data (float -> float32, integer -> int32)."""
-    return Tensor(data, requires_grad=requires_grad, device=device)
+class MinMax(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+
+class TopK(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+
+class Sort(NamedTuple):
+    values: Tensor
+    indices: Tensor
+
+
+def _is_dtype_name(name: str) -> bool:
+    try:
+        dtypes.as_dtype(name)
+    except TypeError:
+        return False
+    return True
+
+
+def tensor(data, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    """A tensor from array-like data, as torch.tensor: floats -> float32 (float16 stays),
+    Python and int64 integers -> int64, int32 -> int32, bools -> bool; or `dtype`."""
+    if isinstance(dtype, bool) or (dtype is not None and not isinstance(dtype, (str, dtypes.dtype, type, np.dtype))
+                                   and type(dtype).__module__ != "torch"):
+        raise TypeError("tensor(data, dtype=None, device=None, requires_grad=False): pass requires_grad "
+                        "by keyword")
+    return Tensor(data, requires_grad=requires_grad, device=device, dtype=dtype)
 
 
 def param(data, device: str | None = None) -> Tensor:
@@ -306,24 +563,50 @@ def param(data, device: str | None = None) -> Tensor:
     return Tensor(data, requires_grad=True, device=device)
 
 
-def zeros(*shape, dtype=np.float32) -> Tensor:
-    return Tensor(np.zeros(_shape_args(shape), dtype=dtype))
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A tensor of `array`'s dtype (float64 -> float32, the one dtype ggml lacks). Unlike
+    torch's, it does not share memory: the data is uploaded on first use."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy expects a numpy array, got {type(array).__name__}")
+    return Tensor(array)
 
 
-def ones(*shape, dtype=np.float32) -> Tensor:
-    return Tensor(np.ones(_shape_args(shape), dtype=dtype))
+def from_dlpack(obj) -> Tensor:
+    """A tensor from any DLPack exporter on the host (numpy, torch CPU tensors...)."""
+    return Tensor(np.from_dlpack(obj))
 
 
-def full(shape, value: float, dtype=np.float32) -> Tensor:
-    return Tensor(np.full(_shape_args((shape,)), value, dtype=dtype))
+def _creation_dtype(dtype, default=dtypes.float32) -> dtypes.dtype:
+    return default if dtype is None else dtypes.as_dtype(dtype)
 
 
-def zeros_like(t: Tensor) -> Tensor:
-    return F.fill(t, 0.0)
+def zeros(*size, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    return full(_shape_args(size), 0, dtype=_creation_dtype(dtype), device=device, requires_grad=requires_grad)
 
 
-def ones_like(t: Tensor) -> Tensor:
-    return F.fill(t, 1.0)
+def ones(*size, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    return full(_shape_args(size), 1, dtype=_creation_dtype(dtype), device=device, requires_grad=requires_grad)
+
+
+def full(size, fill_value, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+    """A tensor of `size` holding `fill_value` (dtype from the value, as torch.full)."""
+    dt = dtypes.scalar_dtype(fill_value) if dtype is None else dtypes.as_dtype(dtype)
+    array = np.full(_shape_args((size,)), fill_value, dtype=dt.host)
+    return Tensor(array, requires_grad=requires_grad, device=device, dtype=dt)
+
+
+def full_like(t: Tensor, fill_value, dtype=None) -> Tensor:
+    """Shaped like `t`, made on the device (ggml_fill: nothing uploaded)."""
+    dt = t.dtype if dtype is None else dtypes.as_dtype(dtype)
+    return F._core._apply("fill", (t,), t.shape, None, float(fill_value), dt)
+
+
+def zeros_like(t: Tensor, dtype=None) -> Tensor:
+    return full_like(t, 0.0, dtype)
+
+
+def ones_like(t: Tensor, dtype=None) -> Tensor:
+    return full_like(t, 1.0, dtype)
 
 
 def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], arg=None) -> None:

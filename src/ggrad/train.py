@@ -138,9 +138,9 @@ def _as_loader(data, batch_size: int, shuffle: bool) -> DataLoader | None:
 
 def _correct(output: Tensor, target: Tensor) -> Tensor:
     """How many rows' argmax equals the class target (a float on the device)."""
-    if target.dtype == np.int32:
+    if not target.dtype.is_floating_point:
         return (F.one_hot(target, output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
-    return (F.one_hot(F.argmax(target), output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
+    return (F.one_hot(F.argmax(target, -1), output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
 
 
 class _Totals:

@@ -7,20 +7,30 @@ reach a builder), adds a lazy node, and -- inside a grad tape -- records its rul
 are written with these same operations, so the backward pass is more lazy nodes.
 """
 
-from ._core import broadcast_to, reshape, sum_to
-from .elementwise import (abs, add, affine, clamp, div, exp, gelu, leaky_relu, log, mul, neg, pow,
-                          relu, scale, sigmoid, sign, silu, sqrt, square, step, sub, tanh)
-from .layout import (cast, concat, embedding, fill, gather, getitem, matmul, matmul_nt, one_hot,
-                     permute, transpose, where)
+from ._core import broadcast_to, cast, reshape, sum_to
+from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
+                      logical_or, logical_xor, lt, masked_fill, ne, where)
+from .elementwise import (abs, add, affine, ceil, clamp, div, exp, floor, floor_divide, gelu, leaky_relu,
+                          log, maximum, minimum, mul, neg, pow, relu, remainder, round, scale, sigmoid,
+                          sign, silu, sqrt, square, step, sub, tanh, trunc)
+from .indexing import embedding, fill, gather, getitem, one_hot, setitem, take
+from .layout import (cat, chunk, concat, einsum, expand, flatten, matmul, matmul_nt, movedim, narrow, pad,
+                     permute, repeat, split, squeeze, stack, transpose, unflatten, unsqueeze)
 from .losses import (binary_cross_entropy_with_logits, cross_entropy, dropout, l1_loss, mse_loss,
                      rand_like)
-from .reduce import argmax, log_softmax, logsumexp, max, mean, one_hot_argmax, softmax, sum
+from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, logsumexp, max, mean, min,
+                     norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
 
 __all__ = [
-    "abs", "add", "affine", "argmax", "binary_cross_entropy_with_logits", "broadcast_to", "cast",
-    "clamp", "concat", "cross_entropy", "div", "dropout", "embedding", "exp", "fill", "gather",
-    "gelu", "getitem", "l1_loss", "leaky_relu", "log", "log_softmax", "logsumexp", "matmul",
-    "matmul_nt", "max", "mean", "mse_loss", "mul", "neg", "one_hot", "one_hot_argmax", "permute",
-    "pow", "rand_like", "relu", "reshape", "scale", "sigmoid", "sign", "silu", "softmax", "sqrt",
-    "square", "step", "sub", "sum", "sum_to", "tanh", "transpose", "where",
+    "abs", "add", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
+    "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat",
+    "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
+    "flatten", "floor", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "isfinite", "isinf",
+    "isnan", "l1_loss", "le", "leaky_relu", "log", "log_softmax", "logical_and", "logical_not",
+    "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
+    "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "norm",
+    "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",
+    "reshape", "round", "scale", "setitem", "sigmoid", "sign", "silu", "softmax", "sort", "split",
+    "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
+    "take_along_last", "tanh", "topk", "transpose", "trunc", "unflatten", "unsqueeze", "var", "where",
 ]

@@ -8,10 +8,11 @@ import numbers
 
 import numpy as np
 
-from .. import autograd, lazy, ops  # noqa: F401  (ops registers the ggml builders)
+from .. import autograd, dtypes, lazy, ops  # noqa: F401  (ops registers the ggml builders)
+from ..dtypes import result_type
 from ..tensor import Tensor, tensor
 
-F32 = np.dtype(np.float32)
+F32 = dtypes.float32
 _BIG = 3.0e38  # stands in for an open clamp bound (ggml takes floats)
 
 
@@ -30,9 +31,14 @@ def _out(ctx) -> Tensor:
 
 
 def _float(x: Tensor, what: str) -> Tensor:
-    if x.dtype != F32:
-        raise TypeError(f"{what} needs a float tensor, got {x.dtype} (convert with .float())")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{what} needs a floating-point tensor, got {x.dtype} (convert with .float())")
     return x
+
+
+def _float_result(x: Tensor) -> dtypes.dtype:
+    """The dtype of a float function of `x` (exp, log...): integers and bools give float32."""
+    return x.dtype if x.dtype.is_floating_point else F32
 
 
 def _as_tensor(x, what: str = "operand") -> Tensor:
@@ -72,7 +78,7 @@ def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
     keep = (1,) * (g.ndim - len(shape)) + tuple(shape)
     if keep == g.shape:
         return reshape(g, shape)
-    return _apply("sum_to", (g,), shape, _sum_to_rule, keep)
+    return _apply("sum_to", (g,), shape, _sum_to_rule, keep, g.dtype)
 
 
 def _sum_to_rule(ctx, g):
@@ -80,14 +86,19 @@ def _sum_to_rule(ctx, g):
 
 
 def broadcast_to(x: Tensor, shape) -> Tensor:
-    shape = tuple(shape)
+    shape = tuple(int(n) if isinstance(n, numbers.Integral) else n for n in shape)
     if x.shape == shape:
         return x
-    np.broadcast_shapes(x.shape, shape)  # raises for shapes that do not broadcast
+    try:
+        fits = np.broadcast_shapes(x.shape, shape) == shape
+    except ValueError:
+        fits = False
+    if not fits or len(shape) > 4 or any(not isinstance(n, numbers.Integral) or n < 1 for n in shape):
+        raise ValueError(f"cannot broadcast a tensor of shape {x.shape} to {shape}")
     keep = (1,) * (len(shape) - x.ndim) + x.shape
     x = reshape(x, keep) if keep != x.shape else x
-    return _apply("broadcast_to", (x,), shape, lambda ctx, g: (sum_to(g, ctx.parents[0].shape),))
-
+    return _apply("broadcast_to", (x,), shape, lambda ctx, g: (sum_to(g, ctx.parents[0].shape),),
+                  dtype=x.dtype)
 
 
 def reshape(x, *shape) -> Tensor:
@@ -99,13 +110,27 @@ def reshape(x, *shape) -> Tensor:
         raise ValueError(f"cannot reshape {x.shape} into {shape}")
     if -1 in shape:
         known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
-        if known == 0 or x.size % known:
+        if known == 0 or x.numel() % known:
             raise ValueError(f"cannot reshape {x.shape} into {shape}")
-        shape = tuple(x.size // known if s == -1 else s for s in shape)
-    if int(np.prod(shape, dtype=np.int64)) != x.size or len(shape) > 4:
-        raise ValueError(f"cannot reshape {x.shape} ({x.size} elements) into {shape}")
+        shape = tuple(x.numel() // known if s == -1 else s for s in shape)
+    if int(np.prod(shape, dtype=np.int64)) != x.numel() or len(shape) > 4:
+        raise ValueError(f"cannot reshape {x.shape} ({x.numel()} elements) into {shape}")
     if shape == x.shape:
         return x
     return _apply("reshape", (x,), shape, lambda ctx, g: (reshape(g, ctx.parents[0].shape),),
                   dtype=x.dtype)
+
+
+def cast(x, dtype) -> Tensor:
+    """`x` as `dtype` (float -> int truncates toward zero; anything -> bool is `x != 0`).
+    The gradient flows back cast to the source's dtype, as PyTorch's `.to(dtype)`."""
+    x = _as_tensor(x)
+    dtype = dtypes.as_dtype(dtype)
+    if x.dtype is dtype:
+        return x
+    if dtype is dtypes.bool_:
+        from .compare import ne
+        return ne(x, 0)
+    rule = (lambda ctx, g: (cast(g, ctx.parents[0].dtype),)) if dtype.is_floating_point else None
+    return _apply("cast", (x,), x.shape, rule, dtype=dtype)
 

@@ -2,45 +2,70 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 import numbers
 
 import numpy as np
 
-from ._core import _BIG, Tensor, _apply, _as_tensor, _broadcast, _float, _is_scalar, _out, sum_to
+from .. import autograd, dtypes
+from ._core import (_BIG, F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
+                    _out, result_type, sum_to)
 
 
-# ---- elementwise binary (numpy broadcasting) ---------------------------------------------
-def _binary(op: str, a: Tensor, b: Tensor, rule) -> Tensor:
-    _float(a, op), _float(b, op)
-    return _apply(op, (a, b), _broadcast(a, b, op), rule)
+# ---- elementwise binary (numpy broadcasting, torch's type promotion) ------------------------
+def _binary(op: str, a: Tensor, b: Tensor, rule, dtype) -> Tensor:
+    return _apply(op, (a, b), _broadcast(a, b, op), rule, dtype=dtype)
 
 
-def add(a, b) -> Tensor:
+def _bool_arith(op: str, a, b):
+    """Arithmetic on two bool operands, as torch: + is or, * is and, - is refused."""
+    from .compare import logical_and, logical_or
+    if op == "sub":
+        raise TypeError("subtraction of bool tensors is not supported (use ^ or logical_xor)")
+    return (logical_or if op == "add" else logical_and)(a, b)
+
+
+def add(a, b, alpha=1) -> Tensor:
+    if alpha != 1:
+        b = mul(b, alpha)
+    dtype = result_type(a, b)
+    if dtype is dtypes.bool_:
+        return _bool_arith("add", a, b)
     if _is_scalar(b):
-        return affine(a, 1.0, float(b))
+        return affine(a, 1.0, float(b), dtype)
     if _is_scalar(a):
-        return affine(b, 1.0, float(a))
+        return affine(b, 1.0, float(a), dtype)
     a, b = _as_tensor(a), _as_tensor(b)
-    return _binary("add", a, b, lambda ctx, g: (sum_to(g, ctx.parents[0].shape), sum_to(g, ctx.parents[1].shape)))
+    return _binary("add", a, b, lambda ctx, g: (sum_to(g, ctx.parents[0].shape), sum_to(g, ctx.parents[1].shape)),
+                   dtype)
 
 
-def sub(a, b) -> Tensor:
+def sub(a, b, alpha=1) -> Tensor:
+    if alpha != 1:
+        b = mul(b, alpha)
+    dtype = result_type(a, b)
+    if dtype is dtypes.bool_:
+        return _bool_arith("sub", a, b)
     if _is_scalar(b):
-        return affine(a, 1.0, -float(b))
+        return affine(a, 1.0, -float(b), dtype)
     if _is_scalar(a):
-        return affine(b, -1.0, float(a))  # a - b = -b + a
+        return affine(b, -1.0, float(a), dtype)  # a - b = -b + a
     a, b = _as_tensor(a), _as_tensor(b)
-    return _binary("sub", a, b, lambda ctx, g: (sum_to(g, ctx.parents[0].shape), sum_to(-g, ctx.parents[1].shape)))
+    return _binary("sub", a, b, lambda ctx, g: (sum_to(g, ctx.parents[0].shape), sum_to(-g, ctx.parents[1].shape)),
+                   dtype)
 
 
 def mul(a, b) -> Tensor:
+    dtype = result_type(a, b)
+    if dtype is dtypes.bool_:
+        return _bool_arith("mul", a, b)
     if _is_scalar(b):
-        return affine(a, float(b), 0.0)
+        return affine(a, float(b), 0.0, dtype)
     if _is_scalar(a):
-        return affine(b, float(a), 0.0)
+        return affine(b, float(a), 0.0, dtype)
     a, b = _as_tensor(a), _as_tensor(b)
-    return _binary("mul", a, b, _mul_rule)
+    return _binary("mul", a, b, _mul_rule, dtype)
 
 
 def _mul_rule(ctx, g):
@@ -49,14 +74,26 @@ def _mul_rule(ctx, g):
             sum_to(g * a.detach(), b.shape) if b.requires_grad else None)
 
 
-def div(a, b) -> Tensor:
+def div(a, b, rounding_mode: str | None = None) -> Tensor:
+    """True division (integers give float32), or rounded with rounding_mode="floor" /
+    "trunc" (integers stay integers), as torch.div."""
+    if rounding_mode is not None:
+        if rounding_mode not in ("floor", "trunc"):
+            raise ValueError(f"rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
+        dtype = result_type(a, b)
+        if dtype is dtypes.bool_:
+            raise TypeError("rounded division of bool tensors is not supported")
+        q = div(a, b)
+        return _cast_result(floor(q) if rounding_mode == "floor" else trunc(q), dtype)
+    dtype = result_type(a, b)
+    dtype = dtype if dtype.is_floating_point else F32
     if _is_scalar(b):
         with np.errstate(divide="ignore"):
-            return affine(a, float(np.float32(1.0) / np.float32(b)), 0.0)
+            return affine(a, float(np.float32(1.0) / np.float32(b)), 0.0, dtype)
     if _is_scalar(a):
-        return affine(pow(b, -1), float(a), 0.0)  # a / b = a * b^-1
+        return affine(pow(b, -1), float(a), 0.0, dtype)  # a / b = a * b^-1
     a, b = _as_tensor(a), _as_tensor(b)
-    return _binary("div", a, b, _div_rule)
+    return _binary("div", a, b, _div_rule, dtype)
 
 
 def _div_rule(ctx, g):
@@ -66,15 +103,41 @@ def _div_rule(ctx, g):
             sum_to(-(g * _out(ctx)) / b, b.shape) if ctx.parents[1].requires_grad else None)
 
 
+def floor_divide(a, b) -> Tensor:
+    return div(a, b, rounding_mode="floor")
+
+
+def remainder(a, b) -> Tensor:
+    """a - floor(a / b) * b: the sign of the divisor, as Python's % and torch.remainder."""
+    return sub(a, mul(floor_divide(a, b), b))
+
+
+def _cast_result(x: Tensor, dtype) -> Tensor:
+    from ._core import cast
+    return cast(x, dtype)
+
+
 # ---- elementwise unary -------------------------------------------------------------------
-def _unary(op: str, x, rule, arg=None) -> Tensor:
-    x = _float(_as_tensor(x), op)
-    return _apply(op, (x,), x.shape, rule, arg)
+def _unary(op: str, x, rule, arg=None, dtype=None) -> Tensor:
+    """A float function of `x`: integers and bools give float32 (torch.exp(int) is float)."""
+    x = _as_tensor(x)
+    return _apply(op, (x,), x.shape, rule, arg, dtype or _float_result(x))
 
 
-def affine(x, scale: float, bias: float = 0.0) -> Tensor:
-    """scale * x + bias, one node."""
-    return _unary("affine", x, lambda ctx, g: (affine(g, ctx.arg[0]),), (float(scale), float(bias)))
+def _same_type(op: str, x, rule, arg=None) -> Tensor:
+    """An op whose result keeps `x`'s dtype (neg, abs, relu... of integers stay integers)."""
+    x = _as_tensor(x)
+    if x.dtype is dtypes.bool_:
+        raise TypeError(f"{op} is not defined for bool tensors")
+    return _apply(op, (x,), x.shape, rule, arg, x.dtype)
+
+
+def affine(x, scale: float, bias: float = 0.0, dtype=None) -> Tensor:
+    """scale * x + bias, one node (in float32, rounded once to the result dtype)."""
+    x = _as_tensor(x)
+    dtype = dtype or result_type(x, float(scale))
+    return _apply("affine", (x,), x.shape, lambda ctx, g: (affine(g, ctx.arg[0]),), (float(scale), float(bias)),
+                  dtype)
 
 
 def scale(x, k: float) -> Tensor:
@@ -82,7 +145,7 @@ def scale(x, k: float) -> Tensor:
 
 
 def neg(x) -> Tensor:
-    return _unary("neg", x, lambda ctx, g: (-g,))
+    return _same_type("neg", x, lambda ctx, g: (-g,))
 
 
 def exp(x) -> Tensor:
@@ -98,15 +161,29 @@ def sqrt(x) -> Tensor:
 
 
 def square(x) -> Tensor:
-    return _unary("sqr", x, lambda ctx, g: (affine(g * ctx.parents[0].detach(), 2.0),))
+    return _same_type("sqr", x, lambda ctx, g: (affine(g * ctx.parents[0].detach(), 2.0),))
 
 
 def abs(x) -> Tensor:
-    return _unary("abs", x, lambda ctx, g: (g * sign(ctx.parents[0].detach()),))
+    return _same_type("abs", x, lambda ctx, g: (g * sign(ctx.parents[0].detach()),))
 
 
 def sign(x) -> Tensor:
-    return _unary("sgn", x, None)
+    return _same_type("sgn", x, None)
+
+
+def _rounding(op: str):
+    def fn(x) -> Tensor:
+        x = _as_tensor(x)
+        if not x.dtype.is_floating_point:
+            return x
+        return _same_type(op, x, lambda ctx, g: (affine(g, 0.0),))
+    fn.__name__ = op
+    fn.__doc__ = f"{op} of each element; integers are returned as they are; zero gradient."
+    return fn
+
+
+floor, ceil, round, trunc = (_rounding(op) for op in ("floor", "ceil", "round", "trunc"))
 
 
 def step(x) -> Tensor:
@@ -115,7 +192,7 @@ def step(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    return _unary("relu", x, lambda ctx, g: (_apply("relu_back", (g, _out(ctx)), g.shape),))
+    return _same_type("relu", x, lambda ctx, g: (_apply("relu_back", (g, _out(ctx)), g.shape, dtype=g.dtype),))
 
 
 def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
@@ -177,28 +254,86 @@ def silu(x) -> Tensor:
     return _unary("silu", x, rule)
 
 
-def clamp(x, min: float | None = None, max: float | None = None) -> Tensor:
+def clamp(x, min=None, max=None) -> Tensor:
+    """min(max(x, min), max), as torch.clamp: bounds are numbers or tensors (broadcast);
+    where min > max the result is max. The gradient reaches x where min <= x <= max."""
     if min is None and max is None:
         raise ValueError("clamp needs min, max or both")
+    if isinstance(min, Tensor) or isinstance(max, Tensor):
+        return _clamp_tensor(_as_tensor(x), min, max)
     lo = -_BIG if min is None else float(min)
     hi = _BIG if max is None else float(max)
-    if math.isnan(lo) or math.isnan(hi) or lo > hi:
-        raise ValueError(f"clamp bounds must be numbers with min <= max, got {min}, {max}")
+    if math.isnan(lo) or math.isnan(hi):
+        raise ValueError(f"clamp bounds must not be NaN, got {min}, {max}")
+    lo = builtins.min(lo, hi)  # torch: max wins where min > max
 
     def rule(ctx, g):
+        from .compare import ge, le
         x = ctx.parents[0].detach()
         lo, hi = ctx.arg
-        return (g * step(affine(x, 1.0, -lo)) * step(affine(x, -1.0, hi)),)
-    return _unary("clamp", x, rule, (lo, hi))
+        return (g * (ge(x, lo) & le(x, hi)),)
+    x = _as_tensor(x)
+    if x.dtype is dtypes.bool_:
+        raise TypeError("clamp is not defined for bool tensors")
+    return _apply("clamp", (x,), x.shape, rule, (lo, hi), result_type(x, *(b for b in (min, max) if b is not None)))
+
+
+def _clamp_tensor(x: Tensor, lo, hi) -> Tensor:
+    from .compare import gt, lt, where
+    if lo is not None:
+        x = where(lt(x, lo), lo, x)
+    if hi is not None:
+        x = where(gt(x, hi), hi, x)
+    return x
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise max (NaN if either is NaN); at ties each side gets half the gradient."""
+    return _extremum(a, b, "gt")
+
+
+def minimum(a, b) -> Tensor:
+    return _extremum(a, b, "lt")
+
+
+def _extremum(a, b, kind: str) -> Tensor:
+    from . import compare
+    a, b = _as_tensor(a), _as_tensor(b)
+    dtype = result_type(a, b)
+    _broadcast(a, b, kind)
+    with autograd.no_grad():
+        a_wins = getattr(compare, kind)(a, b)
+        out = compare.where(a_wins, a, b)
+        if dtype.is_floating_point:  # NaN wins, as torch: a + b is NaN where either is
+            out = compare.where(compare.isnan(a) | compare.isnan(b), add(a, b), out)
+    if not (a.requires_grad or b.requires_grad) or not autograd.is_recording():
+        return out
+
+    def rule(ctx, g):
+        share_a = affine(a_wins, 1.0) + affine(compare.eq(a.detach(), b.detach()), 0.5)
+        return (sum_to(g * share_a, a.shape) if a.requires_grad else None,
+                sum_to(g * affine(share_a, -1.0, 1.0), b.shape) if b.requires_grad else None)
+    return _with_rule(out, (a, b), rule)
+
+
+def _with_rule(value: Tensor, parents: tuple, rule) -> Tensor:
+    """`value` (computed without recording) with `rule` recorded as its gradient."""
+    out = _apply("cont", (value,), value.shape, None, dtype=value.dtype)
+    out.requires_grad = True
+    out._ctx = autograd.Context(rule, parents, {"out": out.node, "arg": None})
+    return out
 
 
 def pow(x, p) -> Tensor:
     if isinstance(p, Tensor) or not isinstance(p, numbers.Real):
         raise TypeError("pow takes a scalar exponent (float or int)")
+    exponent = p
     p = float(p)
     if math.isnan(p):
         raise ValueError("pow exponent is NaN")
-    if p == 1.0:
-        return _as_tensor(x)
-    return _unary("pow", x, lambda ctx, g: (g * affine(pow(ctx.parents[0].detach(), ctx.arg - 1), ctx.arg),), p)
-
+    x = _as_tensor(x)
+    dtype = result_type(x, exponent)
+    if p == 1.0 and dtype is x.dtype:
+        return x
+    return _unary("pow", x, lambda ctx, g: (g * affine(pow(ctx.parents[0].detach(), ctx.arg - 1), ctx.arg),), p,
+                  dtype)

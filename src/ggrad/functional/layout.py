@@ -1,4 +1,4 @@
-"""Matrix products, layout (permute, transpose), indexing, joining, casts, one-hot."""
+"""Matrix products, layout (permute, transpose, views of shape), joining and splitting."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ import numbers
 
 import numpy as np
 
-from .. import capture
-from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, reshape, sum_to,
-                    tensor)
-from .elementwise import abs, affine, sign
+from ._core import Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, reshape, result_type, sum_to
 
 
 # ---- matrices and layout -----------------------------------------------------------------
 def matmul_nt(a: Tensor, b: Tensor) -> Tensor:
     """a @ b^T over the last two axes (ggml's native product: no transpose is built)."""
     _float(a, "matmul"), _float(b, "matmul")
+    if a.dtype is not b.dtype:
+        raise TypeError(f"matmul needs operands of one dtype, got {a.dtype} and {b.dtype}")
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-1]:
         raise ValueError(f"shape mismatch in matmul: {a.shape} @ {b.shape[:-2] + b.shape[:-3:-1]}")
     batch_a, batch_b = a.shape[:-2], b.shape[:-2]
@@ -29,7 +28,7 @@ def matmul_nt(a: Tensor, b: Tensor) -> Tensor:
         a = broadcast_to(a, batch + a.shape[-2:])
     if not all(n % m == 0 for n, m in zip(reversed(batch), reversed(batch_b))):
         b = broadcast_to(b, batch + b.shape[-2:])
-    return _apply("matmul_nt", (a, b), batch + (a.shape[-2], b.shape[-2]), _matmul_nt_rule)
+    return _apply("matmul_nt", (a, b), batch + (a.shape[-2], b.shape[-2]), _matmul_nt_rule, dtype=a.dtype)
 
 
 def _matmul_nt_rule(ctx, g):
@@ -41,7 +40,7 @@ def _matmul_nt_rule(ctx, g):
 
 def _matmul_tn(x: Tensor, y: Tensor) -> Tensor:
     """x^T @ y over the last two axes, for equal batch dims (a product's weight gradient)."""
-    return _apply("matmul_tn", (x, y), x.shape[:-2] + (x.shape[-1], y.shape[-1]))
+    return _apply("matmul_tn", (x, y), x.shape[:-2] + (x.shape[-1], y.shape[-1]), dtype=x.dtype)
 
 
 def matmul(a, b) -> Tensor:
@@ -91,88 +90,142 @@ def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:
     return permute(x, axes)
 
 
-# ---- indexing, joining ---------------------------------------------------------------------
-def _slice(x: Tensor, axis: int, start: int, stop: int) -> Tensor:
-    if start == 0 and stop == x.shape[axis]:
+# ---- views of shape ------------------------------------------------------------------------
+def flatten(x, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    x = _as_tensor(x)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    a, b = _axis(start_dim, x.ndim), _axis(end_dim, x.ndim)
+    if a > b:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    return reshape(x, x.shape[:a] + (int(np.prod(x.shape[a:b + 1], dtype=np.int64)),) + x.shape[b + 1:])
+
+
+def unflatten(x, dim: int, sizes) -> Tensor:
+    x = _as_tensor(x)
+    a = _axis(dim, x.ndim)
+    sizes = tuple(int(n) for n in sizes)
+    if sizes.count(-1) == 1:
+        known = int(np.prod([n for n in sizes if n != -1], dtype=np.int64))
+        sizes = tuple(x.shape[a] // known if n == -1 else n for n in sizes)
+    if int(np.prod(sizes, dtype=np.int64)) != x.shape[a]:
+        raise ValueError(f"unflatten: sizes {sizes} do not multiply to {x.shape[a]} (dim {dim} of {x.shape})")
+    return reshape(x, x.shape[:a] + sizes + x.shape[a + 1:])
+
+
+def squeeze(x, dim=None) -> Tensor:
+    """Drop axes of size 1 (all of them, or those in `dim` that have size 1, as torch)."""
+    x = _as_tensor(x)
+    if dim is None:
+        dims = {i for i, n in enumerate(x.shape) if n == 1}
+    else:
+        dims = {_axis(d, x.ndim) for d in ((dim,) if isinstance(dim, numbers.Integral) else dim)} if x.ndim else set()
+        dims = {d for d in dims if x.shape[d] == 1}
+    shape = tuple(n for i, n in enumerate(x.shape) if i not in dims)
+    return x if shape == x.shape else reshape(x, shape)
+
+
+def unsqueeze(x, dim: int) -> Tensor:
+    x = _as_tensor(x)
+    if not isinstance(dim, numbers.Integral) or not -x.ndim - 1 <= dim <= x.ndim:
+        raise IndexError(f"unsqueeze: dim {dim} out of range for a tensor of {x.ndim} dimensions")
+    d = int(dim) % (x.ndim + 1)
+    if x.ndim + 1 > 4:
+        raise ValueError(f"unsqueeze of a {x.ndim}-d tensor: ggml tensors have at most 4 dimensions")
+    return reshape(x, x.shape[:d] + (1,) + x.shape[d:])
+
+
+def expand(x, *sizes) -> Tensor:
+    """Broadcast to `sizes` (-1 keeps a size), as torch's expand (a copy here, not a view)."""
+    x = _as_tensor(x)
+    if len(sizes) == 1 and not isinstance(sizes[0], numbers.Integral):
+        sizes = tuple(sizes[0])
+    lead = len(sizes) - x.ndim
+    if lead < 0:
+        raise ValueError(f"expand: {len(sizes)} sizes for a tensor of {x.ndim} dimensions")
+    shape = tuple(x.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(sizes))
+    return broadcast_to(x, shape)
+
+
+def repeat(x, *repeats) -> Tensor:
+    """Tile `x` `repeats[i]` times along each axis (torch's repeat, numpy's tile)."""
+    x = _as_tensor(x)
+    if len(repeats) == 1 and not isinstance(repeats[0], numbers.Integral):
+        repeats = tuple(repeats[0])
+    repeats = tuple(int(r) for r in repeats)
+    if len(repeats) < x.ndim:
+        raise ValueError(f"repeat: {len(repeats)} repeats for a tensor of {x.ndim} dimensions")
+    if any(r < 1 for r in repeats):
+        raise ValueError(f"repeat counts must be positive, got {repeats}")
+    shape = (1,) * (len(repeats) - x.ndim) + x.shape
+    if 2 * len(shape) > 4 and any(r > 1 and n > 1 for r, n in zip(repeats, shape)):
+        # tile by concatenation (each axis at a time) when the interleaved view needs > 4 dims
+        out = reshape(x, shape)
+        for axis, r in enumerate(repeats):
+            if r > 1:
+                out = concat([out] * r, axis)
+        return out
+    inter = tuple(v for r, n in zip(repeats, shape) for v in (r, n))
+    spread = broadcast_to(reshape(x, tuple(v for n in shape for v in (1, n))), inter)
+    return reshape(spread, tuple(r * n for r, n in zip(repeats, shape)))
+
+
+def movedim(x, source: int, destination: int) -> Tensor:
+    x = _as_tensor(x)
+    s, d = _axis(source, x.ndim), _axis(destination, x.ndim)
+    axes = [a for a in range(x.ndim) if a != s]
+    axes.insert(d, s)
+    return permute(x, axes)
+
+
+# ---- slicing, joining, splitting ----------------------------------------------------------
+def _slice(x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor:
+    """Elements start, start+step, ... < stop along `axis` (a view, then one copy)."""
+    count = len(range(start, stop, step))
+    if count == x.shape[axis] and step == 1:
         return x
-    shape = x.shape[:axis] + (stop - start,) + x.shape[axis + 1:]
+    shape = x.shape[:axis] + (count,) + x.shape[axis + 1:]
 
     def rule(ctx, g):
         n = ctx.parents[0].shape[axis]
-        return (_apply("pad", (g,), ctx.parents[0].shape, None, (axis, start, n - stop)),)
-    return _apply("slice", (x,), shape, rule, (axis, start), x.dtype)
+        if step == 1:
+            return (_apply("pad", (g,), ctx.parents[0].shape, None, (axis, start, n - stop), g.dtype),)
+        return (_unstride(g, axis, start, step, n),)
+    return _apply("slice", (x,), shape, rule, (axis, start, step), x.dtype)
 
 
-def getitem(x: Tensor, index) -> Tensor:
-    """Integers and unit-step slices per axis (``x[2]``, ``x[a:b]``, ``x[:, a:b]``); an
-    integer tensor gathers rows (``table[ids]``, an embedding lookup)."""
-    if isinstance(index, Tensor) or (isinstance(index, (list, np.ndarray)) and not isinstance(index, tuple)):
-        return gather(x, index)
-    index = index if isinstance(index, tuple) else (index,)
-    if len(index) > x.ndim:
-        raise IndexError(f"too many indices ({len(index)}) for a tensor of shape {x.shape}")
-    out, drop = x, []
-    for axis, ix in enumerate(index):
-        n = x.shape[axis]
-        if isinstance(ix, numbers.Integral) and not isinstance(ix, bool):
-            if not -n <= ix < n:
-                raise IndexError(f"index {ix} is out of range for axis {axis} of size {n}")
-            start = int(ix) % n
-            out = _slice(out, axis, start, start + 1)
-            drop.append(axis)
-        elif isinstance(ix, slice):
-            start, stop, stride = ix.indices(n)
-            if stride != 1:
-                raise ValueError("only slices with step 1 are supported")
-            if stop <= start:
-                raise IndexError(f"slice {ix} of axis {axis} (size {n}) is empty")
-            out = _slice(out, axis, start, stop)
-        else:
-            raise TypeError(f"unsupported index {ix!r}: use ints, unit-step slices or an int tensor")
-    if drop:
-        out = reshape(out, tuple(n for i, n in enumerate(out.shape) if i not in drop))
-    return out
+def _unstride(g: Tensor, axis: int, start: int, step: int, n: int) -> Tensor:
+    """The gradient of a stepped slice: g's elements back at start + k*step, zeros elsewhere."""
+    count = g.shape[axis]
+    spaced = reshape(g, g.shape[:axis + 1] + (1,) + g.shape[axis + 1:])
+    spaced = _apply("pad", (spaced,), spaced.shape[:axis + 1] + (step,) + spaced.shape[axis + 2:], None,
+                    (axis + 1, 0, step - 1), g.dtype)
+    flat = reshape(spaced, g.shape[:axis] + (count * step,) + g.shape[axis + 1:])
+    end = start + count * step
+    if end > n:
+        flat = _slice(flat, axis, 0, n - start)
+        end = n
+    return _apply("pad", (flat,), g.shape[:axis] + (n,) + g.shape[axis + 1:], None, (axis, start, n - end), g.dtype)
 
 
-def _check_range(index: Tensor, size: int, what: str, of: str) -> None:
-    """Indices known on the host must lie in [0, size): ggml would read out of bounds.
-    A captured step (ggrad.compile) runs the same check on every new batch."""
-    def check(host: np.ndarray) -> None:
-        if host.size and (host.min() < 0 or host.max() >= size):
-            raise IndexError(f"{what} out of range for {size} {of} (min {host.min()}, max {host.max()})")
-    if index.node.host is not None:
-        check(index.node.host)
-        capture.on_input(index.node, check)
+def narrow(x, dim: int, start: int, length: int) -> Tensor:
+    x = _as_tensor(x)
+    a = _axis(dim, x.ndim)
+    n = x.shape[a]
+    start = start + n if start < 0 else start
+    if not 0 <= start or length < 1 or start + length > n:
+        raise IndexError(f"narrow: [{start}, {start + length}) is outside dim {dim} of size {n}")
+    return _slice(x, a, start, start + length)
 
 
-def gather(table, index) -> Tensor:
-    """Rows of `table` picked by integer `index` (any shape): the result has shape
-    ``index.shape + table.shape[1:]``. The gradient sums into the picked rows."""
-    table = _float(_as_tensor(table), "gather")
-    index = _as_tensor(index)
-    if index.dtype != np.int32:
-        raise TypeError(f"gather needs an integer index, got {index.dtype}")
-    if table.ndim != 2:
-        raise ValueError(f"gather picks rows of a 2-d table, got shape {table.shape}")
-    _check_range(index, table.shape[0], "gather index", "rows")
-    if index.ndim + 1 > 4:
-        raise ValueError("gather index may have at most 3 dimensions")
-
-    def rule(ctx, g):
-        t, ix = ctx.parents
-        return _apply("scatter_rows", (g, ix), t.shape), None
-    return _apply("gather_rows", (table, index), index.shape + table.shape[1:], rule)
-
-
-def embedding(index, weight) -> Tensor:
-    """PyTorch's F.embedding: rows of `weight` for each id in `index`."""
-    return gather(weight, index)
-
-
-def concat(tensors, axis: int = 0) -> Tensor:
-    tensors = [_float(_as_tensor(t), "concat") for t in tensors]
+def concat(tensors, axis: int = 0, *, dim=None) -> Tensor:
+    """Join along an existing axis (torch.cat); dtypes promote as torch.cat's."""
+    tensors = [_as_tensor(t) for t in tensors]
     if not tensors:
         raise ValueError("concat needs at least one tensor")
+    axis = axis if dim is None else dim
+    dtype = result_type(*tensors)
+    tensors = [cast(t, dtype) for t in tensors]
     first = tensors[0]
     a = _axis(axis, first.ndim)
     for t in tensors[1:]:
@@ -184,57 +237,162 @@ def concat(tensors, axis: int = 0) -> Tensor:
     return out
 
 
+cat = concat
+
+
 def _concat2(x: Tensor, y: Tensor, axis: int) -> Tensor:
     n = x.shape[axis]
     shape = x.shape[:axis] + (n + y.shape[axis],) + x.shape[axis + 1:]
 
     def rule(ctx, g):
         return _slice(g, axis, 0, n), _slice(g, axis, n, shape[axis])
-    return _apply("concat", (x, y), shape, rule, axis)
+    return _apply("concat", (x, y), shape, rule, axis, x.dtype)
 
 
-def where(condition, a, b) -> Tensor:
-    """a where condition is nonzero, else b (condition is not differentiated). Written as
-    c*a + (1-c)*b, so an infinite value in the branch not taken still yields NaN."""
-    c = _as_tensor(condition)
-    c = cast(c, np.float32) if c.dtype != F32 else c
-    c = sign(abs(c.detach()))
-    return c * a + affine(c, -1.0, 1.0) * b
+def stack(tensors, dim: int = 0) -> Tensor:
+    """Join along a new axis."""
+    tensors = [_as_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("stack needs at least one tensor")
+    if any(t.shape != tensors[0].shape for t in tensors):
+        raise ValueError(f"stack needs tensors of one shape, got {[t.shape for t in tensors]}")
+    return concat([unsqueeze(t, dim) for t in tensors], dim)
 
 
-def cast(x, dtype) -> Tensor:
+def split(x, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+    """Pieces of `split_size` along `dim` (the last may be smaller), or of the listed sizes."""
     x = _as_tensor(x)
-    dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.int32)):
-        raise TypeError(f"cast supports float32 and int32, got {dtype}")
-    if x.dtype == dtype:
-        return x
-    return _apply("cast", (x,), x.shape, None, dtype=dtype)
+    a = _axis(dim, x.ndim)
+    n = x.shape[a]
+    if isinstance(split_size_or_sections, numbers.Integral):
+        size = int(split_size_or_sections)
+        if size < 1:
+            raise ValueError(f"split size must be positive, got {size}")
+        sizes = [min(size, n - i) for i in range(0, n, size)]
+    else:
+        sizes = [int(k) for k in split_size_or_sections]
+        if sum(sizes) != n or any(k < 1 for k in sizes):
+            raise ValueError(f"split sizes {sizes} must be positive and add up to {n}")
+    starts = np.cumsum([0] + sizes[:-1])
+    return tuple(_slice(x, a, int(s), int(s) + k) for s, k in zip(starts, sizes))
 
 
-def fill(x: Tensor, value: float) -> Tensor:
-    """A float tensor shaped like `x`, every element `value` (made on the device)."""
-    return _apply("fill", (_float(x, "fill"),), x.shape, None, float(value))
+def chunk(x, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """At most `chunks` pieces of ceil(n / chunks) along `dim`, as torch.chunk."""
+    x = _as_tensor(x)
+    if chunks < 1:
+        raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+    n = x.shape[_axis(dim, x.ndim)]
+    return split(x, -(-n // chunks), dim)
 
 
-# Up to this many classes, one_hot picks rows of a kept identity matrix (one ggml node);
-# past it, it compares indices with a range (seven nodes, no num_classes^2 memory).
-IDENTITY_MAX = 1024
-_identities: dict[int, Tensor] = {}
+def pad(x, pad: tuple, mode: str = "constant", value: float = 0.0) -> Tensor:
+    """torch.nn.functional.pad, constant mode: `pad` lists (before, after) pairs from the
+    last axis backwards; negative amounts crop."""
+    x = _as_tensor(x)
+    if mode != "constant":
+        raise NotImplementedError(f"pad mode {mode!r}: only 'constant' is supported")
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ValueError(f"pad needs (before, after) pairs for at most {x.ndim} axes, got {pad}")
+    out = x
+    for i in range(len(pad) // 2):
+        axis = x.ndim - 1 - i
+        before, after = int(pad[2 * i]), int(pad[2 * i + 1])
+        n = out.shape[axis]
+        if before < 0 or after < 0:
+            lo, hi = max(-before, 0), n - max(-after, 0)
+            if hi <= lo:
+                raise ValueError(f"pad {pad} crops axis {axis} of size {n} to nothing")
+            out = _slice(out, axis, lo, hi)
+            before, after = max(before, 0), max(after, 0)
+        if before or after:
+            shape = out.shape[:axis] + (out.shape[axis] + before + after,) + out.shape[axis + 1:]
+            padded = _apply("pad", (out,), shape, _pad_rule, (axis, before, after), out.dtype)
+            if value != 0.0:
+                from .compare import where
+                from .. import dtypes
+                inside = _apply("pad", (_apply("fill", (out,), out.shape, None, 1.0, dtypes.bool_),), shape, None,
+                                (axis, before, after), dtypes.bool_)
+                padded = where(inside, padded, value)
+            out = padded
+    return out
 
 
-def one_hot(index, num_classes: int) -> Tensor:
-    index = _as_tensor(index)
-    if index.dtype != np.int32:
-        raise TypeError(f"one_hot needs integer classes, got {index.dtype}")
-    if index.ndim + 1 > 4:
-        raise ValueError("one_hot index may have at most 3 dimensions")
-    _check_range(index, num_classes, "class index", "classes")
-    num_classes = int(num_classes)
-    if num_classes <= IDENTITY_MAX:
-        identity = _identities.get(num_classes)
-        if identity is None:  # uploaded once per device, then read where it is
-            identity = _identities[num_classes] = tensor(np.eye(num_classes, dtype=np.float32))
-        return _apply("gather_rows", (identity, index), index.shape + (num_classes,))
-    return _apply("onehot", (index,), index.shape + (num_classes,), None, num_classes)
+def _pad_rule(ctx, g):
+    axis, before, after = ctx.arg
+    return (_slice(g, axis, before, g.shape[axis] - after),)
 
+
+def einsum(equation: str, *operands) -> Tensor:
+    """Einstein summation for two or three operands (and one, for sums and transposes),
+    as products of the contractions transformers use: each pair is permuted into a batched
+    matmul (ggml's MUL_MAT), and summed indices not shared are reduced first."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    operands = [_as_tensor(t) for t in operands]
+    equation = equation.replace(" ", "")
+    if "..." in equation:
+        raise NotImplementedError("einsum with '...' is not supported; name every axis")
+    inputs, arrow, output = equation.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum {equation!r} names {len(terms)} operands, got {len(operands)}")
+    if not arrow:
+        counts = {c: inputs.count(c) for c in set(inputs) if c != ","}
+        output = "".join(sorted(c for c, k in counts.items() if k == 1))
+    for term, t in zip(terms, operands):
+        if len(term) != t.ndim or len(set(term)) != len(term):
+            raise ValueError(f"einsum: term {term!r} does not fit an operand of shape {t.shape} "
+                             "(repeated letters in one term are not supported)")
+    sizes: dict[str, int] = {}
+    for term, t in zip(terms, operands):
+        for c, n in zip(term, t.shape):
+            if sizes.setdefault(c, n) != n:
+                raise ValueError(f"einsum: axis {c!r} has sizes {sizes[c]} and {n}")
+    pairs = list(zip(terms, operands))
+    while len(pairs) > 1:
+        (ta, a), (tb, b) = pairs[0], pairs[1]
+        later = output + "".join(t for t, _ in pairs[2:])
+        pairs[:2] = [_contract(ta, a, tb, b, later)]
+    term, out = pairs[0]
+    keep = [c for c in term if c in output]
+    if len(keep) < len(term):
+        from .reduce import sum
+        out = sum(out, tuple(i for i, c in enumerate(term) if c not in output))
+        term = "".join(keep)
+    if set(term) != set(output):
+        raise ValueError(f"einsum: output {output!r} names axes the inputs do not have")
+    return permute(out, tuple(term.index(c) for c in output)) if term != output else out
+
+
+def _contract(ta: str, a: Tensor, tb: str, b: Tensor, later: str) -> tuple[str, Tensor]:
+    """One pairwise contraction: batch axes (in both and kept), the contracted axes (in
+    both, not kept) and each side's own axes, as one batched a @ b^T."""
+    from .reduce import sum
+
+    def drop_own(term: str, t: Tensor, other: str) -> tuple[str, Tensor]:
+        own = tuple(i for i, c in enumerate(term) if c not in other and c not in later)
+        if not own:  # summed on one side only: reduced away first
+            return term, t
+        return "".join(c for i, c in enumerate(term) if i not in own), sum(t, own)
+    ta, a = drop_own(ta, a, tb)
+    tb, b = drop_own(tb, b, ta)
+    batch = [c for c in ta if c in tb and c in later]
+    contracted = [c for c in ta if c in tb and c not in later]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    if len(batch) > 2:
+        raise ValueError("einsum: at most 2 batch axes per contraction (ggml tensors have 4 dimensions)")
+    size = {c: n for term, t in ((ta, a), (tb, b)) for c, n in zip(term, t.shape)}
+
+    def grouped(term: str, t: Tensor, groups: list[list[str]]) -> Tensor:
+        order = [c for g in groups for c in g]
+        t = permute(t, tuple(term.index(c) for c in order)) if order != list(term) else t
+        return reshape(t, tuple(size[c] for c in batch) + tuple(
+            int(np.prod([size[c] for c in g], dtype=np.int64)) for g in groups[1:]))
+
+    a2 = grouped(ta, a, [batch, left, contracted])
+    b2 = grouped(tb, b, [batch, right, contracted])
+    product = matmul_nt(a2, b2)  # batch + (left, right)
+    term = "".join(batch + left + right)
+    return term, reshape(product, tuple(size[c] for c in term)) if term else reshape(product, ())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import autograd, capture
-from ._core import Tensor, _apply, _as_tensor, _float, tensor
+from ._core import Tensor, _apply, _as_tensor, _float, cast, tensor
 from .elementwise import abs, affine, exp, log, relu, square, step
-from .layout import one_hot
+from .indexing import one_hot
 from .reduce import mean, sum
 
 
@@ -38,7 +38,7 @@ def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator |
         mask = tensor((rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p))
     else:
         mask = affine(step(affine(rand_like(x), 1.0, -p)), 1.0 / (1.0 - p))
-    return x * mask
+    return x * (mask if mask.dtype is x.dtype else cast(mask, x.dtype))
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -75,7 +75,7 @@ def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
     if logits.ndim != 2:
         raise ValueError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
     n, classes = logits.shape
-    if target.dtype == np.int32:
+    if not target.dtype.is_floating_point:
         if target.shape != (n,):
             raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
         target = one_hot(target, classes)

@@ -7,7 +7,8 @@ from typing import Iterator
 
 import numpy as np
 
-from .. import capture
+from .. import capture, runtime
+from ..autograd import no_grad
 from ..tensor import Tensor, param
 
 
@@ -93,15 +94,49 @@ class Module:
     def eval(self) -> Module:
         return self.train(False)
 
-    def to(self, device: str) -> Module:
-        """ggrad runs one device at a time: make `device` current (the previous one's data
-        moves to the host first, nothing lost) and place this module's tensors on it."""
-        from .. import runtime, tensor
-        runtime.set_device(device)
-        tensor.realize(*self.parameters(), *(b for _, b in self.named_buffers()))
-        for t in [*self.parameters(), *(b for _, b in self.named_buffers())]:
-            t.handle  # noqa: B018  (uploads what is still on the host)
+    def to(self, *args, dtype=None, device=None) -> Module:
+        """``to(device)``: ggrad runs one device at a time, so this makes `device` current
+        (the previous one's data moves to the host first, nothing lost) and places this
+        module's tensors on it. ``to(dtype)``: floating-point parameters and buffers are
+        converted in place (the same Tensor objects, as torch's)."""
+        from .. import dtypes
+        from ..tensor import _is_dtype_name, realize
+        for a in args:
+            if isinstance(a, str) and not _is_dtype_name(a):
+                device = a
+            else:
+                dtype = a
+        tensors = [*self.parameters(), *(b for _, b in self.named_buffers())]
+        if device is not None:
+            runtime.set_device(device)
+            realize(*tensors)
+            for t in tensors:
+                t.handle  # noqa: B018  (uploads what is still on the host)
+        if dtype is not None:
+            dtype = dtypes.as_dtype(dtype)
+            if not dtype.is_floating_point:
+                raise TypeError(f"Module.to converts floating-point tensors to floating-point dtypes, got {dtype}")
+            with no_grad():
+                for t in tensors:
+                    if t.dtype.is_floating_point and t.dtype is not dtype:
+                        converted = t.detach().to(dtype)
+                        converted.node.scope = "persistent"
+                        t.node, t._grad = converted.node, None
+            realize(*tensors)
+            capture.invalidate()
         return self
+
+    def half(self) -> Module:
+        from .. import dtypes
+        return self.to(dtypes.float16)
+
+    def bfloat16(self) -> Module:
+        from .. import dtypes
+        return self.to(dtypes.bfloat16)
+
+    def float(self) -> Module:
+        from .. import dtypes
+        return self.to(dtypes.float32)
 
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, Tensor]:
@@ -117,7 +152,7 @@ class Module:
         shapes = [f"{k}: expected {own[k].shape}, got {values[k].shape}" for k in own
                   if k in values and tuple(values[k].shape) != own[k].shape]
         dtypes = [f"{k}: expected {own[k].dtype}, got {values[k].dtype}" for k in own
-                  if k in values and values[k].dtype.kind != own[k].dtype.kind]
+                  if k in values and values[k].dtype.kind != own[k].dtype.host.kind]
         problems = []
         if strict and missing:
             problems.append(f"missing keys: {missing}")
@@ -129,11 +164,10 @@ class Module:
             problems.append(f"wrong dtypes: {dtypes}")
         if problems:
             raise ValueError(f"load_state_dict for {type(self).__name__}: " + "; ".join(problems))
-        from ..autograd import no_grad
         with no_grad():
             for k, t in own.items():
                 if k in values:
-                    t.assign_(values[k].astype(t.dtype))
+                    t.assign_(values[k])
 
     # ---- printing ----------------------------------------------------------------------
     def extra_repr(self) -> str:

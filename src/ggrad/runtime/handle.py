@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 
+import ml_dtypes
 import numpy as np
 from ggml import ggml as G
 
@@ -19,6 +20,7 @@ from . import transfers
 DTYPES = {
     np.dtype(np.float32): G.GGML_TYPE_F32,
     np.dtype(np.float16): G.GGML_TYPE_F16,
+    np.dtype(ml_dtypes.bfloat16): G.GGML_TYPE_BF16,
     np.dtype(np.int32): G.GGML_TYPE_I32,
 }
 GGML_TO_NUMPY = {v: k for k, v in DTYPES.items()}
