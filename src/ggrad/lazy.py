@@ -159,6 +159,14 @@ def store(target: Node, value: Node) -> None:
     _stores[id(handle)] = (target, value)
 
 
+def restore(value: Node, newer: Node) -> None:
+    """A second write before the first ran: the buffer `value` was to be stored into
+    gets `newer` instead (which may read `value`)."""
+    for key, (target, stored) in _stores.items():
+        if stored is value:
+            _stores[key] = (target, newer)
+
+
 def pending_write(handle) -> bool:
     """Whether a store or an effect not yet run will write `handle`'s buffer."""
     return id(handle) in _stores or any(t.handle is handle for e in _effects for t in e.targets)

@@ -110,8 +110,10 @@ def _leaky_relu(ctx, s, node):
 
 @compute("clamp")
 def _clamp(ctx, s, node):
+    """NOTE: ggml_clamp is always in place (its result is a view of its source, ggml
+    0.15.3), so it runs on a copy: over a leaf it overwrote the tensor being clamped."""
     lo, hi = node.arg
-    return G.ggml_clamp(ctx, s[0], lo, hi)
+    return G.ggml_clamp(ctx, G.ggml_cont(ctx, s[0]), lo, hi)
 
 
 @compute("pow")

@@ -259,6 +259,8 @@ class Tensor:
         new.scope = old.scope
         if not old.pending and old.scope == "persistent":
             lazy.store(old, new)
+        elif old.pending:
+            lazy.restore(old, new)
         self.node = new
         return self
 

@@ -309,10 +309,13 @@ def _extremum(a, b, kind: str) -> Tensor:
     if not (a.requires_grad or b.requires_grad) or not autograd.is_recording():
         return out
 
-    def rule(ctx, g):
-        share_a = affine(a_wins, 1.0) + affine(compare.eq(a.detach(), b.detach()), 0.5)
-        return (sum_to(g * share_a, a.shape) if a.requires_grad else None,
-                sum_to(g * affine(share_a, -1.0, 1.0), b.shape) if b.requires_grad else None)
+    def rule(ctx, g):  # torch's: the loser gets nothing, a tie half each (NaN: both)
+        x, y = a.detach(), b.detach()
+        half = affine(compare.eq(x, y), -0.5, 1.0)
+        a_loses, b_loses = (compare.lt(x, y), compare.gt(x, y)) if kind == "gt" else \
+            (compare.gt(x, y), compare.lt(x, y))
+        return (sum_to(g * (half * compare.logical_not(a_loses)), a.shape) if a.requires_grad else None,
+                sum_to(g * (half * compare.logical_not(b_loses)), b.shape) if b.requires_grad else None)
     return _with_rule(out, (a, b), rule)
 
 

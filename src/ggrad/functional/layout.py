@@ -158,8 +158,10 @@ def repeat(x, *repeats) -> Tensor:
     if any(r < 1 for r in repeats):
         raise ValueError(f"repeat counts must be positive, got {repeats}")
     shape = (1,) * (len(repeats) - x.ndim) + x.shape
-    if 2 * len(shape) > 4 and any(r > 1 and n > 1 for r, n in zip(repeats, shape)):
-        # tile by concatenation (each axis at a time) when the interleaved view needs > 4 dims
+    tiled = tuple(r * n for r, n in zip(repeats, shape))
+    if all(n == 1 for r, n in zip(repeats, shape) if r > 1):  # only unit axes grow: a broadcast
+        return broadcast_to(reshape(x, shape), tiled)
+    if 2 * len(shape) > 4:  # the interleaved view would need more than 4 dims: concatenate
         out = reshape(x, shape)
         for axis, r in enumerate(repeats):
             if r > 1:
@@ -167,7 +169,7 @@ def repeat(x, *repeats) -> Tensor:
         return out
     inter = tuple(v for r, n in zip(repeats, shape) for v in (r, n))
     spread = broadcast_to(reshape(x, tuple(v for n in shape for v in (1, n))), inter)
-    return reshape(spread, tuple(r * n for r, n in zip(repeats, shape)))
+    return reshape(spread, tiled)
 
 
 def movedim(x, source: int, destination: int) -> Tensor:

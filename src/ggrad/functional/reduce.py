@@ -225,7 +225,7 @@ def take_along_last(x: Tensor, index: Tensor) -> Tensor:
         raise ValueError("take_along_last supports tensors of at most 3 dimensions")
 
     def rule(ctx, g):
-        from .layout import one_hot
+        from .indexing import one_hot
         src, ix = ctx.parents
         hot = one_hot(ix, src.shape[-1])  # (..., k, n)
         g_rows = reshape(g, (rows, 1, g.shape[-1]))
