@@ -285,3 +285,21 @@ def test_float16_and_bfloat16_train_with_gradients_of_their_dtype(dev):
         tw = torch.tensor(w.numpy().astype(np.float32), requires_grad=True)
         torch.sigmoid(torch.tensor(x).to(getattr(torch, dtype.name)).float() @ tw).sum().backward()
         np.testing.assert_allclose(w.grad.numpy().astype(np.float32), tw.grad.numpy(), rtol=4 * eps, atol=4 * eps)
+
+
+def test_review_findings_equal_torch(dev):
+    """Wrong answers a review found (each compared with torch on the same data)."""
+    assert ggrad.zeros(5, 1).sum(-1).shape == (5,) and ggrad.tensor([1.5]).sum().shape == ()
+    assert ggrad.tensor([[1.5]]).mean().shape == () and ggrad.zeros(3, 1).max(1)[0].shape == (3,)
+    b = np.array([3, -7, 5])
+    for got, want in [(2 / ggrad.tensor(b), 2 / torch.tensor(b)), (2 // ggrad.tensor(b), 2 // torch.tensor(b)),
+                      (2 % ggrad.tensor(b), 2 % torch.tensor(b)),
+                      (1 / ggrad.tensor([True, False]), 1 / torch.tensor([True, False]))]:
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    x = np.arange(-300, 300)
+    for k in (7, 13, 14, 15):
+        assert (ggrad.tensor(x) // k).tolist() == (torch.tensor(x) // k).tolist()
+        assert (ggrad.tensor(x) % k).tolist() == (torch.tensor(x) % k).tolist()
+        assert (ggrad.tensor(x.astype(np.float32)) // k).tolist() == (torch.tensor(x.astype(np.float32)) // k).tolist()
+    assert ggrad.randint(5, (6,)).shape == (6,)
+    assert ggrad.rand_like(ggrad.zeros(2, dtype=ggrad.float16)).dtype is ggrad.float16

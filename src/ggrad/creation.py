@@ -75,6 +75,8 @@ def randn(*size, dtype=None, device: str | None = None, requires_grad: bool = Fa
 
 def randint(low, high=None, size=(), *, dtype=None, device: str | None = None) -> Tensor:
     """Integers in [low, high) (int64), as torch.randint(low=0, high, size)."""
+    if high is not None and not isinstance(high, numbers.Number) and size == ():  # randint(high, size)
+        high, size = None, high
     if high is None:
         low, high = 0, low
     return _random(lambda s: generator().integers(low, high, s), size,

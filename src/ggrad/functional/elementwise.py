@@ -83,6 +83,9 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         dtype = result_type(a, b)
         if dtype is dtypes.bool_:
             raise TypeError("rounded division of bool tensors is not supported")
+        if _is_scalar(a) or _is_scalar(b):  # true division: a reciprocal misrounds exact multiples
+            like = b if _is_scalar(a) else a
+            a, b = (_apply("fill", (like,), like.shape, None, float(v), F32) if _is_scalar(v) else v for v in (a, b))
         q = div(a, b)
         return _cast_result(floor(q) if rounding_mode == "floor" else trunc(q), dtype)
     dtype = result_type(a, b)
@@ -91,7 +94,8 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         with np.errstate(divide="ignore"):
             return affine(a, float(np.float32(1.0) / np.float32(b)), 0.0, dtype)
     if _is_scalar(a):
-        return affine(pow(b, -1), float(a), 0.0, dtype)  # a / b = a * b^-1
+        b = _as_tensor(b)
+        return affine(pow(b if b.dtype is dtype else _cast_result(b, dtype), -1), float(a), 0.0, dtype)
     a, b = _as_tensor(a), _as_tensor(b)
     return _binary("div", a, b, _div_rule, dtype)
 

@@ -17,8 +17,10 @@ def rand_like(x) -> Tensor:
     device generator's state advances in place (`ggrad.manual_seed` resets it)."""
     from ..random import device_state
     x = _as_tensor(x)
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"rand_like needs a floating-point tensor, got {x.dtype}")
     state = device_state()
-    u = _apply("rand", (state,), x.shape)
+    u = _apply("rand", (state,), x.shape, dtype=x.dtype)
     with autograd.no_grad():
         state._assign(_apply("rand_next", (state,), (1,)))
     return u

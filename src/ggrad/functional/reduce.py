@@ -42,9 +42,10 @@ def sum(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=N
     out_dtype = x.dtype if x.dtype.is_floating_point else dtypes.int64
     axes = _reduce_axes(x, _dims(dim, axis))
     keep = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
-    if keep == x.shape:
-        return x if x.dtype is out_dtype else cast(x, out_dtype)
     shape = keep if _keep(keepdim, keepdims) else tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    if keep == x.shape:  # only axes of size 1: nothing to add, but they still go
+        out = x if x.dtype is out_dtype else cast(x, out_dtype)
+        return out if shape == x.shape else reshape(out, shape)
     return _apply("sum_to", (x,), shape, _sum_to_rule, keep, out_dtype)
 
 
