@@ -128,12 +128,11 @@ def max(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tens
     dim, keepdim = _dims(dim, axis), _keep(keepdim, keepdims)
     if dim is None:
         flat = reshape(x, (x.numel(),))
-        out = sum(flat * one_hot_argmax(flat.detach()), dtype=x.dtype)
+        out = cast(sum(flat * one_hot_argmax(flat.detach())), x.dtype)  # an int sum is int64
         return reshape(out, (1,) * x.ndim) if keepdim else out
     a = _axis(dim, x.ndim)
     last = _to_last(x, a)
-    out = sum(last * one_hot_argmax(last.detach()), -1, dtype=x.dtype)
-    out = out if out.dtype is x.dtype else cast(out, x.dtype)
+    out = cast(sum(last * one_hot_argmax(last.detach()), -1), x.dtype)
     return _keepdim(out, x.shape, a) if keepdim else out
 
 
