@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import autograd, dtypes, lazy, ops  # noqa: F401  (ops registers the ggml builders)
 from ..dtypes import result_type
-from ..tensor import Tensor, tensor
+from ..tensor import Tensor, full_like, tensor  # noqa: F401  (full_like: for the modules here)
 
 F32 = dtypes.float32
 _BIG = 3.0e38  # stands in for an open clamp bound (ggml takes floats)

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ._core import F32, Tensor, _apply, _as_tensor, _broadcast, _is_scalar, cast, result_type, sum_to
+from ._core import F32, Tensor, _apply, _as_tensor, _broadcast, _is_scalar, cast, full_like, result_type, sum_to
 from .reduce import sum
 
 BOOL = dtypes.bool_
@@ -24,13 +24,13 @@ def _compare(kind: str, a, b) -> Tensor:
         value = float(b)
         if math.isnan(value):  # nothing equals NaN
             return _fill_bool(a, kind == "ne")
-        value = float(_f32(value, a))
+        value = _f32(value)
         return _apply("compare", (a,), a.shape, None, (kind, value), BOOL)
     b = _as_tensor(b)
     return _apply("compare", (a, b), _broadcast(a, b, kind), None, (kind, 0.0), BOOL)
 
 
-def _f32(value: float, like: Tensor) -> float:
+def _f32(value: float) -> float:
     """The scalar as the comparison sees it: rounded to float32, as torch casts a Python
     scalar to a float32 tensor's dtype (an integer tensor compares in float32 too)."""
     with np.errstate(over="ignore"):
@@ -38,7 +38,7 @@ def _f32(value: float, like: Tensor) -> float:
 
 
 def _fill_bool(like: Tensor, value: bool) -> Tensor:
-    return _apply("fill", (like,), like.shape, None, 1.0 if value else 0.0, BOOL)
+    return full_like(like, 1.0 if value else 0.0, BOOL)
 
 
 def eq(a, b) -> Tensor:
@@ -110,7 +110,7 @@ def _bitwise(op: str, a, b) -> Tensor:
 def _classify(kind: str, x) -> Tensor:
     x = _as_tensor(x)
     if not x.dtype.is_floating_point:  # integers and bools are always finite numbers
-        return _apply("fill", (x,), x.shape, None, 1.0 if kind == "finite" else 0.0, BOOL)
+        return _fill_bool(x, kind == "finite")
     return _apply("classify", (x,), x.shape, None, kind, BOOL)
 
 
@@ -152,7 +152,7 @@ def where(condition, a, b) -> Tensor:
 
     def rule(ctx, g):
         cond, x, y = ctx.parents
-        zero = _apply("fill", (g,), g.shape, None, 0.0, g.dtype)
+        zero = full_like(g, 0.0)
         return (None,
                 sum_to(where(cond, g, zero), x.shape) if x.requires_grad else None,
                 sum_to(where(cond, zero, g), y.shape) if y.requires_grad else None)
@@ -163,7 +163,7 @@ def _scalar_like(value, like: Tensor, dtype) -> Tensor:
     """A number filled into `like`'s shape on the device (ggml_fill: no upload)."""
     if not dtype.is_floating_point and not math.isfinite(float(value)):
         raise ValueError(f"cannot convert {value} to {dtype}")
-    return _apply("fill", (like,), like.shape, None, float(value), dtype)
+    return full_like(like, value, dtype)
 
 
 def masked_fill(x, mask, value) -> Tensor:

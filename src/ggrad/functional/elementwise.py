@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import autograd, dtypes
 from ._core import (_BIG, F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
-                    _out, result_type, sum_to)
+                    _out, cast, full_like, result_type, sum_to)
 
 
 # ---- elementwise binary (numpy broadcasting, torch's type promotion) ------------------------
@@ -85,9 +85,9 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
             raise TypeError("rounded division of bool tensors is not supported")
         if _is_scalar(a) or _is_scalar(b):  # true division: a reciprocal misrounds exact multiples
             like = b if _is_scalar(a) else a
-            a, b = (_apply("fill", (like,), like.shape, None, float(v), F32) if _is_scalar(v) else v for v in (a, b))
+            a, b = (full_like(like, v, F32) if _is_scalar(v) else v for v in (a, b))
         q = div(a, b)
-        return _cast_result(floor(q) if rounding_mode == "floor" else trunc(q), dtype)
+        return cast(floor(q) if rounding_mode == "floor" else trunc(q), dtype)
     dtype = result_type(a, b)
     dtype = dtype if dtype.is_floating_point else F32
     if _is_scalar(b):
@@ -95,7 +95,7 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
             return affine(a, float(np.float32(1.0) / np.float32(b)), 0.0, dtype)
     if _is_scalar(a):
         b = _as_tensor(b)
-        return affine(pow(b if b.dtype is dtype else _cast_result(b, dtype), -1), float(a), 0.0, dtype)
+        return affine(pow(b if b.dtype is dtype else cast(b, dtype), -1), float(a), 0.0, dtype)
     a, b = _as_tensor(a), _as_tensor(b)
     return _binary("div", a, b, _div_rule, dtype)
 
@@ -114,11 +114,6 @@ def floor_divide(a, b) -> Tensor:
 def remainder(a, b) -> Tensor:
     """a - floor(a / b) * b: the sign of the divisor, as Python's % and torch.remainder."""
     return sub(a, mul(floor_divide(a, b), b))
-
-
-def _cast_result(x: Tensor, dtype) -> Tensor:
-    from ._core import cast
-    return cast(x, dtype)
 
 
 # ---- elementwise unary -------------------------------------------------------------------

@@ -15,7 +15,7 @@ import numbers
 import numpy as np
 
 from .. import autograd, capture, dtypes
-from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, tensor
+from ._core import Tensor, _apply, _as_tensor, _float, cast, full_like, reshape, tensor
 from .compare import where
 from .layout import _slice, permute, unsqueeze
 
@@ -67,14 +67,20 @@ def take(x: Tensor, index, axis: int) -> Tensor:
     index = _integer_index(index, "indexing")
     n = x.shape[axis]
     host = index.node.host
-    if host is not None and host.size and host.min() < 0:  # negative indices count from the end
-        if host.min() < -n:
-            raise IndexError(f"index {host.min()} is out of range for axis {axis} of size {n}")
-        index = tensor(np.where(host < 0, host + n, host).astype(np.int32), dtype=index.dtype)
+    if host is not None and host.size and host.min() < 0:
+        index = tensor(_from_the_end(host, n, axis).astype(np.int32), dtype=index.dtype)
     moved = permute(x, (axis,) + tuple(a for a in range(x.ndim) if a != axis)) if axis else x
     rest = moved.shape[1:]
     picked = gather(reshape(moved, (n, int(np.prod(rest, dtype=np.int64)))), index)
     return _to_axis(reshape(picked, index.shape + rest), index.ndim, axis)
+
+
+def _from_the_end(positions: np.ndarray, n: int, axis: int) -> np.ndarray:
+    """Host indices into an axis of size n, negative ones counting from the end."""
+    if positions.size and (positions.min() < -n or positions.max() >= n):
+        bad = positions.min() if positions.min() < -n else positions.max()
+        raise IndexError(f"index {bad} is out of range for axis {axis} of size {n}")
+    return np.where(positions < 0, positions + n, positions)
 
 
 def _to_axis(out: Tensor, k: int, axis: int) -> Tensor:
@@ -107,7 +113,7 @@ def one_hot(index, num_classes: int) -> Tensor:
 def fill(x: Tensor, value: float) -> Tensor:
     """A float tensor shaped like `x`, every element `value` (made on the device)."""
     x = _as_tensor(x)
-    return _apply("fill", (x,), x.shape, None, float(value), x.dtype if x.dtype.is_floating_point else dtypes.float32)
+    return full_like(x, value, x.dtype if x.dtype.is_floating_point else dtypes.float32)
 
 
 # ---- x[index] --------------------------------------------------------------------------------
@@ -300,7 +306,7 @@ def _assigned_box(x: Tensor, index, value) -> Tensor:
         axis += 1
     region = tuple(b - a for a, b in bounds)
     v = reshape(_value(value, x, tuple(region[a] for a in kept)), region)
-    placed, inside = v, _apply("fill", (v,), v.shape, None, 1.0, dtypes.bool_)
+    placed, inside = v, full_like(v, 1.0, dtypes.bool_)
     for axis, (start, stop) in enumerate(bounds):
         n = x.shape[axis]
         if stop - start == n:
@@ -320,10 +326,7 @@ def _assigned_rows(x: Tensor, index, value) -> Tensor:
         raise NotImplementedError("assignment through an integer tensor computed on the device is not "
                                   "supported; use a mask")
     n = x.shape[0]
-    positions = np.asarray(host).reshape(-1).astype(np.int64)
-    if positions.size and (positions.min() < -n or positions.max() >= n):
-        raise IndexError(f"index out of range for axis 0 of size {n}")
-    positions = np.where(positions < 0, positions + n, positions)
+    positions = _from_the_end(np.asarray(host).reshape(-1).astype(np.int64), n, 0)
     if len(np.unique(positions)) != positions.size:
         raise NotImplementedError("assignment through repeated indices is not supported (which write wins "
                                   "is unspecified in torch too)")

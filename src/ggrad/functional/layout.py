@@ -6,7 +6,8 @@ import numbers
 
 import numpy as np
 
-from ._core import Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, reshape, result_type, sum_to
+from ._core import (Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, full_like, reshape, result_type,
+                    sum_to)
 
 
 # ---- matrices and layout -----------------------------------------------------------------
@@ -313,7 +314,7 @@ def pad(x, pad: tuple, mode: str = "constant", value: float = 0.0) -> Tensor:
             if value != 0.0:
                 from .compare import where
                 from .. import dtypes
-                inside = _apply("pad", (_apply("fill", (out,), out.shape, None, 1.0, dtypes.bool_),), shape, None,
+                inside = _apply("pad", (full_like(out, 1.0, dtypes.bool_),), shape, None,
                                 (axis, before, after), dtypes.bool_)
                 padded = where(inside, padded, value)
             out = padded
