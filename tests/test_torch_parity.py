@@ -106,6 +106,11 @@ CASES = {
     "einsum": (lambda m, a, b, c: (m.einsum("bij,bjk->bik", a, b), m.einsum("bhqd,bhkd->bhqk", c, c),
                                    m.einsum("ij,j->i", a[0], b[0, :, 0]), m.einsum("bij->bji", a)),
                [f32(2, 3, 4), f32(2, 4, 5), f32(2, 2, 3, 4)]),
+    "movedim_narrow": (lambda m, a: (a.movedim(0, 2), a.narrow(1, 1, 2), m.narrow(a, -1, 0, 3)), [f32(2, 3, 4)]),
+    "floor_ceil_trunc": (lambda m, a: (a.floor(), a.ceil(), a.trunc(), (a * 3).floor()), [f32(3, 4)]),
+    "amax_amin_clone": (lambda m, a: (m.amax(a, dim=1), m.amin(a, dim=0), a.clone() * 2), [distinct(3, 4)]),
+    "div_rounding": (lambda m, a, b: (m.div(a, b, rounding_mode="floor"), m.div(a, b, rounding_mode="trunc")),
+                     [f32(6) * 5, f32(6)]),
     # indexing
     "basic_index": (lambda m, a: (a[1], a[:, 2], a[None], a[..., 0], a[1:, ::2], a[:, None, 1:3], a[-1, -2]),
                     [f32(3, 4, 5)]),
@@ -203,15 +208,17 @@ def test_result_type_equals_torch():
 
 
 def test_setitem_equals_torch(dev):
-    base = f32(4, 5)
+    local = np.random.default_rng(5)  # its own draws: the values below must select something
+    base = local.standard_normal((4, 5)).astype(np.float32)
     t, g = torch.tensor(base), ggrad.tensor(base)
     address = g.handle.ptr
     for index, value in [((slice(None), 0), 7.0), ((1,), 2.5), ((slice(1, 3), slice(2, 4)), f32(2, 2)),
-                         ((Ellipsis, -1), f32(4)), (np.array([3, 0]), f32(2, 5))]:
+                         ((Ellipsis, -1), f32(4)), (np.array([3, 0]), 3 * local.standard_normal((2, 5)).astype(np.float32))]:
         t[index] = torch.tensor(value) if isinstance(value, np.ndarray) else value
         g[index] = value
     t[t > 1.0] = -1.0
     g[g > 1.0] = -1.0
+    assert int((t < -1.0).sum()) > 0
     t[t < -1.0] = torch.arange(int((t < -1.0).sum()), dtype=torch.float32)
     g[g < -1.0] = ggrad.arange(int((g < -1.0).sum().item()), dtype=ggrad.float32)
     np.testing.assert_array_equal(g.numpy(), t.numpy())
@@ -303,3 +310,21 @@ def test_review_findings_equal_torch(dev):
         assert (ggrad.tensor(x.astype(np.float32)) // k).tolist() == (torch.tensor(x.astype(np.float32)) // k).tolist()
     assert ggrad.randint(5, (6,)).shape == (6,)
     assert ggrad.rand_like(ggrad.zeros(2, dtype=ggrad.float16)).dtype is ggrad.float16
+
+
+def test_in_place_methods_and_interop_equal_torch(dev):
+    base, mask = f32(3, 4), f32(3, 4) > 0
+    for method, args in [("fill_", (2.5,)), ("clamp_", (-0.3, 0.3)), ("masked_fill_", (mask, -1.0)),
+                         ("copy_", (f32(4),)), ("add_", (1.5,)), ("zero_", ())]:
+        t, g = torch.tensor(base), ggrad.tensor(base)
+        address = g.handle.ptr
+        getattr(t, method)(*(torch.tensor(a) if isinstance(a, np.ndarray) else a for a in args))
+        getattr(g, method)(*args)
+        np.testing.assert_array_equal(g.numpy(), t.numpy(), err_msg=method)
+        assert g.handle.ptr == address, method
+    array = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for g, t in [(ggrad.from_numpy(array), torch.from_numpy(array)),
+                 (ggrad.from_dlpack(torch.arange(4.0)), torch.arange(4.0))]:
+        assert g.dtype.name == str(t.dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(g.numpy(), t.numpy())
+    np.testing.assert_array_equal(torch.from_dlpack(ggrad.tensor(array)).numpy(), array)

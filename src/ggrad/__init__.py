@@ -7,9 +7,9 @@ from .creation import (arange, empty, empty_like, eye, linspace, rand, rand_like
                        randn, randn_like)
 from .data import DataLoader
 from .dtypes import bfloat16, bool_ as bool, dtype, float16, float32, int32, int64, result_type
-from .functional import (abs, all, any, argmax, argmin, argsort, cat, chunk, clamp, concat, cumsum, einsum,
+from .functional import (abs, all, amax, amin, any, argmax, argmin, argsort, cat, chunk, clamp, concat, cumsum, div, einsum,
                          eq, exp, flatten, ge, gt, isfinite, isinf, isnan, le, log, logical_and, logical_not,
-                         logical_or, logical_xor, lt, masked_fill, matmul, maximum, mean, minimum, ne, norm,
+                         logical_or, logical_xor, lt, masked_fill, matmul, maximum, mean, minimum, movedim, narrow, ne, norm,
                          permute, reshape, sigmoid, softmax, sort, split, sqrt, squeeze, stack, std, sum,
                          tanh, topk, transpose, unsqueeze, var, where)
 from .gradcheck import gradcheck
@@ -26,15 +26,16 @@ float, half, long, int = float32, float16, int64, int32  # torch's aliases  # no
 clip = clamp
 
 __all__ = [
-    "DataLoader", "EarlyStopping", "History", "ModelCheckpoint", "Tensor", "abs", "all", "any", "arange",
+    "DataLoader", "EarlyStopping", "History", "ModelCheckpoint", "Tensor", "abs", "all", "amax", "amin", "any",
+    "arange",
     "argmax", "argmin", "argsort", "backward", "bfloat16", "bool", "cat", "chunk", "clamp", "clip",
-    "compile", "concat", "count_transfers", "cumsum", "data", "device", "devices", "dtype", "dtypes",
+    "compile", "concat", "count_transfers", "cumsum", "data", "div", "device", "devices", "dtype", "dtypes",
     "einsum", "empty", "empty_like", "eq", "evaluate", "exp", "export_gguf", "eye", "fit", "flatten",
     "float", "float16", "float32", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge",
     "get_device", "gpu_available", "grad_tape", "gradcheck", "gt", "half", "int", "int32", "int64",
     "isfinite", "isinf", "isnan", "le", "linspace", "load", "log", "logical_and", "logical_not",
     "logical_or", "logical_xor", "long", "lt", "manual_seed", "masked_fill", "matmul", "maximum", "mean",
-    "minimum", "ne", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "rand",
+    "minimum", "movedim", "narrow", "ne", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "rand",
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "reshape", "result_type",
     "runtime", "save", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",
     "std", "sum", "tanh", "tensor", "topk", "transpose", "unsqueeze", "var", "where", "zeros",
