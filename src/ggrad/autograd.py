@@ -6,29 +6,43 @@ gradients, the inputs, and what the rule needs. `backward` walks the records in
 reverse topological order. Rules are written with ggrad's own (lazy) operations, so
 the backward pass is more nodes in the same graph as the forward pass; it runs when a
 value is needed. After backward the records are dropped, like PyTorch's graph.
+
+A rule reads its inputs when backward runs, so an input written in place after it was
+recorded (``loss = (W * x).sum(); x += 1``) would give a wrong gradient: as in PyTorch,
+every in-place write bumps the tensor's version, a record keeps the versions it saw,
+and backward refuses a record whose inputs have changed since.
+
+Recording is per thread: a tape entered in one thread records nothing of another's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Callable, Iterator
 
 from . import lazy, runtime
 
-_recording = False
-_tape_generation = 0  # bumps at every grad_tape entry
+
+class _ThreadState(threading.local):
+    recording = False
+    tape_generation = 0  # bumps at every grad_tape entry
+
+
+_local = _ThreadState()
 
 
 class Context:
     """One recorded operation: ``rule(ctx, grad) -> grads of parents`` (None: no grad)."""
 
-    __slots__ = ("rule", "parents", "saved", "generation")
+    __slots__ = ("rule", "parents", "saved", "generation", "versions")
 
     def __init__(self, rule: Callable, parents: tuple, saved: dict) -> None:
         self.rule = rule
         self.parents = parents
         self.saved = saved
-        self.generation = _tape_generation
+        self.generation = _local.tape_generation
+        self.versions = tuple(p._version for p in parents)
 
     def __getattr__(self, name: str):
         try:
@@ -43,36 +57,36 @@ FREED.generation = -1
 
 
 def is_recording() -> bool:
-    return _recording
+    return _local.recording
 
 
 @contextlib.contextmanager
 def grad_tape() -> Iterator[None]:
     """Record operations for `backward`. Entering starts a new pass: pending work that
     is still wanted runs first, then the pass pool is reset."""
-    global _recording, _tape_generation
     if lazy.has_pending_work():
         lazy.realize()
     runtime.reset_pass()
-    _tape_generation += 1
-    previous, _recording = _recording, True
-    previous_scope, lazy.default_scope = lazy.default_scope, "pass"
+    state, lazy_state = _local, lazy.local
+    state.tape_generation += 1
+    previous, state.recording = state.recording, True
+    previous_scope, lazy_state.default_scope = lazy_state.default_scope, "pass"
     try:
         yield
     finally:
-        _recording = previous
-        lazy.default_scope = previous_scope
+        state.recording = previous
+        lazy_state.default_scope = previous_scope
 
 
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Suspend recording (inside a grad_tape): results need no gradient."""
-    global _recording
-    previous, _recording = _recording, False
+    state = _local
+    previous, state.recording = state.recording, False
     try:
         yield
     finally:
-        _recording = previous
+        state.recording = previous
 
 
 def backward(loss, grad=None) -> None:
@@ -89,7 +103,7 @@ def backward(loss, grad=None) -> None:
             raise RuntimeError(
                 "backward: this tensor was not recorded on a grad tape (wrap the forward pass in "
                 "`with ggrad.grad_tape():`), or none of its inputs requires grad")
-    elif loss._ctx.generation != _tape_generation:
+    elif loss._ctx.generation != _local.tape_generation:
         raise RuntimeError("backward: this tensor's tape was reset (a newer grad_tape was entered); "
                            "its pass memory is gone, record the forward pass again")
     if grad is None:
@@ -113,6 +127,7 @@ def backward(loss, grad=None) -> None:
             if ctx is None:
                 t._accumulate_grad(g)
                 continue
+            _check_versions(ctx)
             for parent, pg in zip(ctx.parents, ctx.rule(ctx, g)):
                 if pg is None or not parent.requires_grad:
                     continue
@@ -125,6 +140,16 @@ def backward(loss, grad=None) -> None:
     for t in order:
         if t._ctx is not None:
             t._ctx = FREED
+
+
+def _check_versions(ctx: Context) -> None:
+    for i, (parent, seen) in enumerate(zip(ctx.parents, ctx.versions)):
+        if parent._version != seen:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: [{parent.dtype} {list(parent.shape)}] (input {i} of the op "
+                f"recorded by {getattr(ctx.rule, '__qualname__', ctx.rule)}) is at version "
+                f"{parent._version}; expected version {seen} instead")
 
 
 def _topological(root) -> list:

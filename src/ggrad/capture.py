@@ -25,12 +25,13 @@ import functools
 import numbers
 import warnings
 import weakref
+import threading
 from typing import Any, Callable
 
 import numpy as np
 
 from . import autograd, dtypes, lazy, runtime
-from . import tensor as tensor_module
+from .runtime.critical import critical
 from .tensor import Tensor, _host_array
 
 _epoch = 0  # bumped when state a capture reads is replaced: every capture is then stale
@@ -65,36 +66,43 @@ class _Trace:
             self.early += 1
 
 
-_trace: _Trace | None = None
+class _ThreadState(threading.local):
+    trace: _Trace | None = None  # the call this thread is tracing
+
+
+_local = _ThreadState()
 
 
 def tracing() -> bool:
-    return _trace is not None
+    return _local.trace is not None
 
 
 def on_replay(check: Callable[[], bool] | None = None, advance: Callable[[], None] | None = None) -> None:
     """While tracing: `check()` must stay true for the capture to be replayed (it runs
     before a replay, with the state as it was before the traced call), and `advance()`
     repeats the traced call's Python bookkeeping at every replay."""
-    if _trace is None:
+    trace = _local.trace
+    if trace is None:
         return
     if check is not None:
-        _trace.checks.append(check)
+        trace.checks.append(check)
     if advance is not None:
-        _trace.advances.append(advance)
+        trace.advances.append(advance)
 
 
 def on_input(node: lazy.Node, check: Callable[[np.ndarray], None]) -> None:
     """While tracing: run `check(host_array)` on every replay's data for the argument that
     `node` holds (host-side validation, e.g. index ranges, that the trace did)."""
-    if _trace is not None:
-        _trace.input_checks.append((node, check))
+    trace = _local.trace
+    if trace is not None:
+        trace.input_checks.append((node, check))
 
 
 def refuse(reason: str) -> None:
     """While tracing: this call cannot be replayed (say why)."""
-    if _trace is not None and _trace.refusal is None:
-        _trace.refusal = reason
+    trace = _local.trace
+    if trace is not None and trace.refusal is None:
+        trace.refusal = reason
 
 
 _optimizers: weakref.WeakSet = weakref.WeakSet()
@@ -108,7 +116,8 @@ def track(optimizer) -> None:
 
 def carried_over(grad) -> bool:
     """While tracing: whether `grad` was a parameter's gradient before the call began."""
-    return _trace is not None and any(grad is g for g in _trace.carried)
+    trace = _local.trace
+    return trace is not None and any(grad is g for g in trace.carried)
 
 
 def _host_read() -> None:
@@ -327,23 +336,25 @@ class Compiled:
             self.release()
         if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would
             lazy.realize()
-        for capture in self._captures.get(key, ()):
-            if capture.matches():
-                return capture.replay(values)
+        with critical():  # a replay's bookkeeping and its graph happen together or not at all
+            for capture in self._captures.get(key, ()):
+                if capture.matches():
+                    return capture.replay(values)
         return self._trace(key, values, len(args), names)
 
     def _trace(self, key: tuple, values: list, positional: int, names: list[str]):
-        global _trace
-        if _trace is not None:
-            raise RuntimeError("ggrad.compile: a compiled function was called while another was being "
-                               "traced; compile the outer function only")
+        if _local.trace is not None:
+            raise RuntimeError("ggrad.compile: a compiled function was called from inside another "
+                               "compiled function while that one was being traced; compile the "
+                               "outer function only")
         self.traces += 1
         arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
         tensor_args = {i: _own_leaf(v) for i, v in enumerate(values) if isinstance(v, Tensor)}
         call = [arrays.get(i, tensor_args.get(i, v)) for i, v in enumerate(values)]
-        trace = _trace = _Trace()
-        previous, lazy.recorder = lazy.recorder, trace.record
-        tensor_module.host_read_hook = _host_read
+        trace = _local.trace = _Trace()
+        state = lazy.local
+        previous, state.recorder = state.recorder, trace.record
+        state.host_read_hook = _host_read
         downloads = runtime.transfers()["downloads"]
         try:
             result = self.fn(*call[:positional], **dict(zip(names, call[positional:])))
@@ -352,9 +363,9 @@ class Compiled:
             trace.final = True
             lazy.realize([t.node for t in returned])
         finally:
-            _trace = None
-            lazy.recorder = previous
-            tensor_module.host_read_hook = None
+            _local.trace = None
+            state.recorder = previous
+            state.host_read_hook = None
         try:
             if trace.refusal:
                 raise _Refused(trace.refusal)

@@ -19,17 +19,24 @@ new tape, which runs everything, before reading).
 A graph runs in three phases, so no write lands before a read of the old value: every
 computation (a value that is only a view of a buffer is copied out first), then the
 effects, then the copies of outputs and stores into their buffers.
+
+Pending work belongs to the thread that recorded it (each thread's `realize` runs its
+own), and `realize` is a critical section (runtime/critical.py): one thread at a time
+on the device, and a Ctrl-C arriving inside it is raised when it has finished, so a
+graph that ran is always recorded as run.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import weakref
 from typing import Callable, Iterable
 
 import numpy as np
 
 from . import dtypes, runtime
+from .runtime.critical import critical
 from .runtime.graph import Graph
 
 # op name -> fn(ctx, src_ggml_tensors, node) -> ggml tensor of node.shape
@@ -67,7 +74,7 @@ class Node:
         self.owners = 0  # live Tensors wrapping this node: a pending node with owners is wanted
         self.seq = next(_sequence)  # creation order: graphs list their outputs in it
         if op is not None:
-            _pending.add(self)
+            local.pending.add(self)
 
     @property
     def pending(self) -> bool:
@@ -93,9 +100,20 @@ class Effect:
         self.op, self.srcs, self.arg, self.targets, self.versions = op, srcs, arg, targets, versions
 
 
-_pending: weakref.WeakSet[Node] = weakref.WeakSet()
-_stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target node, value node)
-_effects: list[Effect] = []
+class _ThreadState(threading.local):
+    """What one thread has recorded and not yet run, and how it records."""
+
+    def __init__(self) -> None:
+        self.pending: weakref.WeakSet[Node] = weakref.WeakSet()
+        self.stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target, value)
+        self.effects: list[Effect] = []
+        self.recorder: Callable[[Run], None] | None = None  # told of every graph `realize` runs
+        self.host_read_hook: Callable[[], None] | None = None  # called before a host read
+        # "pass" while a grad tape is recording, else "persistent": see `_landing`.
+        self.default_scope = "persistent"
+
+
+local = _ThreadState()
 
 
 class Run:
@@ -110,23 +128,17 @@ class Run:
         self.leaves, self.outputs, self.stores, self.effects = leaves, outputs, stores, effects
 
 
-recorder: Callable[[Run], None] | None = None  # told of every graph `realize` runs
-
 
 def from_host(array: np.ndarray, dtype: dtypes.dtype, scope: str = "persistent") -> Node:
     """A leaf holding `array`, already in `dtype`'s storage form."""
     return Node(array.shape, dtype, host=array, scope=scope)
 
 
-# "pass" while a grad tape is recording, else "persistent": see `_landing`.
-default_scope = "persistent"
-
-
 def _landing(node: Node) -> str:
     """The pool a result goes to. A value computed while a tape records (read mid-pass)
     is scratch of that pass; one computed outside a tape -- the normal case, as the next
     tape's entry runs the step -- is kept: a loss or an accumulator outlives that reset."""
-    return "persistent" if node.scope == "persistent" or default_scope == "persistent" else "pass"
+    return "persistent" if node.scope == "persistent" or local.default_scope == "persistent" else "pass"
 
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.float32, arg=None) -> Node:
@@ -137,7 +149,7 @@ def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.
         handle = src.handle
         if src.op is None and handle is not None and handle.host_copy is None and not handle.live:
             handle.check_live()  # a value from a reset pass: say so here, not in a later graph
-    return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=default_scope)
+    return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=local.default_scope)
 
 
 def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None) -> list[Node]:
@@ -147,7 +159,7 @@ def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None
     for target in targets:
         ensure_on_device(target)
     versions = [Node(t.shape, t.dtype, op=VERSION, scope=t.scope) for t in targets]
-    _effects.append(Effect(op, srcs, arg, targets, versions))
+    local.effects.append(Effect(op, srcs, arg, targets, versions))
     return versions
 
 
@@ -156,31 +168,32 @@ def store(target: Node, value: Node) -> None:
     handle = ensure_on_device(target)
     if value is target:
         return
-    _stores[id(handle)] = (target, value)
+    local.stores[id(handle)] = (target, value)
 
 
 def restore(value: Node, newer: Node) -> None:
     """A second write before the first ran: the buffer `value` was to be stored into
     gets `newer` instead (which may read `value`)."""
-    for key, (target, stored) in _stores.items():
+    stores = local.stores
+    for key, (target, stored) in stores.items():
         if stored is value:
-            _stores[key] = (target, newer)
+            stores[key] = (target, newer)
 
 
 def pending_write(handle) -> bool:
     """Whether a store or an effect not yet run will write `handle`'s buffer."""
-    return id(handle) in _stores or any(t.handle is handle for e in _effects for t in e.targets)
+    return id(handle) in local.stores or any(t.handle is handle for e in local.effects for t in e.targets)
 
 
 def pending_reader(node: Node) -> bool:
     """Whether recorded work not yet run reads `node` (its buffer must not change yet)."""
-    return any(node in n.srcs for n in _pending if n.pending) or any(
-        node in e.srcs for e in _effects)
+    return any(node in n.srcs for n in local.pending if n.pending) or any(
+        node in e.srcs for e in local.effects)
 
 
 def has_pending_work() -> bool:
-    return bool(_stores) or bool(_effects) or any(
-        n.pending and n.op != VERSION and n.wanted() for n in _pending)
+    return bool(local.stores) or bool(local.effects) or any(
+        n.pending and n.op != VERSION and n.wanted() for n in local.pending)
 
 
 def ensure_on_device(node: Node):
@@ -192,6 +205,14 @@ def ensure_on_device(node: Node):
     handle = node.handle
     if handle is not None and handle.live and handle.device == runtime.get_device():
         return handle
+    with critical():
+        return _to_current_device(node)
+
+
+def _to_current_device(node: Node):
+    handle = node.handle
+    if handle is not None and handle.live and handle.device == runtime.get_device():
+        return handle  # another thread moved it meanwhile
     if handle is not None and handle.host_copy is not None:
         node.host, handle.host_copy = handle.host_copy, None  # the device was released
     elif handle is not None and handle.live:  # on another device: move it
@@ -211,12 +232,18 @@ def realize(nodes: Iterable[Node] = ()) -> None:
     shapes: the normal training step) is not rebuilt: the kept ggml graph runs again with
     its slots pointed at this step's buffers.
     """
-    stores = list(_stores.values())
-    effects = list(_effects)
+    with critical():
+        _realize(list(nodes))
+
+
+def _realize(nodes: list[Node]) -> None:
+    state = local
+    stores = list(state.stores.values())
+    effects = list(state.effects)
     skip = {id(value) for _, value in stores}  # a stored value lands in its target's buffer
     asked = [n for n in nodes if n.pending and n.op != VERSION and id(n) not in skip]
     skip.update(id(n) for n in asked)
-    wanted = [n for n in list(_pending) if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
+    wanted = [n for n in list(state.pending) if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
     outputs = asked + sorted(wanted, key=lambda n: n.seq)  # a set's order would vary the signature
     if not outputs and not stores and not effects:
         for n in nodes:
@@ -241,19 +268,31 @@ def realize(nodes: Iterable[Node] = ()) -> None:
     except BaseException:
         if fresh and graph is not None:
             graph.free()
-        _stores.clear()  # the failed writes are dropped (the error says why) so that they
-        del _effects[:len(effects)]  # cannot fail every later graph too
+        # The failed writes are dropped (the error says why) so that they cannot fail every
+        # later graph too; an effect that did not run leaves its targets as they were.
+        state.stores.clear()
+        del state.effects[:len(effects)]
+        _settle(effects)
         raise
     if fresh:
         dev.keep_graph(key, graph)
-    _stores.clear()
-    del _effects[:len(effects)]
-    if recorder is not None:
-        recorder(Run(dev, key, graph, leaves, outputs, stores, effects))
-    results += [(v, t.handle) for e in effects for t, v in zip(e.targets, e.versions)]
+    state.stores.clear()
+    del state.effects[:len(effects)]
+    if state.recorder is not None:
+        state.recorder(Run(dev, key, graph, leaves, outputs, stores, effects))
+    _settle(effects)
     for node, handle in results:
         node.op, node.srcs, node.arg, node.handle = None, (), None, handle
-        _pending.discard(node)
+        state.pending.discard(node)
+
+
+def _settle(effects: list[Effect]) -> None:
+    """Each effect's versions become their targets' buffers (which hold the effect's
+    result if it ran, the old values if it did not)."""
+    for effect in effects:
+        for target, version in zip(effect.targets, effect.versions):
+            version.op, version.srcs, version.arg, version.handle = None, (), None, target.handle
+            local.pending.discard(version)
 
 
 def _signature(order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> tuple:
@@ -267,30 +306,56 @@ def _signature(order: list[Node], outputs: list[Node], stores: list, effects: li
     return tuple(sig)
 
 
+# The most ggml tensors one builder makes (AdamW over a 3e9-element parameter makes ~1000
+# views; everything else a few dozen): a graph with less room left is rebuilt larger.
+BUILDER_ROOM = 1024
+
+
+class _GraphFull(Exception):
+    pass
+
+
 def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> Graph:
-    graph = Graph(dev, max_nodes=8 * len(order) + 64, shared_allocator=False)
-    try:
-        built: dict[int, object] = {}
-        for node in order:
-            if node.pending:
-                built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
-            else:
-                built[id(node)] = graph.slot(node.shape, node.dtype.storage)
-        values = [*outputs, *(value for _, value in stores)]
-        for node in values:  # a value still in a buffer (a view, a slot) is copied out first
-            built[id(node)] = graph.computed(built[id(node)])
-        for node in [*values, *(s for e in effects for s in e.srcs)]:
-            graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
-        destinations = [graph.slot(node.shape, node.dtype.storage) for node in values]
-        for effect in effects:  # 2. ops that write their targets in place
-            for node in BUILDERS[effect.op](graph.ctx, [built[id(s)] for s in effect.srcs], effect):
-                graph.expand(node)
-        for node, destination in zip(values, destinations):  # 3. copies into kept buffers
-            graph.write(built[id(node)], destination)
-    except BaseException:
-        graph.free()
-        raise
-    return graph
+    """The ggml graph of `order`. Its size is a guess from the node count (builders make
+    1 to ~30 ggml tensors each); one that runs short is built again, twice as large."""
+    capacity = 8 * len(order) + 2 * BUILDER_ROOM
+    while True:
+        graph = Graph(dev, max_nodes=capacity, shared_allocator=False)
+        try:
+            _fill(graph, order, outputs, stores, effects)
+            return graph
+        except _GraphFull:
+            graph.free()
+            capacity *= 2
+        except BaseException:
+            graph.free()
+            raise
+
+
+def _fill(graph: Graph, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> None:
+    def room(needed: int = BUILDER_ROOM) -> None:
+        if graph.room() < needed:
+            raise _GraphFull
+    built: dict[int, object] = {}
+    for node in order:
+        room()
+        if node.pending:
+            built[id(node)] = BUILDERS[node.op](graph.ctx, [built[id(s)] for s in node.srcs], node)
+        else:
+            built[id(node)] = graph.slot(node.shape, node.dtype.storage)
+    values = [*outputs, *(value for _, value in stores)]
+    room(3 * len(values) + BUILDER_ROOM)  # a copy-out, a destination and a copy-in each
+    for node in values:  # a value still in a buffer (a view, a slot) is copied out first
+        built[id(node)] = graph.computed(built[id(node)])
+    for node in [*values, *(s for e in effects for s in e.srcs)]:
+        graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
+    destinations = [graph.slot(node.shape, node.dtype.storage) for node in values]
+    for effect in effects:  # 2. ops that write their targets in place
+        room()
+        for node in BUILDERS[effect.op](graph.ctx, [built[id(s)] for s in effect.srcs], effect):
+            graph.expand(node)
+    for node, destination in zip(values, destinations):  # 3. copies into kept buffers
+        graph.write(built[id(node)], destination)
 
 
 def topological(roots: list, inputs: Callable) -> list:

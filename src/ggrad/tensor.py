@@ -30,10 +30,6 @@ def _host_array(data, dtype=None) -> tuple[np.ndarray, dtypes.dtype]:
     return as_host_array(dtypes.to_storage(array, dt), "tensor data"), dt
 
 
-# Called before any read of a tensor's values on the host (set while ggrad.compile traces).
-host_read_hook: Callable[[], None] | None = None
-
-
 def _check_device(device) -> None:
     if device is not None and runtime.backend.resolve(device) != runtime.get_device():
         raise ValueError(f"ggrad runs on one device at a time (now {runtime.get_device()!r}); "
@@ -43,7 +39,7 @@ def _check_device(device) -> None:
 class Tensor:
     """A lazy n-d array (at most 4 dimensions) on the current device."""
 
-    __slots__ = ("_node", "requires_grad", "_ctx", "_grad", "__weakref__")
+    __slots__ = ("_node", "requires_grad", "_ctx", "_grad", "_version", "__weakref__")
     __array_priority__ = 100  # numpy defers to our reflected operators
 
     def __init__(self, data, requires_grad: bool = False, device: str | None = None, dtype=None) -> None:
@@ -58,6 +54,7 @@ class Tensor:
         self.node = node
         self._ctx: autograd.Context | None = None
         self._grad: Tensor | None = None
+        self._version = 0  # in-place writes so far (autograd.py: a record keeps what it saw)
         self.requires_grad = False
         if requires_grad:
             self.requires_grad_()
@@ -69,6 +66,7 @@ class Tensor:
         t._node = node
         t._ctx = None
         t._grad = None
+        t._version = 0
         t.requires_grad = requires_grad
         return t
 
@@ -133,8 +131,9 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """The values on the host, in the tensor's dtype (int64 and bool as numpy's)."""
-        if host_read_hook is not None:
-            host_read_hook()
+        hook = lazy.local.host_read_hook
+        if hook is not None:
+            hook()
         node = self._node
         if not node.pending and node.handle is None:
             stored = node.host.copy()  # never uploaded: no crossing
@@ -262,6 +261,7 @@ class Tensor:
         elif old.pending:
             lazy.restore(old, new)
         self.node = new
+        self._version += 1
         return self
 
     def _write_now(self, array: np.ndarray) -> bool:
@@ -273,10 +273,12 @@ class Tensor:
         handle = node.handle
         if handle is None:
             node.host = np.array(dtypes.to_storage(np.asarray(array), node.dtype)).reshape(node.shape)  # not uploaded yet
+            self._version += 1
             return True
         if not handle.live or handle.device != runtime.get_device() or lazy.pending_write(handle):
             return False
         handle.write(np.ascontiguousarray(dtypes.to_storage(np.asarray(array), node.dtype)).reshape(node.shape))
+        self._version += 1
         return True
 
     def assign_(self, value) -> Tensor:
@@ -617,6 +619,7 @@ def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], ar
     versions = lazy.inplace(op, tuple(t.node for t in inputs), tuple(t.node for t in targets), arg)
     for t, version in zip(targets, versions):
         t.node = version
+        t._version += 1
 
 
 def realize(*tensors: Tensor) -> None:

@@ -3,11 +3,15 @@
 One device is active at a time. Switching away from it releases it: every live
 persistent handle is first downloaded to the host (nothing lost), then its pools and
 backend are freed.
+
+Threads share the device and its persistent pool; each thread has a pass pool of its
+own, so a grad tape entered in one thread does not kill another thread's pass.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Iterator
@@ -15,6 +19,7 @@ from typing import Iterator
 from ggml import ggml as G
 
 from . import backend as _backend
+from .critical import critical
 from .handle import Handle
 from .pools import PassPool, PersistentPool
 
@@ -26,12 +31,28 @@ class ActiveDevice:
         self.name = name
         self.backend = _backend.start(name)
         self.persistent = PersistentPool(self.backend)
-        self.passes = PassPool(self.backend)
+        self._passes: dict[int, PassPool] = {}  # thread ident -> that thread's pass pool
         self.galloc = G.ggml_gallocr_new(self.backend.buft)
         self._persistent_handles: weakref.WeakSet[Handle] = weakref.WeakSet()
         self.graphs: OrderedDict = OrderedDict()  # signature -> runtime.graph.Graph, for reuse
         self.held: weakref.WeakSet = weakref.WeakSet()  # graphs taken out for a caller to keep
         self.released = False
+
+    @property
+    def passes(self) -> PassPool:
+        """The calling thread's pass pool (made on its first use; the pools of threads
+        that ended are freed then)."""
+        me = threading.get_ident()
+        pool = self._passes.get(me)
+        if pool is None:
+            alive = {t.ident for t in threading.enumerate()}
+            for ident in [i for i in self._passes if i not in alive]:
+                self._passes.pop(ident).release()
+            pool = self._passes[me] = PassPool(self.backend)
+        return pool
+
+    def pass_bytes(self) -> int:
+        return sum(pool.nbytes for pool in self._passes.values())
 
     def cached_graph(self, key):
         graph = self.graphs.get(key)
@@ -74,7 +95,8 @@ class ActiveDevice:
         self.graphs.clear()
         G.ggml_gallocr_free(self.galloc)
         self.galloc = None
-        self.passes.release()
+        for pool in self._passes.values():
+            pool.release()
         self.persistent.release()
         self.backend.free()
         self.released = True
@@ -94,9 +116,13 @@ def on_release(callback) -> None:
 def current() -> ActiveDevice:
     """The active device, started on first use."""
     global _active
-    if _active is None:
-        _active = ActiveDevice(_name)
-    return _active
+    active = _active
+    if active is None:
+        with critical():
+            if _active is None:
+                _active = ActiveDevice(_name)
+            active = _active
+    return active
 
 
 def get_device() -> str:
@@ -108,14 +134,15 @@ def set_device(name: str) -> str:
     the previous device after moving its live persistent data to the host."""
     global _name, _active
     new = _backend.resolve(name)
-    previous = _name
-    if new != _name:
-        if _active is not None:
-            for callback in _before_release:
-                callback()
-            _active.release()
-            _active = None
-        _name = new
+    with critical():
+        previous = _name
+        if new != _name:
+            if _active is not None:
+                for callback in _before_release:
+                    callback()
+                _active.release()
+                _active = None
+            _name = new
     return previous
 
 
@@ -131,9 +158,11 @@ def device(name: str) -> Iterator[str]:
 
 
 def reset_pass() -> None:
-    """Start a new pass: every pass-scope handle made before is dead from now on."""
+    """Start a new pass of the calling thread: every pass-scope handle it made before is
+    dead from now on."""
     if _active is not None:
-        _active.passes.reset()
+        with critical():
+            _active.passes.reset()
 
 
 def memory() -> dict:
@@ -141,4 +170,4 @@ def memory() -> dict:
     if _active is None:
         return {"device": _name, "persistent_bytes": 0, "pass_bytes": 0, "scratch_bytes": 0}
     return {"device": _name, "persistent_bytes": _active.persistent.nbytes,
-            "pass_bytes": _active.passes.nbytes, "scratch_bytes": _active.scratch_bytes()}
+            "pass_bytes": _active.pass_bytes(), "scratch_bytes": _active.scratch_bytes()}

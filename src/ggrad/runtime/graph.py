@@ -18,10 +18,11 @@ import numpy as np
 from ggml import ggml as G
 
 from . import transfers
+from .critical import critical
 from .device import ActiveDevice, current
 from .handle import DTYPES, GGML_TO_NUMPY, MAX_DIMS, Handle, ggml_ne, new_tensor
 
-DEFAULT_MAX_NODES = 4096
+DEFAULT_MAX_NODES = 8192
 SCOPES = ("pass", "persistent")
 
 
@@ -91,8 +92,10 @@ class Graph:
     """
 
     def __init__(self, dev: ActiveDevice, max_nodes: int = DEFAULT_MAX_NODES, shared_allocator: bool = True) -> None:
+        """Room for `max_nodes` tensors; the graph can hold all of them as nodes, so only
+        the context can run out (`room` says how much is left: ggml aborts past it)."""
         self.dev = dev
-        mem = G.ggml_tensor_overhead() * (2 * max_nodes) + G.ggml_graph_overhead_custom(max_nodes, False)
+        mem = G.ggml_tensor_overhead() * max_nodes + G.ggml_graph_overhead_custom(max_nodes, False)
         self.ctx = G.ggml_init(G.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
         if not self.ctx:
             raise MemoryError("ggml_init failed for a graph context")
@@ -103,6 +106,10 @@ class Graph:
         self._uploads: list[tuple[object, np.ndarray]] = []
         self._bound: list[tuple[int, int]] = []  # (buffer, data) each slot points at now
         self._views: list[list[tuple[object, int]]] | None = None  # per slot: (view, offset)
+
+    def room(self) -> int:
+        """How many more tensors the graph's context can hold."""
+        return (G.ggml_get_mem_size(self.ctx) - G.ggml_used_mem(self.ctx)) // G.ggml_tensor_overhead()
 
     def input(self, array: np.ndarray):
         """A new leaf holding `array`, uploaded after allocation (one-shot graphs)."""
@@ -134,6 +141,10 @@ class Graph:
 
     def run(self, bindings: Sequence[Handle]) -> None:
         """Point the slots at `bindings` (live handles on this device) and compute."""
+        with critical():
+            self._run(bindings)
+
+    def _run(self, bindings: Sequence[Handle]) -> None:
         if self._views is None:
             self._check_supported()
             for slot, handle in zip(self.slots, bindings):
@@ -165,8 +176,9 @@ class Graph:
 
     def compute(self) -> None:
         """Run the graph over the buffers its slots point at now (one dispatch)."""
-        self.dev.backend.compute(self.graph)
-        transfers.count_dispatch()
+        with critical():
+            self.dev.backend.compute(self.graph)
+            transfers.count_dispatch()
 
     def scratch_bytes(self) -> int:
         return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator and self.galloc else 0
@@ -209,8 +221,9 @@ def to_device(array, scope: str = "pass") -> Handle:
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     host = as_host_array(array)
-    handle = current().new_handle(host.shape, host.dtype, scope)
-    handle.write(host)
+    with critical():
+        handle = current().new_handle(host.shape, host.dtype, scope)
+        handle.write(host)
     return handle
 
 
@@ -236,6 +249,11 @@ def run_op(fn: Callable, inputs: Sequence, out_shape, scope: str = "pass",
     prepared = [check_handle(x, dev, f"inputs[{i}]") if isinstance(x, Handle)
                 else as_host_array(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
 
+    with critical():
+        return _run_op(dev, fn, prepared, shape, scope, out)
+
+
+def _run_op(dev: ActiveDevice, fn: Callable, prepared: list, shape: tuple, scope: str, out: Handle | None) -> Handle:
     graph = Graph(dev)
     try:
         handles = [x for x in prepared if isinstance(x, Handle)]

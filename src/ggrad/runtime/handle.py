@@ -16,6 +16,7 @@ import numpy as np
 from ggml import ggml as G
 
 from . import transfers
+from .critical import lock
 
 DTYPES = {
     np.dtype(np.float32): G.GGML_TYPE_F32,
@@ -64,8 +65,9 @@ class Handle:
         self._host_memory = pool.backend.host_memory
         ctx = _metadata_context()
         tensor = new_tensor(ctx, self.dtype, self.shape)
-        block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
-        G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
+        with lock:
+            block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
+            G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
         self._tensor = tensor
         self._block = block
         self._location = (tensor.contents.buffer, tensor.contents.data)
@@ -110,13 +112,15 @@ class Handle:
 
     def numpy(self) -> np.ndarray:
         """Download the values (a counted crossing unless the device is host memory)."""
-        self.check_live()
-        return transfers.download(self._tensor, self.shape, self.dtype, self._host_memory)
+        with lock:
+            self.check_live()
+            return transfers.download(self._tensor, self.shape, self.dtype, self._host_memory)
 
     def write(self, array: np.ndarray) -> None:
         """Upload a host array of this handle's shape and dtype into its buffer."""
-        self.check_live()
-        transfers.upload(self._tensor, array, self._host_memory)
+        with lock:
+            self.check_live()
+            transfers.upload(self._tensor, array, self._host_memory)
 
     def evict(self) -> None:
         """Keep the values on the host; called just before the device is released."""

@@ -6,12 +6,16 @@ allocation per tensor, so both pools hand out blocks of big chunks:
 - `PersistentPool`: weights, optimizer state, user data. Blocks are freed one by one
   (first fit, neighbours coalesced) when their handle dies; chunks are kept until the
   device is released, so a training loop that frees what it allocates never grows it.
+  A handle dies in whatever thread drops it last (or in the garbage collector, in the
+  middle of any allocation), so a freed block only joins a queue; the next `alloc`
+  (under the device lock) takes the queue in.
 - `PassPool`: scratch for one pass. Blocks are bumped off a chunk and never freed
   singly; `reset` kills them all at once by advancing `generation`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from ggml import ggml as G
@@ -64,6 +68,7 @@ class PersistentPool:
         self.chunk_bytes = min(chunk_bytes, backend.max_buffer)
         self.chunks: list[Chunk] = []
         self._free: dict[int, list[list[int]]] = {}  # id(chunk) -> sorted [offset, size]
+        self._freed: deque[Block] = deque()  # blocks given back, not yet in the free lists
         self.generation = 0
         self.released = False
 
@@ -72,6 +77,8 @@ class PersistentPool:
         return sum(c.size for c in self.chunks)
 
     def alloc(self, nbytes: int) -> Block:
+        while self._freed:
+            self._coalesce(self._freed.popleft())
         size = _round_up(max(nbytes, 1), self.backend.alignment)
         for chunk in self.chunks:
             holes = self._free[id(chunk)]
@@ -88,9 +95,14 @@ class PersistentPool:
         return Block(chunk, 0, size)
 
     def free(self, block: Block) -> None:
-        if self.released:
+        """Give `block` back (safe from any thread and from a finalizer: one append)."""
+        if not self.released:
+            self._freed.append(block)
+
+    def _coalesce(self, block: Block) -> None:
+        holes = self._free.get(id(block.chunk))
+        if holes is None:  # its chunk was released
             return
-        holes = self._free[id(block.chunk)]
         holes.append([block.offset, block.size])
         holes.sort()
         merged: list[list[int]] = []
@@ -106,6 +118,7 @@ class PersistentPool:
             chunk.free()
         self.chunks.clear()
         self._free.clear()
+        self._freed.clear()
         self.released = True
         self.generation += 1
 
