@@ -101,13 +101,29 @@ def test_adam_moments_equal_formula_and_live_in_the_persistent_pool(dev, fused):
 
 def test_parameter_groups_use_their_own_hyperparameters(dev):
     a, b = ggrad.param(P0), ggrad.param(P0 * 2)
-    opt = Adam([{"params": [a]}, {"params": [b, a], "lr": 0.1, "weight_decay": 0.05}], lr=0.01)
-    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]  # the duplicate is dropped
+    opt = Adam([{"params": [a]}, {"params": [b], "lr": 0.1, "weight_decay": 0.05}], lr=0.01)
     for g in GRADS:
         a.grad, b.grad = g, g
         opt.step()
     np.testing.assert_allclose(a.numpy(), adam_ref(P0, GRADS, lr=0.01)[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b.numpy(), adam_ref(P0 * 2, GRADS, lr=0.1, weight_decay=0.05)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_duplicate_parameters_as_torch():
+    """torch raises for a parameter in two groups; within one group it warns (and would
+    update it twice: ggrad keeps it once)."""
+    a, b = ggrad.param(P0), ggrad.param(P0)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        Adam([{"params": [a]}, {"params": [b, a]}])
+    opt = SGD([{"params": [a]}], lr=0.1)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [a]})
+    with pytest.warns(UserWarning, match="duplicate parameters"):
+        opt = SGD([a, b, a], lr=1.0)
+    assert [len(g["params"]) for g in opt.param_groups] == [2]
+    a.grad = np.ones_like(P0)
+    opt.step()
+    np.testing.assert_allclose(a.numpy(), P0 - 1.0)  # updated once
 
 
 def test_params_as_a_dict(dev):

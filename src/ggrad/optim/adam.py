@@ -103,19 +103,28 @@ class Adam(Optimizer):
             else:
                 self._fused(p, g, state, group, hyper)
 
-    def _fused(self, p, g, state, group, hyper) -> None:
+    def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
+        """Zero moments (and bias corrections) on the device, in the persistent pool."""
+        state = self.state.setdefault(p, {"step": 0})
+        made = {}
         if "m" not in state:
-            state["m"], state["v"] = device_zeros_like(p), device_zeros_like(p)
+            made["m"], made["v"] = device_zeros_like(p), device_zeros_like(p)
+        composed = group["amsgrad"] or not group["fused"]  # the fused kernel shares them per group
+        if composed and "correction1" not in state:
+            made["correction1"], made["correction2"] = device_scalar(0.0), device_scalar(0.0)
+        if group["amsgrad"] and "v_max" not in state:
+            made["v_max"] = device_zeros_like(p)
+        state.update(made)
+        return list(made.values())
+
+    def _fused(self, p, g, state, group, hyper) -> None:
+        self._init_state(p, group)  # no-op unless the state was replaced
         if group["weight_decay"] and not self.decoupled:
             g = g + F.affine(p, group["weight_decay"])
         inplace("adamw", (p, g, state["m"], state["v"], hyper), (p, state["m"], state["v"]))
 
     def _update(self, p, g, lr, group, state) -> None:
-        if "m" not in state:  # moments start as zeros made on the device
-            state["m"], state["v"] = device_zeros_like(p), device_zeros_like(p)
-            state["correction1"], state["correction2"] = device_scalar(0.0), device_scalar(0.0)
-            if group["amsgrad"]:
-                state["v_max"] = device_zeros_like(p)
+        self._init_state(p, group)  # no-op unless the state was replaced or fused switched off
         beta1, beta2 = group["betas"]
         new = adam_update(p, g, state["m"], state["v"], state["correction1"], state["correction2"], lr,
                           beta1=beta1, beta2=beta2, eps=group["eps"],

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 
-from .. import autograd, capture
-from ..tensor import Tensor, zeros_like
+from .. import autograd, capture, lazy
+from ..runtime.critical import critical
+from ..tensor import Tensor, realize, zeros_like
 
 
 def _check_positive(name: str, value: float, allow_zero: bool = True) -> float:
@@ -55,10 +57,8 @@ class Optimizer:
         self.group_state: list[dict[str, Any]] = []  # state shared by a group's parameters
         self._micro_steps = 0
         self._lr_tensors: list[tuple[Tensor, float]] = []
-        groups = self._groups(params)
-        seen: set[int] = set()
-        for group in groups:
-            self.add_param_group(group, seen)
+        for group in self._groups(params):
+            self.add_param_group(group)
 
     # ---- parameters ------------------------------------------------------------------
     @staticmethod
@@ -74,29 +74,47 @@ class Optimizer:
             return [dict(g) for g in params]
         return [{"params": params}]
 
-    def add_param_group(self, group: dict, seen: set[int] | None = None) -> None:
-        seen = seen if seen is not None else {id(p) for g in self.param_groups for p in g["params"]}
+    def add_param_group(self, group: dict) -> None:
+        """Add a group, as PyTorch's: a parameter already in another group is an error; one
+        listed twice in this group is kept once, with a warning (PyTorch warns and keeps
+        both, updating it twice per step)."""
         params = group.get("params")
         if isinstance(params, Tensor):
             params = [params]
         if isinstance(params, dict):
             params = list(params.values())
-        kept = []
+        elsewhere = {id(p) for g in self.param_groups for p in g["params"]}
+        kept: list[Tensor] = []
         for p in params or ():
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer params must be ggrad Tensors, got {type(p).__name__}")
             if not p.requires_grad:
                 raise ValueError(f"optimizer got a tensor of shape {p.shape} that does not require grad")
-            if id(p) not in seen:  # duplicates are dropped
-                seen.add(id(p))
-                kept.append(p)
+            if id(p) in elsewhere:
+                raise ValueError("some parameters appear in more than one parameter group")
+            if any(p is q for q in kept):
+                warnings.warn("optimizer contains a parameter group with duplicate parameters; "
+                              "each is kept once", UserWarning, stacklevel=3)
+                continue
+            kept.append(p)
         full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept}
         self._validate(full)
+        lr = device_scalar(full["lr"])
+        lazy.ensure_on_device(lr.node)  # on the device from the start: resident, and written in place
         self.param_groups.append(full)
         self.group_state.append({})
-        self._lr_tensors.append((device_scalar(full["lr"]), float(full["lr"])))
+        self._lr_tensors.append((lr, float(full["lr"])))
+        made = [t for p in kept for t in self._init_state(p, full)]
+        if made:
+            realize(*made)
         capture.invalidate()  # a kept step graph does not update the new group
         capture.track(self)
+
+    def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
+        """State an optimizer makes for `p` when it is added (PyTorch makes it at the first
+        step; here it is made at once, on the device, so the optimizer is resident from the
+        start); returns the tensors made. The base class makes none."""
+        return []
 
     def _validate(self, group: dict) -> None:
         _check_positive("learning rate", group["lr"])
@@ -127,7 +145,12 @@ class Optimizer:
 
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> None:
-        """Add `.grad` into the accumulator; every `accumulate_steps`-th call, update."""
+        """Add `.grad` into the accumulator; every `accumulate_steps`-th call, update.
+        A step is recorded whole or not at all: a Ctrl-C inside it is raised after it."""
+        with critical():
+            self._step()
+
+    def _step(self) -> None:
         self._micro_steps += 1
         apply = self._micro_steps % self.accumulate_steps == 0
         k = self.accumulate_steps
