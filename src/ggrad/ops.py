@@ -152,9 +152,15 @@ def _softmax_back(ctx, s, node):
 
 @compute("matmul_nt")
 def _matmul_nt(ctx, s, node):
-    """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes."""
+    """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes. b's
+    batch dims may be smaller (broadcast); where the backend does not broadcast them
+    (Vulkan: not the outermost), b is repeated to a's batch first."""
     a, b = s
-    return reshape(ctx, G.ggml_mul_mat(ctx, b, a), node.shape)
+    product = _supported(G.ggml_mul_mat(ctx, b, a))
+    if product is None:
+        ne_a, ne_b = a.contents.ne, b.contents.ne
+        product = G.ggml_mul_mat(ctx, G.ggml_repeat_4d(ctx, b, ne_b[0], ne_b[1], ne_a[2], ne_a[3]), a)
+    return reshape(ctx, product, node.shape)
 
 
 @builder("permute")
@@ -199,7 +205,7 @@ def _onehot_argmax(ctx, s, node):
     x = s[0]
     cols = node.shape[-1]
     rows = math.prod(node.shape[:-1])
-    index = G.ggml_cast(ctx, G.ggml_argmax(ctx, reshape(ctx, x, (rows, cols))), F32)
+    index = _first_max(ctx, reshape(ctx, x, (rows, cols)))
     return reshape(ctx, _onehot(ctx, reshape(ctx, index, (rows, 1)), rows, cols), node.shape)
 
 
@@ -222,7 +228,28 @@ def _onehot(ctx, index, rows: int, cols: int):
 def _argmax(ctx, s, node):
     x = s[0]
     rows = math.prod(node.shape) if node.shape else 1
-    return reshape(ctx, G.ggml_argmax(ctx, reshape(ctx, x, (rows, x.contents.ne[0]))), node.shape)
+    return reshape(ctx, _first_max(ctx, reshape(ctx, x, (rows, x.contents.ne[0]))), node.shape)
+
+
+def _first_max(ctx, x):
+    """The column of each row's first maximum, or first NaN (torch's argmax), as floats
+    (1, rows). NOTE: not ggml_argmax, which picks the last of equal maxima on the CPU and
+    the first on Vulkan (ggml 0.15.3), and NaN differently again.
+    A column j holding the row's peak gets the rank cols - j, a NaN 2 cols - j (NaN wins
+    over numbers), and the largest rank names the first such column: j = (cols - rank)
+    mod cols. A row of -inf holds no peak (the max-pool starts from -FLT_MAX): rank 0,
+    answer 0, as torch's."""
+    cols = x.contents.ne[0]
+
+    def row_max(t):
+        return G.ggml_pool_2d(ctx, t, G.GGML_OP_POOL_MAX, cols, 1, cols, 1, 0.0, 0.0)
+    hit = _not(ctx, _positive(ctx, G.ggml_neg(ctx, G.ggml_sub(ctx, x, row_max(x)))))  # NaN hits too
+    nan = G.ggml_scale(ctx, _not(ctx, _not_nan(ctx, x)), float(cols))
+    rank = G.ggml_scale_bias(ctx, G.ggml_arange(ctx, 0.0, float(cols), 1.0), -1.0, float(cols))
+    v = G.ggml_scale_bias(ctx, row_max(G.ggml_add(ctx, G.ggml_mul(ctx, hit, rank), nan)), -1.0, float(cols))
+    # v in [-cols, cols]: the +0.5 keeps v / cols away from the integers floor would misround
+    q = G.ggml_floor(ctx, G.ggml_scale_bias(ctx, v, 1.0 / cols, 0.5 / cols))
+    return G.ggml_sub(ctx, v, G.ggml_scale(ctx, q, float(cols)))
 
 
 @builder("cast")
