@@ -45,10 +45,16 @@ def _matmul_tn(x: Tensor, y: Tensor) -> Tensor:
 
 
 def matmul(a, b) -> Tensor:
-    """numpy's a @ b (1-D operands as vectors, batch dims broadcast)."""
+    """torch.matmul: 1-d @ 1-d is the dot product (a 0-d tensor); a 1-d operand is a
+    vector otherwise (a row on the left, a column on the right; its axis is dropped from
+    the result); batch dims broadcast."""
     a, b = _as_tensor(a), _as_tensor(b)
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"matmul needs operands of at least 1 dimension, got {a.shape} @ {b.shape}")
+    if a.ndim == 1 and b.ndim == 1:
+        if a.shape != b.shape:
+            raise ValueError(f"shape mismatch in matmul: the dot product of vectors {a.shape} and {b.shape}")
+        return reshape(matmul_nt(reshape(a, (1,) + a.shape), reshape(b, (1,) + b.shape)), ())
     if a.ndim == 1:
         return reshape(matmul(reshape(a, (1, a.shape[0])), b), b.shape[:-2] + b.shape[-1:])
     if b.ndim == 1:
