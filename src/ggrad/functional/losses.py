@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .. import autograd, capture
-from ._core import Tensor, _apply, _as_tensor, _float, cast, tensor
+from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .elementwise import abs, affine, exp, log, relu, square, step
 from .indexing import one_hot
-from .reduce import mean, sum
+from .reduce import log_softmax, mean, sum
 
 
 # ---- training helpers and losses ---------------------------------------------------------------
@@ -72,35 +72,46 @@ def l1_loss(input, target, reduction: str = "mean") -> Tensor:
 
 def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy over the last axis of `logits` (N, C). `target` holds class
-    indices (N,) or probabilities (N, C); the mean is over the batch."""
+    indices (N,) or probabilities (N, C); the mean is over the batch. The result has the
+    logits' dtype (with probabilities: both promoted, as torch's)."""
     logits, target = _float(_as_tensor(logits), "cross_entropy"), _as_tensor(target)
     if logits.ndim != 2:
         raise ValueError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     n, classes = logits.shape
     if not target.dtype.is_floating_point:
         if target.shape != (n,):
             raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
         target = one_hot(target, classes)
         if reduction == "mean":  # one node where ggml has the fused op
-            return _apply("cross_entropy_mean", (logits, target), (), _cross_entropy_mean_rule)
+            return _apply("cross_entropy_mean", (logits, target), (), _cross_entropy_mean_rule, dtype=logits.dtype)
+        target = cast(target, logits.dtype)
     elif target.shape != logits.shape:
         raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
-    per_sample = _apply("softmax_cross_entropy", (logits, target.detach()), (n,), _cross_entropy_rule)
+    else:
+        dtype = result_type(logits, target)
+        logits, target = cast(logits, dtype), cast(target, dtype)
+    per_sample = _apply("softmax_cross_entropy", (logits, target), (n,), _cross_entropy_rule, dtype=logits.dtype)
     return _reduce(per_sample, reduction)
 
 
 def _cross_entropy_mean_rule(ctx, g):
     logits, target = ctx.parents
-    return _apply("cross_entropy_mean_back", (logits.detach(), target, g), logits.shape), None
+    return _apply("cross_entropy_mean_back", (logits.detach(), target, g), logits.shape, dtype=logits.dtype), None
 
 
 def _cross_entropy_rule(ctx, g):
+    """d/dlogits = g * (softmax * sum(target) - target); d/dtarget = -g * log_softmax(logits)."""
     logits, target = ctx.parents
-    return _apply("softmax_cross_entropy_back", (logits.detach(), target, g), logits.shape), None
+    g_logits = _apply("softmax_cross_entropy_back", (logits.detach(), target.detach(), g), logits.shape,
+                      dtype=logits.dtype) if logits.requires_grad else None
+    g_target = -(log_softmax(logits.detach()) * reshape(g, (g.shape[0], 1))) if target.requires_grad else None
+    return g_logits, g_target
 
 
 def binary_cross_entropy_with_logits(logits, target, reduction: str = "mean") -> Tensor:
     """max(x, 0) - x*y + log(1 + exp(-|x|)): stable for large |x|."""
     x, y = _as_tensor(logits), _as_tensor(target)
     _same_shape(x, y, "binary_cross_entropy_with_logits")
-    return _reduce(relu(x) - x * y.detach() + log(affine(exp(-abs(x)), 1.0, 1.0)), reduction)
+    return _reduce(relu(x) - x * y + log(affine(exp(-abs(x)), 1.0, 1.0)), reduction)
