@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build a CUDA wheel of ggml-python 0.0.45 on a GPU host (no registry needed).
 #   bash bench/gpu/build_cuda.sh SDIST OUT_DIR [CUDA_ARCH]
+# SDIST may be an unpacked source folder. Optional environment: GGML_BUILD_DIR (keep the
+# CMake build tree there, to relink a variant in seconds), SHIM_DIR (where the shim goes;
+# a fresh temporary folder by default), GGML_CMAKE_EXTRA (more CMake args, ';'-separated).
 # ggml-python 0.0.45 binds ggml_backend_cuda_allreduce_tensor when CUDA is on, which
 # ggml 0.15.3 declares but never defines: `import ggml` fails. A CMake project include
 # adds a one-function C file defining it (returning false) to the ggml-cuda target; no
@@ -10,7 +13,8 @@ set -euo pipefail
 SDIST="${1:?sdist path}"
 OUT="${2:?output folder}"
 ARCH="${3:-90}"
-SHIM="$(mktemp -d)"
+SHIM="${SHIM_DIR:-$(mktemp -d)}"
+mkdir -p "$SHIM"
 cat >"$SHIM/allreduce_shim.c" <<'C'
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,6 +27,10 @@ C
 cat >"$SHIM/shim.cmake" <<CMAKE
 cmake_language(DEFER DIRECTORY \${CMAKE_SOURCE_DIR} CALL target_sources ggml-cuda PRIVATE "$SHIM/allreduce_shim.c")
 CMAKE
+ARGS="-DGGML_CUDA=ON;-DCMAKE_CUDA_ARCHITECTURES=$ARCH;-DGGML_NATIVE=OFF;-DGGML_CUDA_GRAPHS=ON;-DCMAKE_PROJECT_INCLUDE=$SHIM/shim.cmake"
+[ -n "${GGML_CMAKE_EXTRA:-}" ] && ARGS="$ARGS;$GGML_CMAKE_EXTRA"
+BUILD_DIR_ARG=()
+[ -n "${GGML_BUILD_DIR:-}" ] && BUILD_DIR_ARG=(--config-settings=build-dir="$GGML_BUILD_DIR")
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" python3 -m pip wheel -q --no-build-isolation --no-deps -w "$OUT" "$SDIST" \
-  --config-settings=cmake.args="-DGGML_CUDA=ON;-DCMAKE_CUDA_ARCHITECTURES=$ARCH;-DGGML_NATIVE=OFF;-DGGML_CUDA_GRAPHS=ON;-DCMAKE_PROJECT_INCLUDE=$SHIM/shim.cmake"
+  --config-settings=cmake.args="$ARGS" "${BUILD_DIR_ARG[@]}"
 ls -la "$OUT"
