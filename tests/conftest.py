@@ -6,6 +6,9 @@ GGML_VK_VISIBLE_DEVICES is set, so it is set before ggml enumerates devices.
 
 import glob
 import os
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -67,3 +70,15 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     counts = ", ".join(f"{name}: {_ran[name]}" for name in DEVICE_PARAMS)
     terminalreporter.write_line(f"device tests passed per device -- {counts}")
+
+
+def run_in_child(source: str, *args: str, timeout: float = 300) -> str:
+    """Run `source` (dedented) in a fresh Python with `args`; a child killed by a signal
+    (a ggml abort, a segfault) fails the test, and so does any nonzero exit. Returns its
+    output: the test asserts on what the child printed."""
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{out[-3000:]}"
+    assert proc.returncode == 0, f"child exited {proc.returncode}:\n{out[-3000:]}"
+    return proc.stdout

@@ -132,7 +132,10 @@ _STATIC = (type(None), bool, numbers.Number, str, bytes)
 
 def _argument_key(value) -> tuple:
     if isinstance(value, Tensor):
-        return ("tensor", value.shape, value.dtype, value.requires_grad)
+        # integer tensors known on the host (indices checked there) and computed on the
+        # device (checked on the device: other nodes) trace apart
+        on_host = value.node.host is not None if not value.dtype.is_floating_point else None
+        return ("tensor", value.shape, value.dtype, value.requires_grad, on_host)
     if isinstance(value, np.ndarray):
         return ("array", value.shape, value.dtype.char)
     if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):

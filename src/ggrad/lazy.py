@@ -249,6 +249,22 @@ def _realize(nodes: list[Node]) -> None:
         for n in nodes:
             ensure_on_device(n)
         return
+    try:
+        _run(state, outputs, stores, effects)
+    except BaseException:
+        # The failed writes are dropped (the error says why) so that they cannot fail every
+        # later graph too; an effect that did not run leaves its targets as they were.
+        state.stores.clear()
+        del state.effects[:len(effects)]
+        _settle(effects)
+        raise
+    state.stores.clear()
+    del state.effects[:len(effects)]
+    _settle(effects)
+
+
+def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[Effect]) -> None:
+    """Build (or reuse) and run the graph of `outputs`, `stores` and `effects`."""
     order = _topological([*outputs, *(value for _, value in stores), *(s for e in effects for s in e.srcs)])
     leaves = [n for n in order if not n.pending]
     for leaf in leaves:
@@ -258,32 +274,38 @@ def _realize(nodes: list[Node]) -> None:
     dev = runtime.current()
     key = _signature(order, outputs, stores, effects)
     graph = dev.cached_graph(key)
+    fresh = graph is None
+    if fresh:
+        graph = _build(dev, order, outputs, stores, effects)
+        limit = dev.backend.max_graph_nodes
+        pending = [n for n in order if n.pending]
+        if limit and graph.n_nodes() > limit and len(pending) > 1:
+            graph.free()  # too large for the device: run its first half on its own first
+            _run(state, _first_half(pending, outputs, stores, effects), [], [])
+            return _run(state, [n for n in outputs if n.pending], stores, effects)
     try:
-        fresh = graph is None
-        if fresh:
-            graph = _build(dev, order, outputs, stores, effects)
         results = [(node, dev.new_handle(node.shape, node.dtype.storage, _landing(node))) for node in outputs]
         results += [(value, target.handle) for target, value in stores]
         graph.run([leaf.handle for leaf in leaves] + [handle for _, handle in results])
     except BaseException:
-        if fresh and graph is not None:
+        if fresh:
             graph.free()
-        # The failed writes are dropped (the error says why) so that they cannot fail every
-        # later graph too; an effect that did not run leaves its targets as they were.
-        state.stores.clear()
-        del state.effects[:len(effects)]
-        _settle(effects)
         raise
     if fresh:
         dev.keep_graph(key, graph)
-    state.stores.clear()
-    del state.effects[:len(effects)]
     if state.recorder is not None:
         state.recorder(Run(dev, key, graph, leaves, outputs, stores, effects))
-    _settle(effects)
     for node, handle in results:
         node.op, node.srcs, node.arg, node.handle = None, (), None, handle
         state.pending.discard(node)
+
+
+def _first_half(pending: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> list[Node]:
+    """The nodes of the first half of `pending` (in topological order) that the rest reads."""
+    half = len(pending) // 2
+    read_later = {id(s) for n in pending[half:] for s in n.srcs}
+    read_later.update(id(n) for n in [*outputs, *(v for _, v in stores), *(s for e in effects for s in e.srcs)])
+    return [n for n in pending[:half] if id(n) in read_later]
 
 
 def _settle(effects: list[Effect]) -> None:

@@ -30,6 +30,11 @@ def _host_array(data, dtype=None) -> tuple[np.ndarray, dtypes.dtype]:
     return as_host_array(dtypes.to_storage(array, dt), "tensor data"), dt
 
 
+# Called before a value is read on the host: errors found on the device are raised there
+# (checks.py registers its index-range check).
+read_checks: list[Callable[[], None]] = []
+
+
 def _check_device(device) -> None:
     if device is not None and runtime.backend.resolve(device) != runtime.get_device():
         raise ValueError(f"ggrad runs on one device at a time (now {runtime.get_device()!r}); "
@@ -135,13 +140,15 @@ class Tensor:
         if hook is not None:
             hook()
         node = self._node
-        if not node.pending and node.handle is None:
+        if node.pending or (node.handle is not None and node.handle.live and lazy.pending_write(node.handle)):
+            lazy.realize([node])  # a value or a write not yet run: run it first
+        for check in read_checks:
+            check()
+        if node.handle is None:
             stored = node.host.copy()  # never uploaded: no crossing
-        elif not node.pending and not node.handle.live and node.handle.host_copy is not None:
+        elif not node.handle.live and node.handle.host_copy is not None:
             stored = node.handle.host_copy.copy()
         else:
-            if node.pending or lazy.pending_write(node.handle):  # a write not yet run: run it first
-                lazy.realize([node])
             stored = node.handle.numpy()
         return dtypes.from_storage(stored, node.dtype)
 

@@ -14,22 +14,30 @@ import numbers
 
 import numpy as np
 
-from .. import autograd, capture, dtypes
+from .. import autograd, capture, checks, dtypes
 from ._core import Tensor, _apply, _as_tensor, _float, cast, full_like, reshape, tensor
 from .compare import where
 from .layout import _slice, permute, unsqueeze
 
 
 # ---- gathers ---------------------------------------------------------------------------------
-def _check_range(index: Tensor, size: int, what: str, of: str) -> None:
-    """Indices known on the host must lie in [0, size): ggml would read out of bounds.
-    A captured step (ggrad.compile) runs the same check on every new batch."""
-    def check(host: np.ndarray) -> None:
-        if host.size and (host.min() < 0 or host.max() >= size):
-            raise IndexError(f"{what} out of range for {size} {of} (min {host.min()}, max {host.max()})")
-    if index.node.host is not None:
-        check(index.node.host)
-        capture.on_input(index.node, check)
+def checked_index(index: Tensor, size: int, what: str, of: str, wrap: bool = False) -> Tensor:
+    """`index`, safe to gather with from a table of `size` rows. Indices known on the
+    host are checked there (IndexError now; a captured step runs the same check on every
+    new batch); device-computed ones are clamped into range and counted on the device,
+    raising IndexError at the next host read (checks.py). With `wrap`, negative indices
+    count from the end (as x[idx])."""
+    host = index.node.host
+    if host is None:
+        return checks.bounded(index, size, f"{what} ({size} {of})", wrap)
+
+    def check(values: np.ndarray) -> None:
+        low = -size if wrap else 0
+        if values.size and (values.min() < low or values.max() >= size):
+            raise IndexError(f"{what} out of range for {size} {of} (min {values.min()}, max {values.max()})")
+    check(host)
+    capture.on_input(index.node, check)
+    return checks.wrapped(index, size) if wrap else index
 
 
 def _integer_index(index, what: str) -> Tensor:
@@ -39,16 +47,17 @@ def _integer_index(index, what: str) -> Tensor:
     return index
 
 
-def gather(table, index) -> Tensor:
+def gather(table, index, *, wrap: bool = False) -> Tensor:
     """Rows of `table` picked by integer `index` (any shape): the result has shape
-    ``index.shape + table.shape[1:]``. The gradient sums into the picked rows."""
+    ``index.shape + table.shape[1:]``. The gradient sums into the picked rows. With
+    `wrap`, negative indices count from the end."""
     table = _as_tensor(table)
     index = _integer_index(index, "gather")
     if table.ndim != 2:
         raise ValueError(f"gather picks rows of a 2-d table, got shape {table.shape}")
-    _check_range(index, table.shape[0], "gather index", "rows")
     if index.ndim + 1 > 4:
         raise ValueError("gather index may have at most 3 dimensions")
+    index = checked_index(index, table.shape[0], "gather index", "rows", wrap)
 
     def rule(ctx, g):
         t, ix = ctx.parents
@@ -66,12 +75,11 @@ def take(x: Tensor, index, axis: int) -> Tensor:
     index's axes replace `axis`, as numpy's ``x[:, idx]``."""
     index = _integer_index(index, "indexing")
     n = x.shape[axis]
-    host = index.node.host
-    if host is not None and host.size and host.min() < 0:
-        index = tensor(_from_the_end(host, n, axis).astype(np.int32), dtype=index.dtype)
+    if index.node.host is not None:
+        _from_the_end(index.node.host, n, axis)  # the error names the axis
     moved = permute(x, (axis,) + tuple(a for a in range(x.ndim) if a != axis)) if axis else x
     rest = moved.shape[1:]
-    picked = gather(reshape(moved, (n, int(np.prod(rest, dtype=np.int64)))), index)
+    picked = gather(reshape(moved, (n, int(np.prod(rest, dtype=np.int64)))), index, wrap=True)
     return _to_axis(reshape(picked, index.shape + rest), index.ndim, axis)
 
 
@@ -100,8 +108,8 @@ def one_hot(index, num_classes: int) -> Tensor:
     index = _integer_index(index, "one_hot")
     if index.ndim + 1 > 4:
         raise ValueError("one_hot index may have at most 3 dimensions")
-    _check_range(index, num_classes, "class index", "classes")
     num_classes = int(num_classes)
+    index = checked_index(index, num_classes, "class index", "classes")
     if num_classes <= IDENTITY_MAX:
         identity = _identities.get(num_classes)
         if identity is None:  # uploaded once per device, then read where it is

@@ -45,6 +45,9 @@ def _threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+VULKAN_MAX_GRAPH_NODES = 32768
+
+
 class Backend:
     """A started ggml backend of one device: the handle, its buffer type and traits."""
 
@@ -64,6 +67,9 @@ class Backend:
         self.alignment = G.ggml_backend_buft_get_alignment(self.buft)
         self.max_buffer = G.ggml_backend_buft_get_max_size(self.buft)
         self.host_memory = bool(G.ggml_backend_buft_is_host(self.buft))
+        # lavapipe crashed inside its driver running a graph of ~65,000 nodes (40,000 ran):
+        # larger graphs are split (lazy.py)
+        self.max_graph_nodes = VULKAN_MAX_GRAPH_NODES if info.kind == "vulkan" else None
 
     def supports(self, node) -> bool:
         return bool(G.ggml_backend_supports_op(self.handle, node))

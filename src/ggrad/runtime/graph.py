@@ -107,6 +107,9 @@ class Graph:
         self._bound: list[tuple[int, int]] = []  # (buffer, data) each slot points at now
         self._views: list[list[tuple[object, int]]] | None = None  # per slot: (view, offset)
 
+    def n_nodes(self) -> int:
+        return G.ggml_graph_n_nodes(self.graph)
+
     def room(self) -> int:
         """How many more tensors the graph's context can hold."""
         return (G.ggml_get_mem_size(self.ctx) - G.ggml_used_mem(self.ctx)) // G.ggml_tensor_overhead()
