@@ -18,6 +18,7 @@ import math
 
 from ggml import ggml as G
 
+from . import dtypes
 from .lazy import builder
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
 
@@ -312,7 +313,12 @@ def _pad(ctx, s, node):
 
 @compute("fill")
 def _fill(ctx, s, node):
-    return G.ggml_fill(ctx, s[0], node.arg)
+    """Every element node.arg; a bool is stored as 0 or 1 whatever the number (NaN is
+    true, as torch's): `select` picks rows by it, and ggml asserts the row exists."""
+    value = node.arg
+    if node.dtype is dtypes.bool_:
+        value = 0.0 if value == 0 else 1.0
+    return G.ggml_fill(ctx, s[0], value)
 
 
 # ---- effects: ops that write their targets in place ----------------------------------
