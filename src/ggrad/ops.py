@@ -109,12 +109,22 @@ def _leaky_relu(ctx, s, node):
     return G.ggml_leaky_relu(ctx, s[0], node.arg, False)
 
 
+OPEN_BOUND = 3.0e38  # a bound this large stands for none (functional's stand-in for None)
+
+
 @compute("clamp")
 def _clamp(ctx, s, node):
-    """NOTE: ggml_clamp is always in place (its result is a view of its source, ggml
+    """min(max(x, lo), hi) as torch's: an open bound is infinite (an infinite x passes
+    it), and NaN stays NaN (every backend's clamp treats it differently; 0 * sigmoid(x)
+    added is NaN for NaN and 0 for every number and infinity).
+    NOTE: ggml_clamp is always in place (its result is a view of its source, ggml
     0.15.3), so it runs on a copy: over a leaf it overwrote the tensor being clamped."""
     lo, hi = node.arg
-    return G.ggml_clamp(ctx, G.ggml_cont(ctx, s[0]), lo, hi)
+    lo = -math.inf if lo <= -OPEN_BOUND else lo
+    hi = math.inf if hi >= OPEN_BOUND else hi
+    x = s[0]
+    clamped = G.ggml_clamp(ctx, G.ggml_cont(ctx, x), lo, hi)
+    return G.ggml_add(ctx, clamped, G.ggml_scale(ctx, G.ggml_sigmoid(ctx, x), 0.0))
 
 
 @compute("pow")
