@@ -317,12 +317,12 @@ def pad(x, pad: tuple, mode: str = "constant", value: float = 0.0) -> Tensor:
         if before or after:
             shape = out.shape[:axis] + (out.shape[axis] + before + after,) + out.shape[axis + 1:]
             padded = _apply("pad", (out,), shape, _pad_rule, (axis, before, after), out.dtype)
-            if value != 0.0:
-                from .compare import where
+            if value != 0.0:  # the value in x's dtype (1.5 pads an int tensor with 1, as torch)
+                from .compare import _scalar_like, where
                 from .. import dtypes
                 inside = _apply("pad", (full_like(out, 1.0, dtypes.bool_),), shape, None,
                                 (axis, before, after), dtypes.bool_)
-                padded = where(inside, padded, value)
+                padded = where(inside, padded, _scalar_like(value, padded, padded.dtype))
             out = padded
     return out
 
