@@ -81,6 +81,8 @@ def permute(x, *axes) -> Tensor:
 def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:
     x = _as_tensor(x)
     if x.ndim < 2:
+        if (dim0, dim1) != (-2, -1):  # torch: a 0-d or 1-d tensor has dims -1 and 0
+            _axis(dim0, 1), _axis(dim1, 1)
         return x
     if x.ndim == 2 and {dim0, dim1} in ({-2, -1}, {0, 1}):
         axes = (1, 0)
@@ -100,7 +102,8 @@ def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:
 # ---- views of shape ------------------------------------------------------------------------
 def flatten(x, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     x = _as_tensor(x)
-    if x.ndim == 0:
+    if x.ndim == 0:  # torch: a 0-d tensor has dims -1 and 0
+        _axis(start_dim, 1), _axis(end_dim, 1)
         return reshape(x, (1,))
     a, b = _axis(start_dim, x.ndim), _axis(end_dim, x.ndim)
     if a > b:
@@ -126,8 +129,8 @@ def squeeze(x, dim=None) -> Tensor:
     if dim is None:
         dims = {i for i, n in enumerate(x.shape) if n == 1}
     else:
-        dims = {_axis(d, x.ndim) for d in ((dim,) if isinstance(dim, numbers.Integral) else dim)} if x.ndim else set()
-        dims = {d for d in dims if x.shape[d] == 1}
+        dims = {_axis(d, max(x.ndim, 1)) for d in ((dim,) if isinstance(dim, numbers.Integral) else dim)}
+        dims = {d for d in dims if d < x.ndim and x.shape[d] == 1}
     shape = tuple(n for i, n in enumerate(x.shape) if i not in dims)
     return x if shape == x.shape else reshape(x, shape)
 
