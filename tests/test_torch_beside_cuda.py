@@ -1,8 +1,10 @@
 """PyTorch imported after ggrad, in a process that trains on ggml's CUDA backend (issue 11).
 
 With ggml-python's CUDA build, `import ggrad; import torch` aborted the process
-(`free(): invalid pointer`, exit 134) before any device was used. The child process runs
-that order, one Adam step on CUDA, then torch's own CUDA work, then ggrad again.
+(`free(): invalid pointer`, exit 134) before any device was used: ggml's libraries carried
+and exported their own copy of libstdc++ (bench/gpu/build_cuda.sh now builds them with a
+version script). One child process runs just that import order; another runs it around one
+Adam step on CUDA, torch's own CUDA work, then ggrad again.
 Skipped where this ggml build has no CUDA device (CI) or torch is missing or has no CUDA;
 those checks import nothing of torch into this process.
 """
@@ -17,6 +19,8 @@ import ggml
 import pytest
 
 import ggrad
+
+IMPORT_ONLY = "import numpy, ggrad, torch; print('torch beside ggml CUDA: ok', flush=True)"
 
 CHILD = textwrap.dedent("""
     import numpy as np
@@ -68,7 +72,8 @@ def test_torch_after_ggrad_with_cuda_training():
     env = _child_env()
     if not _torch_has_cuda(env):
         pytest.skip("torch has no CUDA here")
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, (
-        f"child exited {proc.returncode} (-6 or 134: aborted)\n{proc.stdout}\n{proc.stderr[-4000:]}")
-    assert "torch beside ggml CUDA: ok" in proc.stdout, proc.stdout
+    for code in (IMPORT_ONLY, CHILD):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, (
+            f"child exited {proc.returncode} (-6 or 134: aborted)\n{proc.stdout}\n{proc.stderr[-4000:]}")
+        assert "torch beside ggml CUDA: ok" in proc.stdout, proc.stdout

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Issue 11 on the GPU host: `import ggrad; import torch` aborts with ggml-python's CUDA build.
+# Found 2026-12-03: the libraries exported a static copy of libstdc++ (fixed in build_cuda.sh
+# by a version script; this probe builds without it, then relinks with it).
 # Builds the CUDA wheel, bisects the import in subprocesses (torch_after_ggml.py), records
 # which libraries bind where (LD_DEBUG) and a native backtrace (cuda-gdb), tries a relinked
 # variant that exports only ggml's API, and runs the test suite with the candidate fix.
@@ -17,9 +19,9 @@ el "host"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; pyt
 python3 -c "import torch, numpy, ml_dtypes; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'ml_dtypes', ml_dtypes.__version__)"
 ldconfig -p | grep -E "libcudart.so|libcublas.so|libcublasLt.so|libgomp.so|libstdc\+\+.so" | sed 's/^\s*/  /'
 
-el "build (team's flags; build tree kept in /tmp/gbuild)"
+el "build as before the fix (GGML_EXPORT_ALL=1; build tree kept in /tmp/gbuild)"
 rm -rf /tmp/gpsrc && mkdir -p /tmp/gpsrc && tar xzf sdist/ggml_python-0.0.45.tar.gz -C /tmp/gpsrc --strip-components=1
-GGML_BUILD_DIR=/tmp/gbuild SHIM_DIR=/tmp/gshim bash bench/gpu/build_cuda.sh /tmp/gpsrc /tmp/cudawheel > "$OUT/build.log" 2>&1 \
+GGML_EXPORT_ALL=1 GGML_BUILD_DIR=/tmp/gbuild SHIM_DIR=/tmp/gshim bash bench/gpu/build_cuda.sh /tmp/gpsrc /tmp/cudawheel > "$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/ggml-cuda /tmp/cudawheel/ggml_python-*.whl
 L=/tmp/ggml-cuda/ggml/lib
