@@ -18,6 +18,9 @@ class MultiheadAttention(Module):
 
     def __init__(self, embed_dim: int, num_heads: int, causal: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
+        if not all(isinstance(n, int) and n > 0 for n in (embed_dim, num_heads)):
+            raise ValueError(f"MultiheadAttention needs positive integer sizes, got embed_dim={embed_dim!r}, "
+                             f"num_heads={num_heads!r}")
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads, self.causal = embed_dim, num_heads, causal
