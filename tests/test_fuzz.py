@@ -417,7 +417,46 @@ def _rand_like(L, x, k):
     return draws[-1]
 
 
-GROUPS = ("elementwise", "reduce", "layout", "index", "loss", "chain", "device_index")
+# modules (ggrad.nn, given the same weights as torch's functional forms)
+def _module(L, name, *args):
+    """torch's functional form, or ggrad's module with these weights."""
+    if L.is_torch:
+        return TORCH_MODULES[name](L, *args)
+    x, weights = args[0], args[1:]
+    n = x.shape[-1] if x.ndim else 1
+    if name == "linear":
+        m = L.nn.Linear(weights[0].shape[1], weights[0].shape[0])
+    elif name == "layer_norm":
+        m = L.nn.LayerNorm(weights[0].shape[0])
+    elif name == "batch_norm":
+        m = L.nn.BatchNorm1d(weights[0].shape[0])
+    else:  # attention: no torch twin (other parametrisation), only its shape is compared
+        m = L.nn.MultiheadAttention(n, weights[0], causal=weights[1])
+        return m(x)
+    m.weight, m.bias = weights
+    return m(x)
+
+
+TORCH_MODULES = {
+    "linear": lambda L, x, w, b: L.linear(x, w, b),
+    "layer_norm": lambda L, x, w, b: L.layer_norm(x, (w.shape[0],), w, b, 1e-5),
+    "batch_norm": lambda L, x, w, b: L.batch_norm(x, None, None, w, b, training=True) if x.ndim == 2
+    and x.shape[1] == w.shape[0] else _refuse("BatchNorm1d takes (N, C)"),
+    "attention": lambda L, x, heads, causal: x.clone() if x.ndim == 3 and x.shape[-1] % heads == 0
+    else _refuse("attention takes (batch, time, embed), embed divisible by heads"),
+}
+
+
+def _refuse(why: str):
+    raise ValueError(why)
+
+
+for _name in TORCH_MODULES:
+    OPS[_name] = OpSpec(_name, "nn", lambda L, *args, n=_name: _module(L, n, *args),
+                        {"linear": "linear", "attention": "attention"}.get(_name, "norm"),
+                        "shape" if _name == "attention" else "values")
+
+GROUPS = ("elementwise", "reduce", "layout", "index", "loss", "nn", "chain", "device_index")
 
 
 # ---- drawing programs (hypothesis) ------------------------------------------------------------
@@ -806,6 +845,29 @@ def strategies():
             target = b.input((n, c), "float32", 0, 1)
         return (logits, target, b.draw(st.sampled_from(["mean", "sum", "none"]))), {}
 
+    def module_input(b, x):
+        if b.value(x).dtype == torch.float32 and b.draw(st.booleans()):
+            return x
+        return b.input(b.shape(1, 3) if b.draw(st.booleans()) else (b.draw(sizes), b.draw(sizes), 4), "float32")
+
+    def d_attention(b, x):
+        return (module_input(b, x), b.draw(st.sampled_from([1, 2, 3])), b.draw(st.booleans())), {}
+
+    def module_weights(b, x, matrix: bool):
+        """An input and a module's weights (sized to fit it, mostly)."""
+        x = module_input(b, x)
+        shape = tuple(b.value(x).shape)
+        n = shape[-1] if shape and b.draw(st.integers(0, 5)) else b.draw(sizes)
+        w = b.input((b.draw(sizes), n) if matrix else (n,), "float32", where="host")
+        bias = b.input((b.value(w).shape[0],), "float32", where="host")
+        return (x, w, bias), {}
+
+    def d_linear(b, x):
+        return module_weights(b, x, True)
+
+    def d_norm(b, x):
+        return module_weights(b, x, False)
+
     def d_rand_like(b, x):
         return (x, b.draw(st.sampled_from([1, 2, 10, 12]))), {}
 
@@ -869,7 +931,8 @@ def strategies():
 
 
 # ---- the child: the groups' cases, a line per case ------------------------------------------------
-EXAMPLES = {"elementwise": 5, "reduce": 5, "layout": 5, "index": 10, "loss": 10, "chain": 20, "device_index": 25,
+EXAMPLES = {"elementwise": 5, "reduce": 5, "layout": 5, "index": 10, "loss": 10, "nn": 15, "chain": 20,
+            "device_index": 25,
             "take_index": 15}
 
 
