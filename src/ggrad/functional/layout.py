@@ -196,6 +196,9 @@ def _slice(x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor
     count = len(range(start, stop, step))
     if count == x.shape[axis] and step == 1:
         return x
+    if step != 1 and axis == x.ndim - 1 == 3:  # the builder needs a spare dim here: merge two
+        merged = reshape(x, (x.shape[0] * x.shape[1],) + x.shape[2:])
+        return reshape(_slice(merged, 2, start, stop, step), x.shape[:3] + (count,))
     shape = x.shape[:axis] + (count,) + x.shape[axis + 1:]
 
     def rule(ctx, g):
@@ -207,17 +210,19 @@ def _slice(x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor
 
 
 def _unstride(g: Tensor, axis: int, start: int, step: int, n: int) -> Tensor:
-    """The gradient of a stepped slice: g's elements back at start + k*step, zeros elsewhere."""
+    """The gradient of a stepped slice: g's elements back at start + k*step, zeros elsewhere.
+    Worked on g as (before, count, after), so a 4-d g has the spare dim it needs."""
     count = g.shape[axis]
-    spaced = reshape(g, g.shape[:axis + 1] + (1,) + g.shape[axis + 1:])
-    spaced = _apply("pad", (spaced,), spaced.shape[:axis + 1] + (step,) + spaced.shape[axis + 2:], None,
-                    (axis + 1, 0, step - 1), g.dtype)
-    flat = reshape(spaced, g.shape[:axis] + (count * step,) + g.shape[axis + 1:])
+    before, after = int(np.prod(g.shape[:axis], dtype=np.int64)), int(np.prod(g.shape[axis + 1:], dtype=np.int64))
+    spaced = _apply("pad", (reshape(g, (before, count, 1, after)),), (before, count, step, after), None,
+                    (2, 0, step - 1), g.dtype)
+    flat = reshape(spaced, (before, count * step, after))
     end = start + count * step
     if end > n:
-        flat = _slice(flat, axis, 0, n - start)
+        flat = _slice(flat, 1, 0, n - start)
         end = n
-    return _apply("pad", (flat,), g.shape[:axis] + (n,) + g.shape[axis + 1:], None, (axis, start, n - end), g.dtype)
+    out = _apply("pad", (flat,), (before, n, after), None, (1, start, n - end), g.dtype)
+    return reshape(out, g.shape[:axis] + (n,) + g.shape[axis + 1:])
 
 
 def narrow(x, dim: int, start: int, length: int) -> Tensor:
