@@ -351,6 +351,7 @@ OPS["topk"] = OpSpec("topk", "reduce", lambda L, x, k, dim, largest: tuple(x.top
 # layout
 OPS["reshape"] = OpSpec("reshape", "layout", lambda L, x, shape: x.reshape(shape), "reshape")
 OPS["view"] = OpSpec("view", "layout", lambda L, x, shape: x.view(*shape), "reshape")
+OPS["unflatten"] = OpSpec("unflatten", "layout", lambda L, x, dim, sizes: x.unflatten(dim, sizes), "unflatten")
 OPS["flatten"] = OpSpec("flatten", "layout", lambda L, x, a, b: x.flatten(a, b), "two_axes")
 OPS["transpose"] = OpSpec("transpose", "layout", lambda L, x, a, b: x.transpose(a, b), "two_axes")
 OPS["movedim"] = OpSpec("movedim", "layout", lambda L, x, a, b: x.movedim(a, b), "two_axes")
@@ -631,6 +632,14 @@ def strategies():
         if b.draw(st.booleans()):
             dims[b.draw(st.integers(0, len(dims) - 1))] = -1
         return (x, tuple(dims)), {}
+
+    def d_unflatten(b, x):
+        xv = b.value(x)
+        dim = b.axis(xv.ndim)
+        n = xv.shape[dim] if xv.ndim and -xv.ndim <= dim < xv.ndim else 1
+        f = b.draw(st.sampled_from([k for k in range(1, n + 1) if n % k == 0] + [n + 1]))
+        sizes = [f, n // f] if b.draw(st.booleans()) else [f, -1]
+        return (x, dim, tuple(sizes)), {}
 
     def d_two_axes(b, x):
         nd = b.value(x).ndim

@@ -159,10 +159,16 @@ def where(condition, a, b) -> Tensor:
     return _apply("select", (c, a, b), shape, rule, dtype=dtype)
 
 
+_INT32 = np.iinfo(np.int32)
+
+
 def _scalar_like(value, like: Tensor, dtype) -> Tensor:
     """A number filled into `like`'s shape on the device (ggml_fill: no upload)."""
-    if not dtype.is_floating_point and not math.isfinite(float(value)):
-        raise ValueError(f"cannot convert {value} to {dtype}")
+    if dtype.category == dtypes.int32.category:
+        if not math.isfinite(float(value)):
+            raise ValueError(f"cannot convert {value} to {dtype}")
+        if not _INT32.min <= float(value) <= _INT32.max:
+            raise ValueError(f"cannot convert {value} to {dtype}: ggml stores integers in 32 bits")
     return full_like(like, value, dtype)
 
 
