@@ -22,7 +22,8 @@ def adam_ref(p, grads, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, 
     p = p.astype(np.float64).copy()
     m, v, v_max = np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
     b1, b2 = betas
-    for t, g in enumerate(grads, start=1):
+    rates = lr if isinstance(lr, (list, tuple)) else [lr] * len(grads)
+    for t, (g, lr) in enumerate(zip(grads, rates), start=1):
         if decoupled:
             p = p * (1 - lr * weight_decay)
         elif weight_decay:
@@ -389,3 +390,24 @@ def test_an_accumulated_gradient_is_applied_even_without_a_new_one(dev):
     p.grad = None
     opt.step()  # applies what was accumulated
     np.testing.assert_allclose(p.numpy(), [0.5])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_adam_state_is_made_on_the_device_at_construction(dev, fused):
+    """Moments exist (zeros, persistent pool) before any step, and the optimizer stays
+    resident after steps (the learning rate included)."""
+    p = ggrad.param(P0)
+    opt = Adam([p], lr=0.01, fused=fused, amsgrad=not fused)
+    assert opt.resident
+    for key in ("m", "v") + (() if fused else ("v_max", "correction1", "correction2")):
+        assert np.all(opt.state[p][key].numpy() == 0), key
+    assert opt.state[p]["step"] == 0
+    p.grad = GRADS[0]
+    opt.step()
+    opt.lr = 0.02  # written straight into its buffer
+    p.grad = GRADS[1]
+    opt.step()
+    ggrad.realize()
+    assert opt.resident
+    np.testing.assert_allclose(p.numpy(), adam_ref(P0, GRADS[:2], lr=[0.01, 0.02], amsgrad=not fused)[0],
+                               rtol=1e-4 if fused else 1e-5, atol=1e-6)

@@ -245,9 +245,10 @@ def _realize(nodes: list[Node]) -> None:
     skip.update(id(n) for n in asked)
     wanted = [n for n in list(state.pending) if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
     outputs = asked + sorted(wanted, key=lambda n: n.seq)  # a set's order would vary the signature
-    if not outputs and not stores and not effects:
-        for n in nodes:
+    for n in nodes:  # leaves asked for go to the device too
+        if not n.pending:
             ensure_on_device(n)
+    if not outputs and not stores and not effects:
         return
     try:
         _run(state, outputs, stores, effects)
