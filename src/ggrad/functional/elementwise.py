@@ -7,10 +7,12 @@ import math
 import numbers
 
 import numpy as np
+from ggml import ggml as G
 
-from .. import autograd, dtypes
-from ._core import (_BIG, F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
-                    _out, cast, full_like, result_type, sum_to)
+from .. import autograd, dtypes, ops
+from ..ops import compute
+from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
+                    _out, cast, full_like, record, result_type, sum_to)
 
 
 # ---- elementwise binary (numpy broadcasting, torch's type promotion) ------------------------
@@ -191,14 +193,15 @@ def step(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    return _same_type("relu", x, lambda ctx, g: (_apply("relu_back", (g, _out(ctx)), g.shape, dtype=g.dtype),))
+    """max(x, 0); NaN stays NaN and passes its gradient, as torch's."""
+    return _same_type("relu_nan", x, lambda ctx, g: (_apply("relu_nan_back", (g, _out(ctx)), g.shape, dtype=g.dtype),))
 
 
 def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
     def rule(ctx, g):
         slope = ctx.arg
         return (g * affine(step(ctx.parents[0].detach()), 1.0 - slope, slope),)
-    return _unary("leaky_relu", x, rule, float(negative_slope))
+    return _unary("leaky_relu_nan", x, rule, float(negative_slope))
 
 
 def sigmoid(x) -> Tensor:
@@ -255,35 +258,65 @@ def silu(x) -> Tensor:
 
 def clamp(x, min=None, max=None) -> Tensor:
     """min(max(x, min), max), as torch.clamp: bounds are numbers or tensors (broadcast);
-    where min > max the result is max. The gradient reaches x where min <= x <= max."""
+    where min > max the result is max; NaN in x (or in a tensor bound) gives NaN; a NaN
+    number bound is refused. The gradient reaches x where min <= x <= max (tensor bounds
+    get torch's share)."""
     if min is None and max is None:
         raise ValueError("clamp needs min, max or both")
     if isinstance(min, Tensor) or isinstance(max, Tensor):
         return _clamp_tensor(_as_tensor(x), min, max)
-    lo = -_BIG if min is None else float(min)
-    hi = _BIG if max is None else float(max)
-    if math.isnan(lo) or math.isnan(hi):
-        raise ValueError(f"clamp bounds must not be NaN, got {min}, {max}")
-    lo = builtins.min(lo, hi)  # torch: max wins where min > max
-
-    def rule(ctx, g):
-        from .compare import ge, le
-        x = ctx.parents[0].detach()
-        lo, hi = ctx.arg
-        return (g * (ge(x, lo) & le(x, hi)),)
     x = _as_tensor(x)
     if x.dtype is dtypes.bool_:
         raise TypeError("clamp is not defined for bool tensors")
-    return _apply("clamp", (x,), x.shape, rule, (lo, hi), result_type(x, *(b for b in (min, max) if b is not None)))
+    dtype = result_type(x, *(b for b in (min, max) if b is not None))
+    lo = -math.inf if min is None else float(min)
+    hi = math.inf if max is None else float(max)
+    if math.isnan(lo) or math.isnan(hi):  # NOTE: torch returns all NaN; refused (tests/test_bad_input.py)
+        raise ValueError(f"clamp bounds must not be NaN, got {min}, {max}")
+    lo = builtins.min(lo, hi)  # torch: max wins where min > max
+
+    def rule(ctx, g):  # a select, as torch's: an inf g outside [lo, hi] gives 0, not NaN
+        from .compare import ge, le, where
+        x = ctx.parents[0].detach()
+        lo, hi = ctx.arg
+        return (where(ge(x, lo) & le(x, hi), g, full_like(g, 0.0)),)
+    return _apply("clamp_nan", (x,), x.shape, rule, (lo, hi), dtype)
 
 
 def _clamp_tensor(x: Tensor, lo, hi) -> Tensor:
-    from .compare import gt, lt, where
-    if lo is not None:
-        x = where(lt(x, lo), lo, x)
-    if hi is not None:
-        x = where(gt(x, hi), hi, x)
-    return x
+    """clamp with a tensor bound: NaN wins (in x or a bound), and torch's gradients:
+    x where lo <= x <= hi, lo where x < lo < hi, hi where x > hi or hi < lo."""
+    from . import compare
+    lo, hi = (None if b is None else _as_tensor(b) for b in (lo, hi))
+    bounds = [b for b in (lo, hi) if b is not None]
+    for b in bounds:
+        _broadcast(x, b, "clamp")
+    with autograd.no_grad():
+        out = cast(x, result_type(x, *bounds))
+        if lo is not None:
+            out = compare.where(compare.lt(out, lo) | compare.isnan(lo), lo, out)
+        if hi is not None:
+            out = compare.where(compare.gt(out, hi) | compare.isnan(hi), hi, out)
+    parents = (x, *bounds)
+    if not autograd.is_recording() or not any(t.requires_grad for t in parents):
+        return out
+
+    def rule(ctx, g):
+        v = x.detach()
+        low = None if lo is None else lo.detach()
+        high = None if hi is None else hi.detach()
+        zero = full_like(g, 0.0)
+        keep = [compare.ge(v, low)] if low is not None else []
+        keep += [compare.le(v, high)] if high is not None else []
+        grads = [sum_to(compare.where(keep[0] & keep[-1], g, zero), x.shape) if x.requires_grad else None]
+        if low is not None:
+            below = compare.lt(v, low) if high is None else compare.lt(v, low) & compare.lt(low, high)
+            grads.append(sum_to(compare.where(below, g, zero), low.shape) if lo.requires_grad else None)
+        if high is not None:
+            above = compare.gt(v, high) if low is None else compare.gt(v, high) | compare.lt(high, low)
+            grads.append(sum_to(compare.where(above, g, zero), high.shape) if hi.requires_grad else None)
+        return tuple(grads)
+    return _with_rule(out, parents, rule, "clamp")
 
 
 def maximum(a, b) -> Tensor:
@@ -315,18 +348,38 @@ def _extremum(a, b, kind: str) -> Tensor:
             (compare.gt(x, y), compare.lt(x, y))
         return (sum_to(g * (half * compare.logical_not(a_loses)), a.shape) if a.requires_grad else None,
                 sum_to(g * (half * compare.logical_not(b_loses)), b.shape) if b.requires_grad else None)
-    return _with_rule(out, (a, b), rule)
+    return _with_rule(out, (a, b), rule, "maximum" if kind == "gt" else "minimum")
 
 
-def _with_rule(value: Tensor, parents: tuple, rule) -> Tensor:
-    """`value` (computed without recording) with `rule` recorded as its gradient."""
+def _with_rule(value: Tensor, parents: tuple, rule, op: str) -> Tensor:
+    """`value` (computed without recording) with `rule` recorded as the gradient of `op`."""
     out = _apply("cont", (value,), value.shape, None, dtype=value.dtype)
-    out.requires_grad = True
-    out._ctx = autograd.Context(rule, parents, {"out": out.node, "arg": None})
+    record(out, op, rule, parents)
     return out
 
 
+def choose(flag, a: Tensor, b: Tensor) -> Tensor:
+    """`a` if the one-element bool tensor `flag` holds, else `b`: whole tensors (of one
+    shape and dtype), exactly (a NaN or inf in the one not chosen stays out), without a
+    host read. No gradient. (fit's on_nonfinite="skip" keeps or drops a step's update.)"""
+    flag = _as_tensor(flag)
+    if flag.numel() != 1 or flag.dtype is not dtypes.bool_:
+        raise ValueError(f"choose needs a one-element bool flag, got {flag.dtype} of shape {flag.shape}")
+    if a.shape != b.shape or a.dtype is not b.dtype:
+        raise ValueError(f"choose needs tensors of one shape and dtype, got {a.shape} {a.dtype}, {b.shape} {b.dtype}")
+    return _apply("choose", (flag, a, b), a.shape, None, dtype=a.dtype)
+
+
+# Integer exponents up to this size are multiplied out (exact signs, a few roundings);
+# larger ones take exp(p * log|x|) with the sign of an odd power put back.
+_SQUARING_MAX = 64
+
+
 def pow(x, p) -> Tensor:
+    """x ** p for a number p, as torch: integer p gives exact signs ((-2) ** 17 is
+    -131072) and 1 for p = 0 (also for NaN); a negative x to a non-integer p is NaN;
+    p = +-inf follows C's pow (|x| == 1 gives 1). Integer tensors to negative integer
+    powers are refused, as torch does."""
     if isinstance(p, Tensor) or not isinstance(p, numbers.Real):
         raise TypeError("pow takes a scalar exponent (float or int)")
     exponent = p
@@ -337,5 +390,119 @@ def pow(x, p) -> Tensor:
     dtype = result_type(x, exponent)
     if p == 1.0 and dtype is x.dtype:
         return x
-    return _unary("pow", x, lambda ctx, g: (g * affine(pow(ctx.parents[0].detach(), ctx.arg - 1), ctx.arg),), p,
-                  dtype)
+    if not dtype.is_floating_point and p < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+    def rule(ctx, g):  # torch's: zero for p = 0 (also where x ** -1 is inf)
+        if p == 0:
+            return (full_like(g, 0.0),)
+        return (g * affine(pow(ctx.parents[0].detach(), p - 1), p),)
+    if math.isinf(p):
+        out = _pow_inf(x, p, dtype)
+        return _with_rule(out, (x,), rule, "pow") if x.requires_grad and autograd.is_recording() else out
+    if p.is_integer() and builtins.abs(p) <= _SQUARING_MAX:
+        return _unary("pow_int", x, rule, int(p), dtype)
+    return _unary("pow_big_int" if p.is_integer() else "pow", x, rule, p, dtype)
+
+
+def _pow_inf(x: Tensor, p: float, dtype) -> Tensor:
+    """C's pow(x, +-inf): inf where |x| > 1 (0 for -inf), 0 where |x| < 1 (inf), 1 where |x| == 1."""
+    from .compare import gt, isnan, lt, where
+    with autograd.no_grad():
+        a = abs(cast(x, dtype))
+        big, small = (math.inf, 0.0) if p > 0 else (0.0, math.inf)
+        return where(gt(a, 1.0), big, where(lt(a, 1.0), small, where(isnan(a), a, full_like(a, 1.0))))
+
+
+# ---- ggml builders: NaN kept where ggml's kernels drop it, exact integer powers ---------
+def _number(ctx, x):
+    """1 where x is a number (|x| + 1 > 0 holds for every number, infinities included), 0
+    for NaN: a comparison, and every comparison with NaN is false on every backend."""
+    return G.ggml_step(ctx, G.ggml_scale_bias(ctx, G.ggml_abs(ctx, x), 1.0, 1.0))
+
+
+def _keep_nan(ctx, x, y):
+    """`y`, NaN where `x` is NaN. ggml's relu, leaky_relu and clamp compare, so they turn
+    NaN into a number (relu: 0; clamp: its upper bound on the CPU, its lower on Vulkan):
+    0 / number(x) is 0, or NaN (0 / 0) where x is NaN."""
+    number = _number(ctx, x)
+    return G.ggml_add(ctx, y, G.ggml_div(ctx, G.ggml_scale(ctx, number, 0.0), number))
+
+
+@compute("relu_nan")
+def _relu_nan(ctx, s, node):
+    """relu(x) / number(x): relu(NaN) is 0 on every backend (or NaN), and 0 / 0 is NaN."""
+    y = G.ggml_relu(ctx, s[0])
+    return G.ggml_div(ctx, y, _number(ctx, s[0])) if node.dtype.is_floating_point else y
+
+
+@compute("relu_nan_back")
+def _relu_nan_back(ctx, s, node):
+    """g where relu's output (>= 0, or NaN) is not 0, as torch's (a NaN output passes g).
+    NOTE: a product with the 0/1 mask, not a select (ggml's select, get_rows over one-element
+    rows, cost ~20% of a small MLP's step): an inf or NaN g where the output is 0 gives
+    NaN, where torch gives 0. ggml's step is x > 0 on the CPU and CUDA, x >= 0 on Vulkan,
+    0 for NaN everywhere."""
+    from .. import runtime
+    g, out = s
+    if runtime.current().backend.info.kind == "vulkan":  # 1 - (-out >= 0)
+        mask = G.ggml_scale_bias(ctx, G.ggml_step(ctx, G.ggml_neg(ctx, out)), -1.0, 1.0)
+    else:  # 1 + (out > 0) - (out + 1 > 0): out + 1 > 0 holds for every number here
+        above = G.ggml_sub(ctx, G.ggml_step(ctx, out), G.ggml_step(ctx, G.ggml_scale_bias(ctx, out, 1.0, 1.0)))
+        mask = G.ggml_scale_bias(ctx, above, 1.0, 1.0)
+    return G.ggml_mul(ctx, g, mask)
+
+
+@compute("leaky_relu_nan")
+def _leaky_relu_nan(ctx, s, node):
+    """leaky_relu(x) / number(x), as relu_nan: leaky_relu(NaN) is 0 (or NaN) everywhere."""
+    return G.ggml_div(ctx, G.ggml_leaky_relu(ctx, s[0], node.arg, False), _number(ctx, s[0]))
+
+
+@compute("clamp_nan")
+def _clamp_nan(ctx, s, node):
+    """NOTE: ggml_clamp is always in place (its result is a view of its source, ggml
+    0.15.3), so it runs on a copy: over a leaf it overwrote the tensor being clamped."""
+    lo, hi = node.arg
+    y = G.ggml_clamp(ctx, G.ggml_cont(ctx, s[0]), lo, hi)
+    return _keep_nan(ctx, s[0], y) if node.dtype.is_floating_point else y
+
+
+@compute("pow_int")
+def _pow_int(ctx, s, node):
+    """x ** n for an integer n, multiplied out by squaring; 1 / x ** |n| for n < 0."""
+    x, n = s[0], node.arg
+    if n == 0:
+        return G.ggml_fill(ctx, x, 1.0)
+    result, base, k = None, x, builtins.abs(n)
+    while k:
+        if k & 1:
+            result = base if result is None else G.ggml_mul(ctx, result, base)
+        k >>= 1
+        if k:
+            base = G.ggml_sqr(ctx, base)
+    if n < 0:
+        return G.ggml_div(ctx, G.ggml_fill(ctx, x, 1.0), result)
+    return G.ggml_cont(ctx, result) if result is x else result
+
+
+@compute("pow_big_int")
+def _pow_big_int(ctx, s, node):
+    """x ** p for a large integer p: exp(p * log|x|), negated where x < 0 if p is odd
+    (relu(sgn(-x)) is exactly [x < 0] on every backend)."""
+    x, p = s[0], node.arg
+    magnitude = G.ggml_exp(ctx, G.ggml_scale(ctx, G.ggml_log(ctx, G.ggml_abs(ctx, x)), p))
+    if p % 2 == 0:
+        return magnitude
+    negative = G.ggml_relu(ctx, G.ggml_sgn(ctx, G.ggml_neg(ctx, x)))
+    return G.ggml_mul(ctx, magnitude, G.ggml_scale_bias(ctx, negative, -2.0, 1.0))
+
+
+@compute("choose", keep_int=True)
+def _choose(ctx, s, node):
+    """The two tensors as the two rows of a table; get_rows picks row 1 - flag."""
+    flag, a, b = s
+    n = math.prod(node.shape)
+    table = G.ggml_concat(ctx, ops.reshape(ctx, a, (1, n)), ops.reshape(ctx, b, (1, n)), 1)
+    pick = G.ggml_cast(ctx, ops.reshape(ctx, G.ggml_scale_bias(ctx, flag, -1.0, 1.0), (1,)), ops.I32)
+    return ops.reshape(ctx, G.ggml_get_rows(ctx, table, pick), node.shape)

@@ -6,10 +6,12 @@ import math
 import numbers
 
 import numpy as np
+from ggml import ggml as G
 
-from .. import dtypes
-from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, cast, reshape
-from .elementwise import affine, exp, log
+from .. import autograd, dtypes, ops
+from ..ops import compute
+from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, cast, full_like, reshape
+from .elementwise import _with_rule, affine, exp, log
 from .layout import matmul, permute, transpose
 
 
@@ -72,29 +74,63 @@ def var(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis
 
 
 def std(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis=None, keepdims=None) -> Tensor:
-    from .elementwise import sqrt
-    return sqrt(var(x, dim, keepdim, correction=correction, unbiased=unbiased, axis=axis, keepdims=keepdims))
+    """sqrt(var); the gradient is 0 where the result is 0 (a constant input), as torch's."""
+    return _sqrt_zero_grad(var(x, dim, keepdim, correction=correction, unbiased=unbiased, axis=axis,
+                               keepdims=keepdims))
+
+
+def _sqrt_zero_grad(v: Tensor) -> Tensor:
+    """sqrt whose gradient is 0 where the result is 0 (not inf * 0 = NaN): torch's rule
+    for std and the 2-norm."""
+    def rule(ctx, g):
+        from .compare import eq, where
+        out = _out(ctx)
+        return (where(eq(out, 0.0), 0.0, affine(g / out, 0.5)),)
+    return _apply("sqrt", (v,), v.shape, rule, dtype=v.dtype)
 
 
 def norm(x, p=2, dim=None, keepdim: bool = False) -> Tensor:
-    """The vector p-norm over `dim` (all elements by default): p = 2, 1, inf, -inf, or any
-    other positive number."""
-    from .elementwise import abs, pow, sqrt
+    """The vector p-norm over `dim` (all elements by default): p = 2, 1, inf, -inf, 0 (the
+    count of nonzeros) or any other positive number; gradients as torch's (0 where the
+    norm is 0, shared between ties for +-inf)."""
+    from .elementwise import abs, pow
     x = _float(_as_tensor(x), "norm")
     if p == "fro":
         p = 2
     p = float(p)
     if p == 2:
-        return sqrt(sum(x * x, dim, keepdim))
+        return _sqrt_zero_grad(sum(x * x, dim, keepdim))
     if p == 1:
         return sum(abs(x), dim, keepdim)
     if p == math.inf:
-        return max(abs(x), dim, keepdim)
+        return amax(abs(x), () if dim is None else dim, keepdim)
     if p == -math.inf:
-        return min(abs(x), dim, keepdim)
-    if not p > 0:
-        raise ValueError(f"norm: p must be positive, 'fro' or +-inf, got {p}")
-    return pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
+        return amin(abs(x), () if dim is None else dim, keepdim)
+    if not p >= 0:
+        raise ValueError(f"norm: p must be positive, 0, 'fro' or +-inf, got {p}")
+    with autograd.no_grad():
+        if p == 0:
+            from .compare import ne
+            out = sum(cast(ne(x, 0.0), x.dtype), dim, keepdim)
+        else:
+            out = pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
+    if not (x.requires_grad and autograd.is_recording()):
+        return out
+    if p == 0:
+        return _with_rule(out, (x,), lambda ctx, g: (full_like(x, 0.0),), "norm")
+    kept = tuple(1 if i in _reduce_axes(x, dim) else n for i, n in enumerate(x.shape))
+
+    def rule(ctx, g):  # torch's norm_backward for other p
+        from .compare import eq, where
+        from .elementwise import sign
+        v, n = x.detach(), reshape(_out(ctx), kept)
+        g = reshape(g, kept)
+        if p < 1:
+            scaled = sign(v) * where(eq(v, 0.0), 0.0, pow(abs(v), p - 1))
+            return (scaled * g * pow(n, 1 - p),)
+        scaled = sign(v) * pow(abs(v), p - 1) if p < 2 else v * pow(abs(v), p - 2)
+        return (scaled * where(eq(n, 0.0), 0.0, g / pow(n, p - 1)),)
+    return _with_rule(out, (x,), rule, "norm")
 
 
 def _to_last(x: Tensor, axis: int) -> Tensor:
@@ -113,27 +149,97 @@ def _from_last(x: Tensor, axis: int) -> Tensor:
     return permute(x, axes)
 
 
+# ---- max, min and their indices -------------------------------------------------------------
+# Built on `argmax_first` (below): the index of the first maximum of each row, NaN counting
+# as the largest value, as torch's. The values are picked at that index (exact: nothing is
+# multiplied, so -inf and NaN come out as they are).
+_ARGMAX_MAX_COLUMNS = 2 ** 22  # its scores (up to 3 * columns) stay exact in float32
+
+
+def _as_rows(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+    """`x` with `axes` moved last and merged into one: a (rows, n) matrix; and the shape
+    of what is left (the reduced result's shape)."""
+    rest = [a for a in range(x.ndim) if a not in axes]
+    order = rest + list(axes)
+    moved = permute(x, order) if order != list(range(x.ndim)) else x
+    left = tuple(x.shape[a] for a in rest)
+    n = int(np.prod([x.shape[a] for a in axes], dtype=np.int64))
+    if n > _ARGMAX_MAX_COLUMNS:
+        raise ValueError(f"max/argmax over {n} elements per row: at most {_ARGMAX_MAX_COLUMNS} are supported")
+    return reshape(moved, (int(np.prod(left, dtype=np.int64)), n)), left
+
+
+def _first_max(rows: Tensor) -> Tensor:
+    """(rows,) int64: the index of each row's first maximum (NaN is the maximum)."""
+    return _apply("argmax_first", (rows,), rows.shape[:1], dtype=dtypes.int64)
+
+
+def _pick(rows: Tensor, index: Tensor, rule) -> Tensor:
+    """(rows, 1): each row's element at `index`; `rule(ctx, g)` gives its gradient."""
+    return _apply("take_rows", (rows, reshape(index, (rows.shape[0], 1))), (rows.shape[0], 1), rule,
+                  dtype=rows.dtype)
+
+
+def _one_hot(index: Tensor, n: int) -> Tensor:
+    """float32 one-hot rows of `index`, an index computed here, in range by construction
+    (F.one_hot would also count out-of-range device indices: a counter and its read)."""
+    return _apply("onehot", (index,), index.shape + (n,), None, n)
+
+
+def _to_index_rule(ctx, g):
+    """torch's max(dim) gradient: all of it to the element the index points at."""
+    rows, index = ctx.parents
+    return cast(_one_hot(reshape(index, (rows.shape[0],)), rows.shape[1]), g.dtype) * g, None
+
+
+def _shared_rule(nan_ties: bool):
+    """torch's gradient of a full max() / min() (`nan_ties`: a NaN result is shared by the
+    NaN elements) and of amax / amin (a NaN result gives NaN gradients): shared evenly
+    between the elements equal to the result."""
+    def rule(ctx, g):
+        from .compare import eq, isnan, where
+        rows, out = ctx.parents[0].detach(), _out(ctx)
+        ties = eq(rows, out)
+        if nan_ties:
+            ties = where(isnan(out), isnan(rows), ties)
+        ties = cast(ties, g.dtype)
+        return ties * (g / sum(ties, -1, keepdim=True)), None
+    return rule
+
+
+def _reduce_extreme(x: Tensor, dim, keepdim: bool, rule) -> Tensor:
+    axes = _reduce_axes(x, dim)
+    if x.ndim == 0:
+        rows, left = reshape(x, (1, 1)), ()
+    else:
+        rows, left = _as_rows(x, axes)
+    values = _pick(rows, _first_max(rows.detach()), rule)
+    shape = tuple(1 if i in axes else n for i, n in enumerate(x.shape)) if keepdim else left
+    return reshape(values, shape)
+
+
 def one_hot_argmax(x: Tensor) -> Tensor:
-    """1.0 at the first maximum of each row (last axis), 0.0 elsewhere; no gradient."""
-    return _apply("onehot_argmax", (x,), x.shape, dtype=x.dtype)
+    """1.0 at the first maximum of each row (last axis; NaN counts as the maximum), 0.0
+    elsewhere; no gradient."""
+    x = _as_tensor(x)
+    rows = reshape(x.detach(), (int(np.prod(x.shape[:-1], dtype=np.int64)), x.shape[-1]))
+    return cast(reshape(_one_hot(_first_max(rows), x.shape[-1]), x.shape), x.dtype)
 
 
 def max(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
-    """Largest value along `dim` (or of all); the gradient goes to the first maximum.
-    (Tensor.max(dim) returns values and indices, as torch's.)"""
+    """Largest value along `dim` (or of all), NaN if there is one (torch's). Along a dim
+    the gradient goes to the first maximum (the index argmax gives); of all elements it
+    is shared between the ties, as torch's. (Tensor.max(dim) returns values and indices.)"""
     x = _as_tensor(x)
+    dim, keepdim = _dims(dim, axis), _keep(keepdim, keepdims)
     if x.dtype is dtypes.bool_:
         from .compare import any
-        return any(x, _dims(dim, axis), _keep(keepdim, keepdims))
-    dim, keepdim = _dims(dim, axis), _keep(keepdim, keepdims)
+        return any(x, dim, keepdim)
     if dim is None:
-        flat = reshape(x, (x.numel(),))
-        out = cast(sum(flat * one_hot_argmax(flat.detach())), x.dtype)  # an int sum is int64
-        return reshape(out, (1,) * x.ndim) if keepdim else out
-    a = _axis(dim, x.ndim)
-    last = _to_last(x, a)
-    out = cast(sum(last * one_hot_argmax(last.detach()), -1), x.dtype)
-    return _keepdim(out, x.shape, a) if keepdim else out
+        return _reduce_extreme(x, None, keepdim, _shared_rule(nan_ties=True))
+    if not isinstance(dim, numbers.Integral):
+        raise TypeError(f"max takes one dim (an int), got {dim!r}; amax reduces several")
+    return _reduce_extreme(x, _axis(dim, x.ndim) if x.ndim else 0, keepdim, _to_index_rule)
 
 
 def min(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
@@ -144,7 +250,22 @@ def min(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tens
     return -max(-x, dim, keepdim, axis=axis, keepdims=keepdims)
 
 
-amax, amin = max, min
+def amax(x, dim=(), keepdim: bool = False) -> Tensor:
+    """Largest value over `dim` (an int, a tuple; () or None: all), NaN if there is one;
+    the gradient is shared between the ties (NaN gradients for a NaN result), as torch's."""
+    x = _as_tensor(x)
+    if x.dtype is dtypes.bool_:
+        from .compare import any
+        return any(x, None if dim in ((), None) else dim, keepdim)
+    return _reduce_extreme(x, None if dim in ((), None) else dim, keepdim, _shared_rule(nan_ties=False))
+
+
+def amin(x, dim=(), keepdim: bool = False) -> Tensor:
+    x = _as_tensor(x)
+    if x.dtype is dtypes.bool_:
+        from .compare import all
+        return all(x, None if dim in ((), None) else dim, keepdim)
+    return -amax(-x, dim, keepdim)
 
 
 def _keepdim(out: Tensor, shape: tuple, axis: int) -> Tensor:
@@ -152,15 +273,16 @@ def _keepdim(out: Tensor, shape: tuple, axis: int) -> Tensor:
 
 
 def argmax(x, dim=None, keepdim: bool = False, *, axis=None) -> Tensor:
-    """Index (int64) of the first maximum along `dim`; of the flattened tensor by default."""
+    """Index (int64) of the first maximum along `dim` (NaN counts as the maximum, as
+    torch's); of the flattened tensor by default."""
     x = _as_tensor(x)
     dim = _dims(dim, axis)
     if dim is None:
         out = argmax(reshape(x, (x.numel(),)), 0)
         return reshape(out, (1,) * x.ndim) if keepdim and x.ndim else out
     a = _axis(dim, x.ndim) if x.ndim else 0
-    last = _to_last(x, a) if x.ndim else reshape(x, (1,))
-    out = _apply("argmax", (last,), last.shape[:-1], None, dtype=dtypes.int64)
+    rows, left = _as_rows(x.detach(), (a,)) if x.ndim else (reshape(x.detach(), (1, 1)), ())
+    out = reshape(_first_max(rows), left)
     return _keepdim(out, x.shape, a) if keepdim and x.ndim else out
 
 
@@ -235,10 +357,17 @@ def take_along_last(x: Tensor, index: Tensor) -> Tensor:
 
 
 def logsumexp(x, dim: int = -1, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
+    """log(sum(exp(x))) along `dim`, stable, as torch's: the shift by the maximum is 0 where
+    that is infinite (all -inf gives -inf, an inf gives inf); gradient exp(x - result)."""
+    from .compare import isinf, where
     x = _as_tensor(x)
     axis, keepdims = (dim if axis is None else axis), _keep(keepdim, keepdims)
-    m = max(x, axis, keepdims=True).detach()
-    out = log(sum(exp(x - m), axis, keepdims=True)) + m
+    with autograd.no_grad():
+        m = amax(x, axis, keepdim=True)
+        m = where(isinf(m), 0.0, m)
+        out = log(sum(exp(x - m), axis, keepdims=True)) + m
+    if x.requires_grad and autograd.is_recording():
+        out = _with_rule(out, (x,), lambda ctx, g: (g * exp(x.detach() - _out(ctx)),), "logsumexp")
     return out if keepdims else reshape(out, tuple(n for i, n in enumerate(x.shape) if i != _axis(axis, x.ndim)))
 
 
@@ -262,3 +391,30 @@ def log_softmax(x, dim: int = -1, *, axis=None) -> Tensor:
     return _apply("log_softmax", (x,), x.shape,
                   lambda ctx, g: (_apply("log_softmax_back", (g, _out(ctx)), g.shape, dtype=g.dtype),),
                   dtype=x.dtype)
+
+
+# ---- ggml builder -------------------------------------------------------------------------
+@compute("argmax_first")
+def _argmax_first(ctx, s, node):
+    """Per row, the index of the first maximum, NaN counting as larger than any number
+    (torch's argmax), alike on every backend. ggml's ARGMAX alone gives some maximum (the
+    CPU's last, Vulkan's one its threads meet first, CUDA's -1 for a row of -inf) and
+    skips NaN. Here it finds only the row's maximum m (exact where the row has no NaN);
+        score_j = (n - j) * (1 - below_j) + 2n * isnan(x_j),
+    with below_j = [x_j < m] - [x_j > m] (0 where x_j = m or x_j - m is NaN), has one
+    largest entry, the wanted index, which every backend's ARGMAX finds."""
+    from .. import runtime
+    n = s[0].contents.ne[0]
+    rows = math.prod(node.shape)
+    x = ops.reshape(ctx, s[0], (rows, n))
+    some = G.ggml_argmax(ctx, x)
+    if runtime.current().backend.info.kind == "cuda":  # CUDA: -1 where no element beat -FLT_MAX
+        some = G.ggml_cast(ctx, G.ggml_relu(ctx, G.ggml_cast(ctx, some, ops.F32)), ops.I32)
+    m = G.ggml_get_rows(ctx, ops.reshape(ctx, x, (rows, n, 1)), ops.reshape(ctx, some, (rows, 1)))
+    d = G.ggml_sub(ctx, x, ops.reshape(ctx, m, (rows, 1)))
+    # step(0) is 0 on the CPU and CUDA, 1 on Vulkan: it cancels in the difference
+    below = G.ggml_sub(ctx, G.ggml_step(ctx, G.ggml_neg(ctx, d)), G.ggml_step(ctx, d))
+    j_minus_n = G.ggml_arange(ctx, -float(n), 0.0, 1.0)  # -(n - j)
+    nan_bonus = G.ggml_scale_bias(ctx, ops._not_nan(ctx, x), -2.0 * n, 2.0 * n)
+    score = G.ggml_add(ctx, G.ggml_sub(ctx, nan_bonus, j_minus_n), G.ggml_mul(ctx, below, j_minus_n))
+    return ops.reshape(ctx, G.ggml_argmax(ctx, score), node.shape)
