@@ -1,6 +1,7 @@
 """ggrad: PyTorch-style autograd and device-resident training on ggml backends."""
 
 from . import data, dtypes, functional, nn, optim, runtime
+from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .autograd import backward, grad_tape, no_grad
 from .capture import compile
 from .creation import (arange, empty, empty_like, eye, linspace, rand, rand_like, randint, randint_like,
@@ -33,11 +34,11 @@ __all__ = [
     "einsum", "empty", "empty_like", "eq", "evaluate", "exp", "export_gguf", "eye", "fit", "flatten",
     "float", "float16", "float32", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge",
     "get_device", "gpu_available", "grad_tape", "gradcheck", "gt", "half", "int", "int32", "int64",
-    "isfinite", "isinf", "isnan", "le", "linspace", "load", "log", "logical_and", "logical_not",
+    "is_anomaly_enabled", "isfinite", "isinf", "isnan", "le", "linspace", "load", "log", "logical_and", "logical_not",
     "logical_or", "logical_xor", "long", "lt", "manual_seed", "masked_fill", "matmul", "maximum", "mean",
     "minimum", "movedim", "narrow", "ne", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "rand",
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "reshape", "result_type",
-    "runtime", "save", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",
+    "runtime", "save", "set_detect_anomaly", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",
     "std", "sum", "tanh", "tensor", "topk", "transpose", "unsqueeze", "var", "where", "zeros",
     "zeros_like",
 ]

@@ -8,21 +8,29 @@ import numbers
 
 import numpy as np
 
-from .. import autograd, dtypes, lazy, ops  # noqa: F401  (ops registers the ggml builders)
+from .. import anomaly, autograd, dtypes, lazy, ops  # noqa: F401  (ops registers the ggml builders)
 from ..dtypes import result_type
 from ..tensor import Tensor, full_like, tensor  # noqa: F401  (full_like: for the modules here)
 
 F32 = dtypes.float32
-_BIG = 3.0e38  # stands in for an open clamp bound (ggml takes floats)
 
 
 def _apply(op: str, inputs: tuple, shape, rule=None, arg=None, dtype=F32) -> Tensor:
     node = lazy.apply(op, tuple(t.node for t in inputs), tuple(shape), dtype, arg)
     out = Tensor._wrap(node)
     if rule is not None and autograd.is_recording() and any(t.requires_grad for t in inputs):
-        out.requires_grad = True
-        out._ctx = autograd.Context(rule, inputs, {"out": node, "arg": arg})
+        record(out, op, rule, inputs, arg)
+    if anomaly.active():  # ggrad.detect_anomaly: run and check every op as it is made
+        anomaly.check(op, inputs, out)
     return out
+
+
+def record(out: Tensor, op: str, rule, inputs: tuple, arg=None) -> None:
+    """Record `rule` as the gradient of `out`, made by `op` from `inputs`."""
+    if anomaly.active():
+        rule = anomaly.checked_rule(op, rule)
+    out.requires_grad = True
+    out._ctx = autograd.Context(rule, inputs, {"out": out.node, "arg": arg})
 
 
 def _out(ctx) -> Tensor:
