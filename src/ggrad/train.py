@@ -2,6 +2,8 @@
 
 The running loss and accuracy are sums kept on the device; the progress bar reads them
 once per refresh and the epoch summary once per epoch, so a step itself crosses nothing.
+A non-finite loss is caught there too: the sum turns non-finite with it, and a counter
+on the device says which step it was (read only then).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from .autograd import grad_tape, no_grad
 from .capture import compile
 from .data import DataLoader
 from .optim.lr_scheduler import ReduceLROnPlateau
-from .tensor import Tensor, realize
+from .functional.elementwise import choose
+from .tensor import Tensor, realize, zeros_like
 
 
 class History:
@@ -42,7 +45,7 @@ class History:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        keys = [k for k in self.history if k != "lr"]
+        keys = [k for k in self.history if k not in ("lr", "skipped")]
         groups = sorted({k.removeprefix("val_") for k in keys})
         fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 3.5), squeeze=False)
         for ax, name in zip(axes[0], groups):
@@ -140,23 +143,46 @@ def _correct(output: Tensor, target: Tensor) -> Tensor:
     """How many rows' argmax equals the class target (a float on the device)."""
     if not target.dtype.is_floating_point:
         return (F.one_hot(target, output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
-    return (F.one_hot(F.argmax(target, -1), output.shape[-1]) * F.one_hot_argmax(output.detach())).sum()
+    return (F.one_hot_argmax(target.detach()) * F.one_hot_argmax(output.detach())).sum()
+
+
+def _device_zeros(like: Tensor, shape: tuple = ()) -> Tensor:
+    """Zeros made on the device (nothing uploaded), kept in the persistent pool."""
+    z = F.broadcast_to(F.reshape(zeros_like(like), (1,) * len(shape)), shape) if shape else zeros_like(like)
+    z.node.scope = "persistent"
+    return z
 
 
 class _Totals:
     """Batch-size-weighted loss and correct predictions, summed in place on the device
-    (the same buffers every batch, so a captured step adds into them); read once."""
+    (the same buffers every batch, so a captured step adds into them); read once.
 
-    def __init__(self, accuracy: bool) -> None:
+    `watch`: count the steps before the loss sum turned non-finite (which step went bad:
+    read only when it did). `skip`: steps whose `ok` flag is false add nothing; the skipped
+    rows and steps are counted."""
+
+    def __init__(self, accuracy: bool, watch: bool = False, skip: bool = False) -> None:
         self.accuracy = accuracy
         self.loss = Tensor(np.zeros((), np.float32))
         self.correct = Tensor(np.zeros((), np.float32)) if accuracy else None
+        self.finite_steps = _device_zeros(self.loss) if watch else None
+        self.skipped = _device_zeros(self.loss, (2,)) if skip else None  # rows, steps
         self.count = 0
 
-    def add(self, output: Tensor, target: Tensor, loss: Tensor) -> None:
-        self.loss += loss.detach().reshape(()) * float(output.shape[0])
-        if self.accuracy:
-            self.correct += _correct(output, target)
+    def add(self, output: Tensor, target: Tensor, loss: Tensor, ok: Tensor | None = None) -> None:
+        rows = float(output.shape[0])
+        loss = loss.detach().reshape(()) * rows
+        correct = _correct(output, target) if self.accuracy else None
+        if ok is not None:
+            loss = F.where(ok, loss, 0.0)
+            correct = None if correct is None else F.where(ok, correct, 0.0)
+            bad = F.cat([F.reshape(F.where(ok, 0.0, rows), (1,)), F.reshape(F.where(ok, 0.0, 1.0), (1,))])
+            self.skipped += bad
+        self.loss += loss
+        if correct is not None:
+            self.correct += correct
+        if self.finite_steps is not None:
+            self.finite_steps += F.isfinite(self.loss)
 
     def reset(self) -> None:
         for t in self.tensors():
@@ -164,7 +190,7 @@ class _Totals:
         self.count = 0
 
     def tensors(self) -> list[Tensor]:
-        return [t for t in (self.loss, self.correct) if t is not None]
+        return [t for t in (self.loss, self.correct, self.finite_steps, self.skipped) if t is not None]
 
     def mean_loss(self) -> float:
         return self.loss.item() / self.count
@@ -172,10 +198,32 @@ class _Totals:
     def logs(self, where: str) -> dict:
         if self.count == 0:
             raise ValueError(f"{where}: the data has no batch (drop_last with fewer rows than a batch?)")
-        logs = {"loss": self.mean_loss()}
+        count, skipped = self.count, None
+        if self.skipped is not None:
+            rows, skipped = (int(v) for v in self.skipped.numpy())
+            count -= rows
+            if count == 0:
+                raise RuntimeError(f"{where}: every step of the epoch had a non-finite loss or gradients and "
+                                   "was skipped; run a step under ggrad.detect_anomaly() to find the "
+                                   "operation that makes them")
+        logs = {"loss": self.loss.item() / count}
         if self.accuracy:
-            logs["accuracy"] = self.correct.item() / self.count
+            logs["accuracy"] = self.correct.item() / count
+        if skipped is not None:
+            logs["skipped"] = skipped
         return logs
+
+    def check_finite(self, loss: float, label: str) -> None:
+        """Raise (on_nonfinite="raise") if the running loss `loss`, just read, is not finite."""
+        if self.finite_steps is None or math.isfinite(loss):
+            return
+        step = int(self.finite_steps.item()) + 1
+        raise RuntimeError(
+            f"fit: the loss of step {step} of {label} was not finite ({loss}); training stopped "
+            "(on_nonfinite='raise'). The steps after it ran on non-finite values: the weights are "
+            "probably not finite now, so reload a checkpoint. To find the operation that made the "
+            "first NaN, run a step under `with ggrad.detect_anomaly():`; check the data for NaN and "
+            "inf, try a lower learning rate, or pass on_nonfinite='skip' to skip such steps.")
 
 
 def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:
@@ -194,14 +242,34 @@ def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",),
 
 def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=None, scheduler=None,
         callbacks: Iterable[Callback] = (), metrics: Iterable[str] = ("loss",), batch_size: int = 32,
-        scheduler_interval: str = "epoch", verbose: int = 1) -> History:
+        scheduler_interval: str = "epoch", verbose: int = 1, on_nonfinite: str = "raise") -> History:
     """Train `model` for `epochs` epochs; returns the per-epoch metrics as a History.
 
     `train_data` / `val_data`: DataLoaders or tuples of arrays (then batched by
     `batch_size`, shuffled for training). `metrics` may add "accuracy". The scheduler
     steps per "epoch" (ReduceLROnPlateau with the monitored loss) or per "step".
+
+    `on_nonfinite`: what a step whose loss is NaN or inf does.
+      "raise" (default): fit stops with a RuntimeError naming the epoch and step. It is
+        seen where fit reads the running loss anyway (each progress-bar refresh and the
+        end of each epoch: no extra crossing per step), so the steps after it in that
+        epoch have run. A step with a finite loss but non-finite gradients is caught one
+        step later, through the loss its non-finite weights give.
+      "skip": a step whose loss or gradients are not finite changes nothing: a select on
+        the device keeps every parameter and every optimizer state tensor as it was (a
+        state tensor the step made, e.g. Adam's moments on the first step, starts at
+        zeros; the optimizer's own step count still counts it), and its rows leave the
+        epoch's mean loss and accuracy. `history["skipped"]` counts the skipped steps of
+        each epoch (one extra 8-byte read per epoch); an epoch with every step skipped
+        raises. ggml's fused Adam kernel (`fused=True`) writes in place and cannot be
+        undone: refused.
     """
     metrics = tuple(metrics)
+    if on_nonfinite not in ("raise", "skip"):
+        raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+    if on_nonfinite == "skip" and any(g.get("fused") and not g.get("amsgrad") for g in optimizer.param_groups):
+        raise ValueError("on_nonfinite='skip' cannot undo ggml's fused Adam step (fused=True writes the "
+                         "weights in place); use fused=False")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if scheduler_interval not in ("epoch", "step"):
@@ -216,8 +284,9 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     for cb in callbacks:
         cb.on_train_begin(model, optimizer)
     show = verbose > 0 and sys.stderr.isatty()
-    totals = _Totals("accuracy" in metrics)
-    step = _train_step(model, loss_fn, optimizer, totals)
+    skip = on_nonfinite == "skip"
+    totals = _Totals("accuracy" in metrics, watch=not skip, skip=skip)
+    step = _train_step(model, loss_fn, optimizer, totals, skip)
     for epoch in range(1, epochs + 1):
         logs = _train_epoch(model, step, totals, train_loader, scheduler, scheduler_interval, show,
                             f"epoch {epoch}/{epochs}")
@@ -240,7 +309,7 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     return history
 
 
-def _train_step(model, loss_fn, optimizer, totals: _Totals):
+def _train_step(model, loss_fn, optimizer, totals: _Totals, skip: bool = False):
     """One batch: forward, backward, update, running sums; captured by `compile` and
     replayed (one dispatch, no Python per op) while the batch shape stays the same."""
     def train_step(x: Tensor, y: Tensor) -> None:
@@ -248,10 +317,48 @@ def _train_step(model, loss_fn, optimizer, totals: _Totals):
             out = model(x)
             loss = loss_fn(out, y)
             loss.backward()
+        ok = None
+        if skip:
+            with no_grad():
+                ok, before = _finite_step(loss, optimizer), _updated(optimizer)
         optimizer.step()
+        if skip:
+            with no_grad():
+                _keep_unless(ok, before, optimizer)
         optimizer.zero_grad()
-        totals.add(out, y, loss)
+        totals.add(out, y, loss, ok)
     return compile(train_step)
+
+
+def _finite_step(loss: Tensor, optimizer) -> Tensor:
+    """A bool on the device: the loss and every gradient are finite (g * 0 is 0 for a
+    finite g, NaN for inf and NaN, so the sum is finite exactly when all are)."""
+    total = loss.detach().reshape(())
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                total = total + F.affine(p.grad, 0.0).sum().float()
+    return F.isfinite(total)
+
+
+def _updated(optimizer) -> dict[int, tuple[Tensor, Tensor]]:
+    """What a step may change, by id: each parameter and optimizer state tensor, with a
+    handle on its value now."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors += [v for s in [*optimizer.state.values(), *optimizer.group_state] for v in s.values()
+                if isinstance(v, Tensor)]
+    return {id(t): (t, t.detach()) for t in tensors}
+
+
+def _keep_unless(ok: Tensor, before: dict, optimizer) -> None:
+    """Undo the step just recorded unless `ok`: every tensor it changed gets back its old
+    value (a state tensor it made gets zeros), chosen on the device."""
+    for t, _ in _updated(optimizer).values():
+        old = before.get(id(t))
+        if old is None:
+            t._assign(choose(ok, t, zeros_like(t)))
+        elif t.node is not old[1].node:
+            t._assign(choose(ok, t, old[1]))
 
 
 def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show, label) -> dict:
@@ -268,7 +375,11 @@ def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show
             scheduler.step()
         bar.update(1)
         if show and time.monotonic() - last_read > 0.5:  # one 4-byte read per refresh
-            bar.set_postfix(loss=f"{totals.mean_loss():.4f}")
+            loss = totals.mean_loss()
+            totals.check_finite(loss, label)
+            bar.set_postfix(loss=f"{loss:.4f}")
             last_read = time.monotonic()
     bar.close()
-    return totals.logs("fit")
+    logs = totals.logs("fit")
+    totals.check_finite(logs["loss"], label)
+    return logs
