@@ -1,14 +1,22 @@
 """Checkpoints: state dicts, models and optimizer state in safetensors; GGUF export.
 
-Writes are atomic: the file is written beside its destination and renamed over it, so
-a crash mid-save leaves the previous file as it was.
+Writes are atomic and durable: the file is written beside its destination under a
+temporary name (``.ggrad-<host>-<pid>-*.tmp``), flushed to disk (fsync), renamed over
+the destination and the folder's entry flushed too, so a crash or power loss mid-save
+leaves the previous file as it was. A writer killed mid-save (SIGKILL, OOM) cannot
+remove its temporary file: the next save into that folder does, once its writer is
+gone (its pid no longer runs on this host) or, for another host's or an unnamed one,
+once it is older than STALE_SECONDS.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import socket
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -16,21 +24,69 @@ import numpy as np
 from .tensor import Tensor
 
 FORMAT_KEY = "ggrad.format"
+STALE_SECONDS = 3600.0  # a temporary file whose writer cannot be checked is stale after this
+GGUF_MAX_NAME = 63  # ggml's GGML_MAX_NAME is 64 bytes with the terminating NUL
+
+
+def _temp_prefix() -> str:
+    host = socket.gethostname().replace("-", "_").replace(os.sep, "_") or "host"
+    return f".ggrad-{host}-{os.getpid()}-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_stale(folder: str) -> None:
+    """Remove the temporary files of saves that died in `folder`."""
+    host = socket.gethostname().replace("-", "_").replace(os.sep, "_") or "host"
+    now = time.time()
+    for path in glob.glob(os.path.join(glob.escape(folder), ".ggrad-*.tmp")):
+        parts = os.path.basename(path).split("-")
+        try:
+            if len(parts) >= 4 and parts[1] == host and parts[2].isdigit():
+                stale = not _alive(int(parts[2]))
+            else:  # another host's, or an older ggrad's name: by age
+                stale = now - os.path.getmtime(path) > STALE_SECONDS
+            if stale:
+                os.remove(path)
+        except OSError:  # gone already, or not ours to remove
+            continue
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _atomic_write(path: str, write) -> str:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ggrad-", suffix=".tmp", dir=folder)
+    _remove_stale(folder)
+    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(), suffix=".tmp", dir=folder)
     os.close(fd)
     try:
         write(tmp)
+        _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    try:
+        _fsync(folder, directory=True)
+    except OSError:  # a file system that cannot sync a folder: the rename happened anyway
+        pass
     return path
 
 
@@ -114,10 +170,21 @@ def load(path: str) -> dict:
 
 def export_gguf(model, path: str, architecture: str = "ggrad", metadata: dict | None = None) -> str:
     """Write the model's parameters and buffers to a GGUF file (float32 tensors, named as
-    in its state dict) that llama.cpp's tools and `gguf.GGUFReader` can open."""
+    in its state dict) that llama.cpp's tools and `gguf.GGUFReader` can open.
+
+    ggml's C reader refuses a tensor name longer than 63 bytes (GGML_MAX_NAME is 64 with
+    the terminating NUL), so such a name is refused here with a ValueError naming it,
+    before anything is written; rename the module attributes (or export a state dict of
+    your own naming through `save`) to fit. Names are not shortened silently."""
     import gguf
 
-    tensors = {k: _host(v).astype(np.float32) for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    for name in state:
+        if len(name.encode("utf-8")) > GGUF_MAX_NAME:
+            raise ValueError(f"export_gguf: tensor name {name!r} is {len(name.encode('utf-8'))} bytes; ggml's GGUF "
+                             f"reader takes at most {GGUF_MAX_NAME} (GGML_MAX_NAME = 64 with the NUL). Give the "
+                             "module a shorter attribute name")
+    tensors = {k: _host(v).astype(np.float32) for k, v in state.items()}
 
     def write(tmp: str) -> None:
         writer = gguf.GGUFWriter(tmp, architecture)
