@@ -5,6 +5,11 @@ attributes end in `_`, `get_params`/`set_params`, pickling) and pass its
 `check_estimator` suite. The learned weights are kept as numpy arrays (`coefs_`,
 `intercepts_`); the ggrad model is rebuilt from them when needed, so a fitted estimator
 pickles and clones like any other.
+
+`device=None` (the default) runs on the caller's current device. A named device is
+switched to for the call and the caller's device given back afterwards (the caller's
+kept tensors stay readable; a call that would switch inside a recording grad_tape, whose
+values would end, is refused).
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import functional as F
 from . import nn
-from .autograd import grad_tape, no_grad
+from .autograd import grad_tape, is_recording, no_grad
 from .data import DataLoader
 from .optim import Adam
 from .random import manual_seed
+from .runtime import backend as _backend
 from .runtime import device as use_device
+from .runtime import get_device
 from .tensor import tensor
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "logistic": nn.Sigmoid, "gelu": nn.GELU}
@@ -29,7 +36,7 @@ _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "logistic": nn.Sigmoid, "gelu"
 
 class _BaseMLP(BaseEstimator):
     def __init__(self, hidden_layer_sizes=(100,), activation="relu", lr=1e-3, epochs=200,
-                 batch_size=200, device="cpu", random_state=None):
+                 batch_size=200, device=None, random_state=None):
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
         self.lr = lr
@@ -37,6 +44,20 @@ class _BaseMLP(BaseEstimator):
         self.batch_size = batch_size
         self.device = device
         self.random_state = random_state
+
+    # ---- where it runs ----------------------------------------------------------------------
+    def _on_device(self):
+        """Run on `device` (None: the caller's current device), and give the caller's device
+        back afterwards. ggrad runs one device at a time: switching moves the caller's
+        kept tensors to the host (they stay readable and move back on use) but ends the
+        values of a grad tape that is recording, so a switch there is refused."""
+        if self.device is None or _backend.resolve(self.device) == get_device():
+            return use_device(get_device())
+        if is_recording():
+            raise RuntimeError(f"{type(self).__name__}(device={self.device!r}) would switch the device from "
+                               f"{get_device()!r} inside a grad_tape, whose values live there; call it "
+                               "outside the tape, or pass device=None (the current device)")
+        return use_device(self.device)
 
     # ---- the network, from and to numpy ------------------------------------------------
     def _check_params(self) -> list[int]:
@@ -84,7 +105,10 @@ class _BaseMLP(BaseEstimator):
 
     # ---- training ------------------------------------------------------------------------
     def _train(self, x: np.ndarray, target: np.ndarray, n_out: int, loss_fn, epochs: int, first: bool) -> None:
-        with use_device(self.device):
+        if is_recording():  # its own tapes would start a new pass: the caller's values would end
+            raise RuntimeError(f"{type(self).__name__}.fit inside a grad_tape would end the tape's values; "
+                               "fit outside the tape")
+        with self._on_device():
             if first:
                 if self.random_state is not None:
                     manual_seed(np.random.RandomState(self.random_state).randint(2**31 - 1))
@@ -109,7 +133,7 @@ class _BaseMLP(BaseEstimator):
     def _forward(self, X) -> np.ndarray:
         check_is_fitted(self, "coefs_")
         X = validate_data(self, X, reset=False, dtype=np.float32)
-        with use_device(self.device), no_grad():
+        with self._on_device(), no_grad():
             model = self._model()
             model.eval()
             return model(tensor(X)).numpy().astype(np.float64)
