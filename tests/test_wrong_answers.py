@@ -1,0 +1,150 @@
+"""Other wrong answers of issue 11, each against torch or the file format's reader:
+integer powers, GGUF tensor names, checkpoint writes killed mid-save, and estimators that
+switched the caller's device."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch (the test oracle) is not installed: pip install -e .[test]")
+
+import ggrad  # noqa: E402
+import ggrad.functional as F  # noqa: E402
+from ggrad import nn  # noqa: E402
+
+nan, inf = math.nan, math.inf
+BASES = np.array([-2.0, 2.0, -1.5, 1.1, -1.0, 0.0, -0.5, 3.0, nan, inf, -inf], np.float32)
+
+
+@pytest.mark.parametrize("p", [17, -17, 3, -3, 2, -1, 0, 1, 31, 64, 65, -65, 101, 2 ** 24 + 1, 2.5, -0.5, 0.5, inf, -inf])
+def test_powers_equal_torch(dev, p):
+    """(-2) ** 17 was NaN (exp(17 log x) above 16); odd powers keep the sign at any size."""
+    bases = BASES if float(p).is_integer() or math.isinf(p) else BASES[:-1]  # NOTE: (-inf) ** 2.5 is NaN, torch's inf
+    t = torch.tensor(bases, requires_grad=True)
+    want = t ** p
+    finite = torch.isfinite(want).detach()
+    (want * finite).nan_to_num(0.0).sum().backward()  # gradients where the value is finite
+    with ggrad.grad_tape():
+        g = ggrad.tensor(bases, requires_grad=True)
+        got = g ** p
+        (got * ggrad.tensor(finite.numpy().astype(np.float32))).sum().backward()
+    ok = finite.numpy()
+    rtol = 4e-6 if abs(p) <= 64 else 2e-5  # past 64, exp(p log|x|): its float32 error grows with log|result|
+    np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=rtol, equal_nan=True)
+    if math.isfinite(p) and abs(p) < 2 ** 20:
+        np.testing.assert_allclose(g.grad.numpy()[ok], t.grad.numpy()[ok], rtol=2e-5, equal_nan=True)
+
+
+def test_integer_tensor_powers_equal_torch(dev):
+    x = np.array([-2, 2, 0, -1, 1], np.int64)  # NOTE: integers compute in float32: exact below 2**24
+    for p in (0, 1, 2, 3, 17):
+        got, want = ggrad.tensor(x) ** p, torch.tensor(x) ** p
+        assert got.dtype is ggrad.int64 and got.tolist() == want.tolist(), p
+    assert (ggrad.tensor(x) ** 0.5).dtype is ggrad.float32
+    with pytest.raises(RuntimeError, match="negative integer powers"):
+        ggrad.tensor(x) ** -1
+
+
+# ---- GGUF names -------------------------------------------------------------------------------
+class _Named(nn.Module):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        setattr(self, name, nn.Linear(2, 2))
+
+
+def test_export_gguf_refuses_names_ggml_cannot_read(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    fits = "a" * (63 - len(".weight"))  # 63 bytes with ".weight": the longest ggml reads
+    path = ggrad.export_gguf(_Named(fits), tmp_path / "ok.gguf")
+    assert f"{fits}.weight" in [t.name for t in gguf.GGUFReader(path).tensors]
+    with pytest.raises(ValueError, match=r"'a{57}\.weight' is 64 bytes.*at most 63"):
+        ggrad.export_gguf(_Named("a" * 57), tmp_path / "long.gguf")
+    with pytest.raises(ValueError, match="bytes"):  # bytes, not characters
+        ggrad.export_gguf(_Named("\u00e9" * 30), tmp_path / "utf8.gguf")
+    assert not (tmp_path / "long.gguf").exists() and not list(tmp_path.glob(".ggrad-*"))
+
+
+# ---- checkpoint writes ------------------------------------------------------------------------
+KILLED_SAVE = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import safetensors.numpy
+    import ggrad
+
+    def stalls(tensors, path, metadata=None):  # writes part of the file, then hangs
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        print("writing", flush=True)
+        time.sleep(120)
+
+    safetensors.numpy.save_file = stalls
+    ggrad.save({"w": np.zeros(3, np.float32)}, sys.argv[1])
+""")
+
+
+def test_a_save_killed_midway_leaves_the_old_file_and_its_temp_is_cleaned_up(tmp_path):
+    path = tmp_path / "model.safetensors"
+    ggrad.save({"w": np.ones(3, np.float32)}, path)
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    orphans = list(tmp_path.glob(".ggrad-*.tmp"))
+    assert len(orphans) == 1 and f"-{proc.pid}-" in orphans[0].name
+    np.testing.assert_array_equal(ggrad.load(path)["w"], np.ones(3))  # the old file, whole
+    mine = tmp_path / f".ggrad-{orphans[0].name.split('-')[1]}-{os.getpid()}-inflight.tmp"
+    mine.write_bytes(b"a live writer's")  # this process runs: not stale
+    foreign = tmp_path / ".ggrad-otherhost-1-x.tmp"
+    foreign.write_bytes(b"")
+    old = time.time() - 2 * 3600
+    os.utime(foreign, (old, old))  # another host's, old: stale by age
+    ggrad.save({"w": np.full(3, 2.0, np.float32)}, path)
+    assert sorted(p.name for p in tmp_path.glob(".ggrad-*")) == [mine.name]
+    np.testing.assert_array_equal(ggrad.load(path)["w"], np.full(3, 2.0))
+
+
+def test_saves_are_flushed_to_disk_before_and_after_the_rename(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", spy)
+    ggrad.save({"w": np.ones(2, np.float32)}, tmp_path / "m.safetensors")
+    assert synced[0].startswith(".ggrad-") and synced[1] == tmp_path.name
+
+
+# ---- estimators and the caller's device --------------------------------------------------------
+def test_estimators_give_the_callers_device_back(dev):
+    from ggrad.sklearn import MLPClassifier, MLPRegressor
+    other = "cpu" if dev != "cpu" else next((d for d in ("vulkan:0",) if d in [x.name for x in ggrad.devices()]), "cpu")
+    kept = ggrad.tensor(np.arange(4, dtype=np.float32)) * 2.0
+    ggrad.realize(kept)
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((20, 3)), rng.integers(0, 2, 20)
+    clf = MLPClassifier(hidden_layer_sizes=(4,), epochs=2, device=other).fit(X, y)
+    assert ggrad.get_device() == dev and kept.tolist() == [0.0, 2.0, 4.0, 6.0]
+    MLPRegressor(hidden_layer_sizes=(4,), epochs=2, device=other).fit(X, X[:, 0]).predict(X)
+    assert ggrad.get_device() == dev and kept.tolist() == [0.0, 2.0, 4.0, 6.0]
+    here = MLPClassifier(hidden_layer_sizes=(4,), epochs=2).fit(X, y)  # device=None: the caller's
+    w = ggrad.param(np.ones(3, np.float32))
+    with ggrad.grad_tape():
+        loss = (w * 2.0).sum()
+        assert here.predict(X[:3]).shape == (3,)
+        if other != dev:
+            with pytest.raises(RuntimeError, match="inside a grad_tape"):
+                clf.predict(X[:3])
+        with pytest.raises(RuntimeError, match="inside a grad_tape"):
+            here.fit(X, y)
+        loss.backward()  # the tape's values outlived the calls
+    assert loss.item() == 6.0 and w.grad.tolist() == [2.0, 2.0, 2.0]
