@@ -148,3 +148,21 @@ def test_estimators_give_the_callers_device_back(dev):
             here.fit(X, y)
         loss.backward()  # the tape's values outlived the calls
     assert loss.item() == 6.0 and w.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+# ---- take_along_last's indices -------------------------------------------------------------
+def test_take_along_last_checks_its_indices(dev):
+    """Unchecked, a bad index aborted the process in ggml (a float one) or read out of bounds."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    index = np.array([[3, 0], [1, 1], [0, 2]])
+    got = F.take_along_last(ggrad.tensor(x), ggrad.tensor(index))
+    assert got.tolist() == torch.take_along_dim(torch.tensor(x), torch.tensor(index), -1).tolist()
+    with pytest.raises(TypeError, match="integer index"):
+        F.take_along_last(ggrad.tensor(x), ggrad.tensor(index.astype(np.float32)))
+    with pytest.raises(ValueError, match="same rank"):
+        F.take_along_last(ggrad.tensor(x), ggrad.tensor(index[0]))
+    with pytest.raises(IndexError, match="out of range"):
+        F.take_along_last(ggrad.tensor(x), ggrad.tensor(index + 2))
+    on_device = ggrad.tensor(index) * 2  # computed: checked where it is, raised at the next read
+    with pytest.raises(IndexError):
+        F.take_along_last(ggrad.tensor(x), on_device).numpy()

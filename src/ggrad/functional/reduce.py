@@ -316,7 +316,7 @@ def sort(x, dim: int = -1, descending: bool = False):
     a = _axis(dim, x.ndim)
     last = _to_last(x, a)
     index = _apply("argsort", (last,), last.shape, None, bool(descending), dtypes.int64)
-    values = take_along_last(last, index)
+    values = _take_last(last, index)
     return _from_last(values, a), _from_last(index, a)
 
 
@@ -337,19 +337,32 @@ def topk(x, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
     return narrow(values, a, 0, k), narrow(index, a, 0, k)
 
 
-def take_along_last(x: Tensor, index: Tensor) -> Tensor:
-    """x[..., index[..., j]] per row (last axis): values picked by integer indices of
-    another tensor; the gradient sums into the picked places."""
-    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
+def take_along_last(x, index) -> Tensor:
+    """x[..., index[..., j]] per row (last axis), as torch.take_along_dim(x, index, -1):
+    values picked by integer indices of another tensor of the same rank; the gradient sums
+    into the picked places. Indices must lie in [0, n): known on the host, a bad one raises
+    IndexError now; computed on the device, they are read clamped into range and a bad
+    one raises IndexError at the next host read (checks.py)."""
+    from .indexing import checked_index
+    x, index = _as_tensor(x), _as_tensor(index)
+    if index.dtype.category != dtypes.int32.category:
+        raise TypeError(f"take_along_last needs an integer index, got {index.dtype}")
+    if x.ndim == 0 or index.ndim != x.ndim:
+        raise ValueError(f"take_along_last: index {index.shape} and x {x.shape} need the same rank (at least 1)")
     if index.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"take_along_last: index {index.shape} and x {x.shape} differ before the last axis")
-    if len(x.shape) + 1 > 4 and rows > 1:
+    if len(x.shape) + 1 > 4 and int(np.prod(x.shape[:-1], dtype=np.int64)) > 1:
         raise ValueError("take_along_last supports tensors of at most 3 dimensions")
+    return _take_last(x, checked_index(index, x.shape[-1], "take_along_last index", "columns"))
+
+
+def _take_last(x: Tensor, index: Tensor) -> Tensor:
+    """take_along_last of an index known to be in range (one computed here: argsort's)."""
+    rows = int(np.prod(x.shape[:-1], dtype=np.int64))
 
     def rule(ctx, g):
-        from .indexing import one_hot
         src, ix = ctx.parents
-        hot = one_hot(ix, src.shape[-1])  # (..., k, n)
+        hot = _one_hot(ix, src.shape[-1])  # (..., k, n)
         g_rows = reshape(g, (rows, 1, g.shape[-1]))
         spread = reshape(matmul(g_rows, reshape(cast(hot, g.dtype), (rows,) + hot.shape[-2:])), src.shape)
         return spread, None
