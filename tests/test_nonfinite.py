@@ -26,8 +26,24 @@ class _Ggrad:
         return getattr(ggrad, name) if hasattr(ggrad, name) else getattr(F, name)
 
 
+def _functional(m):
+    return torch.nn.functional if m is torch else F
+
+
 def _leaky(m, a):
-    return (torch.nn.functional if m is torch else F).leaky_relu(a)
+    return _functional(m).leaky_relu(a)
+
+
+def _cross_entropy(m, a):
+    """-inf logits are fine where the target is not (a one-hot product made 0 * -inf)."""
+    target = m.tensor([1, 0, 2, 0])
+    return _functional(m).cross_entropy(a, target), _functional(m).cross_entropy(a, target, reduction="none")
+
+
+def _bce_with_logits(m, a):
+    """torch's values at infinite logits, and its gradient sigmoid(x) - y at x = 0."""
+    target = m.tensor([0.0, 1, 1, 0, 0.5, 1, 0, 0.2])
+    return _functional(m).binary_cross_entropy_with_logits(a, target, reduction="none")
 
 
 # (fn(m, x), x): fn is written once against torch or ggrad
@@ -59,6 +75,8 @@ CASES = {
     "norm_zero": (lambda m, a: (a.norm(), a.norm(dim=1)), [[0.0, 0.0, 0.0], [1.0, 2.0, 2.0]]),
     "norm_p": (lambda m, a: (a.norm(p=3, dim=0), a.norm(p=0.5, dim=0), a.norm(p=1.5, dim=0), a.norm(p=inf),
                              a.norm(p=0)), [[0.0, 1.0], [0.0, -2.0], [0.0, -2.0]]),
+    "cross_entropy_minus_inf": (_cross_entropy, [[-inf, 1, 2], [0.5, -inf, 3], [1, 2, -inf], [0, 0, 0]]),
+    "bce_with_logits": (_bce_with_logits, [inf, -inf, inf, -inf, 0.0, 100, -100, 0.3]),
     "maximum_nan": (lambda m, a: m.maximum(a, m.tensor([0.0, 0, 0, 0, 0, nan, 0.5])), SPECIAL),
 }
 

@@ -401,35 +401,22 @@ def _softmax_cross_entropy(ctx, s, node):
     return reshape(ctx, _cross_entropy_rows(ctx, *s), node.shape)
 
 
+@compute("class_cross_entropy", keep_int=True)
+def _class_cross_entropy(ctx, s, node):
+    """-log_softmax(logits)[r, index[r]] per row: the picked entry alone, so a -inf logit
+    elsewhere in the row costs nothing (a one-hot product made 0 * -inf = NaN there,
+    ggml's fused CROSS_ENTROPY_LOSS too)."""
+    logits, index = s
+    rows, cols = logits.contents.ne[1], logits.contents.ne[0]
+    table = reshape(ctx, _log_softmax_rows(ctx, logits), (rows, cols, 1))
+    picked = G.ggml_get_rows(ctx, table, reshape(ctx, index, (rows, 1)))
+    return reshape(ctx, G.ggml_neg(ctx, picked), node.shape)
+
+
 def _supported(node):
     """`node` if the current backend runs its op, else None (then the caller composes it)."""
     from . import runtime
     return node if runtime.current().backend.supports(node) else None
-
-
-@compute("cross_entropy_mean")
-def _cross_entropy_mean(ctx, s, node):
-    """The batch mean of the rows' cross-entropy, for one-hot targets: ggml's fused op (one
-    node instead of ~30) where the backend has it (CPU, CUDA), composed elsewhere (Vulkan)."""
-    logits, target = s
-    fused = _supported(G.ggml_cross_entropy_loss(ctx, logits, target))
-    if fused is not None:
-        return reshape(ctx, fused, node.shape)
-    rows = logits.contents.ne[1]
-    return reshape(ctx, G.ggml_scale(ctx, G.ggml_sum(ctx, _cross_entropy_rows(ctx, logits, target)),
-                                     1.0 / rows), node.shape)
-
-
-@compute("cross_entropy_mean_back")
-def _cross_entropy_mean_back(ctx, s, node):
-    """d/dlogits = g / rows * (softmax - target), for targets whose rows sum to 1."""
-    logits, target, g = s
-    fused = _supported(G.ggml_cross_entropy_loss_back(ctx, reshape(ctx, g, (1,)), logits, target))
-    if fused is not None:
-        return fused
-    rows = logits.contents.ne[1]
-    diff = G.ggml_sub(ctx, G.ggml_soft_max(ctx, logits), target)
-    return G.ggml_scale(ctx, G.ggml_mul(ctx, diff, reshape(ctx, g, (1,))), 1.0 / rows)
 
 
 @compute("softmax_cross_entropy_back")

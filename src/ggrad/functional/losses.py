@@ -6,9 +6,9 @@ import numpy as np
 
 from .. import autograd, capture
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
-from .elementwise import abs, affine, exp, log, relu, square, step
-from .indexing import one_hot
-from .reduce import log_softmax, mean, sum
+from .elementwise import _with_rule, abs, affine, exp, log, relu, sigmoid, square, step
+from .indexing import checked_index
+from .reduce import _one_hot, log_softmax, mean, sum
 
 
 # ---- training helpers and losses ---------------------------------------------------------------
@@ -83,22 +83,22 @@ def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
     if not target.dtype.is_floating_point:
         if target.shape != (n,):
             raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
-        target = one_hot(target, classes)
-        if reduction == "mean":  # one node where ggml has the fused op
-            return _apply("cross_entropy_mean", (logits, target), (), _cross_entropy_mean_rule, dtype=logits.dtype)
-        target = cast(target, logits.dtype)
-    elif target.shape != logits.shape:
+        index = checked_index(target, classes, "class index", "classes")
+        per_sample = _apply("class_cross_entropy", (logits, index), (n,), _class_cross_entropy_rule, dtype=logits.dtype)
+        return _reduce(per_sample, reduction)
+    if target.shape != logits.shape:
         raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
-    else:
-        dtype = result_type(logits, target)
-        logits, target = cast(logits, dtype), cast(target, dtype)
+    dtype = result_type(logits, target)
+    logits, target = cast(logits, dtype), cast(target, dtype)
     per_sample = _apply("softmax_cross_entropy", (logits, target), (n,), _cross_entropy_rule, dtype=logits.dtype)
     return _reduce(per_sample, reduction)
 
 
-def _cross_entropy_mean_rule(ctx, g):
-    logits, target = ctx.parents
-    return _apply("cross_entropy_mean_back", (logits.detach(), target, g), logits.shape, dtype=logits.dtype), None
+def _class_cross_entropy_rule(ctx, g):
+    """d/dlogits = g * (softmax - one_hot(index)), per row."""
+    logits, index = ctx.parents
+    hot = cast(_one_hot(index, logits.shape[1]), logits.dtype)
+    return _apply("softmax_cross_entropy_back", (logits.detach(), hot, g), logits.shape, dtype=logits.dtype), None
 
 
 def _cross_entropy_rule(ctx, g):
@@ -111,7 +111,19 @@ def _cross_entropy_rule(ctx, g):
 
 
 def binary_cross_entropy_with_logits(logits, target, reduction: str = "mean") -> Tensor:
-    """max(x, 0) - x*y + log(1 + exp(-|x|)): stable for large |x|."""
+    """(1 - y) x + max(-x, 0) + log(1 + exp(-|x|)), stable for large |x| and torch's at
+    infinite x. The gradient is torch's, sigmoid(x) - y (and -x for the target): the
+    formula's kinks at x = 0 gave the wrong one there (-0.5 for y = 0.5, not 0)."""
     x, y = _as_tensor(logits), _as_tensor(target)
     _same_shape(x, y, "binary_cross_entropy_with_logits")
-    return _reduce(relu(x) - x * y + log(affine(exp(-abs(x)), 1.0, 1.0)), reduction)
+    with autograd.no_grad():
+        loss = affine(y, -1.0, 1.0) * x + relu(-x) + log(affine(exp(-abs(x)), 1.0, 1.0))
+    if (x.requires_grad or y.requires_grad) and autograd.is_recording():
+        loss = _with_rule(loss, (x, y), _bce_with_logits_rule, "binary_cross_entropy_with_logits")
+    return _reduce(loss, reduction)
+
+
+def _bce_with_logits_rule(ctx, g):
+    x, y = (t.detach() for t in ctx.parents)
+    return (g * (sigmoid(x) - y) if ctx.parents[0].requires_grad else None,
+            -(g * x) if ctx.parents[1].requires_grad else None)
