@@ -62,6 +62,28 @@ class _Named(nn.Module):
         setattr(self, name, nn.Linear(2, 2))
 
 
+EDGES = np.array([-3.0, 3.0, nan, inf, -inf, 0.5, -0.5, 0.0, 7.5, -1e10, 1e-30, 0.1, 1.0, 0.3, 0.7, -217.0],
+                 np.float32)
+
+
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_rounded_division_equals_torch(dev, mode):
+    """floor(a / b) of the exact quotient: 1.0 // 0.1 is 9 (868 of 20,000 quotients of
+    tenths differed), -217 // 7 is -31 where division is not correctly rounded (CUDA's
+    fast math gave -32), and torch's edges (-3 // inf is -1, inf // 2 is NaN)."""
+    rng = np.random.default_rng(0)
+    tenths = [(rng.integers(-1000, 1000, 20000) / 10).astype(np.float32), (rng.integers(1, 30, 20000) / 10).astype(np.float32)]
+    for a, b in [(EDGES[:, None], EDGES[None, :]), tenths, (np.arange(-300, 300)[:, None], np.array([[7, -7, 13]]))]:
+        want = torch.div(torch.tensor(a), torch.tensor(b), rounding_mode=mode).numpy()
+        got = ggrad.div(ggrad.tensor(a), ggrad.tensor(b), rounding_mode=mode)
+        assert got.dtype.name == str(want.dtype)
+        np.testing.assert_array_equal(got.numpy(), want)
+        if mode == "floor":  # where the quotient's floor is a float32 integer (torch's exact fmod beyond)
+            small = np.broadcast_to(np.abs(want) < 2 ** 24, want.shape)
+            got, want = (ggrad.tensor(a) % ggrad.tensor(b)).numpy(), (torch.tensor(a) % torch.tensor(b)).numpy()
+            np.testing.assert_array_equal(got[small], want[small])
+
+
 def test_export_gguf_refuses_names_ggml_cannot_read(tmp_path):
     gguf = pytest.importorskip("gguf")
     fits = "a" * (63 - len(".weight"))  # 63 bytes with ".weight": the longest ggml reads

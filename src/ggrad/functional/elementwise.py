@@ -88,8 +88,11 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         if _is_scalar(a) or _is_scalar(b):  # true division: a reciprocal misrounds exact multiples
             like = b if _is_scalar(a) else a
             a, b = (full_like(like, v, F32) if _is_scalar(v) else v for v in (a, b))
-        q = div(a, b)
-        return cast(floor(q) if rounding_mode == "floor" else trunc(q), dtype)
+        out = cast(_rounded_quotient(a, b, rounding_mode), dtype)
+        parents = tuple(_as_tensor(v) for v in (a, b))
+        if dtype.is_floating_point and any(p.requires_grad for p in parents) and autograd.is_recording():
+            out = _with_rule(out, parents, _zero_rule, f"div (rounding_mode={rounding_mode!r})")
+        return out
     dtype = result_type(a, b)
     dtype = dtype if dtype.is_floating_point else F32
     if _is_scalar(b):
@@ -100,6 +103,44 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
         return affine(pow(b if b.dtype is dtype else cast(b, dtype), -1), float(a), 0.0, dtype)
     a, b = _as_tensor(a), _as_tensor(b)
     return _binary("div", a, b, _div_rule, dtype)
+
+
+def _rounded_quotient(a, b, rounding_mode: str) -> Tensor:
+    """floor(a / b) or trunc(a / b) of the exact quotient. A division need not round
+    correctly (CUDA builds with fast math: -217 / 7 gave -31.000002, floored to -32), which
+    matters only where the quotient lies within a few ulps of an integer n: there the sign
+    of the remainder a - n * b, computed exactly, says on which side of n the true quotient
+    lies (1.0 // 0.1 is 9: 0.1 in float32 is a little more than a tenth). torch's trunc
+    is of the rounded quotient: there one step with the exact remainder rounds it. The
+    floor's edges as torch's: a finite a over an infinite b leaves remainder a (-3 // inf
+    is -1), an infinite a over a nonzero b gives NaN."""
+    from .compare import eq, isinf, where
+    with autograd.no_grad():
+        q = div(a, b)
+        n = round(q)
+        near = step(QUOTIENT_ULPS * abs(q) - abs(q - n))
+        if rounding_mode == "trunc":  # torch's: of the correctly rounded quotient
+            product, error = _two_product(q, b)
+            return where(near, trunc(q + ((a - product) - error) / b), trunc(q))
+        product, error = _two_product(n, b)
+        side = ((a - product) - error) * sign(b)  # the sign of (true quotient - n)
+        q = where(near, n - step(-side), floor(q)) - cast(isinf(b), F32) * step(-a * sign(b))
+        return where(eq(b, 0.0), q, q + (a - a))
+
+
+QUOTIENT_ULPS = 8 * 2.0 ** -23  # how far a computed quotient may sit from the true one
+
+
+def _two_product(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """p = fl(x * y) and its rounding error e, with x * y = p + e exactly (Dekker's
+    product: each factor split into two 12-bit halves whose products are exact)."""
+    def halves(v):
+        c = v * 4097.0
+        high = c - (c - v)
+        return high, v - high
+    p = x * y
+    (xh, xl), (yh, yl) = halves(x), halves(y)
+    return p, ((xh * yh - p) + xh * yl + xl * yh) + xl * yl
 
 
 def _div_rule(ctx, g):
@@ -114,8 +155,34 @@ def floor_divide(a, b) -> Tensor:
 
 
 def remainder(a, b) -> Tensor:
-    """a - floor(a / b) * b: the sign of the divisor, as Python's % and torch.remainder."""
-    return sub(a, mul(floor_divide(a, b), b))
+    """a - floor(a / b) * b with the sign of the divisor, as Python's % and torch.remainder:
+    exact where the product is within a rounding of a (-3 % 0.1 is 4.5e-8, not 0), and
+    torch's at an infinite divisor (-3 % inf is inf, 3 % inf is 3)."""
+    from .compare import eq, isinf, where
+    dtype = result_type(a, b)
+    if _is_scalar(a) or _is_scalar(b):
+        like = b if _is_scalar(a) else a
+        a, b = (full_like(like, v, F32) if _is_scalar(v) else v for v in (a, b))
+    with autograd.no_grad():
+        q = div(a, b, rounding_mode="floor")
+        product, error = _two_product(q, b)
+        infinite = where(eq(q, 0.0), a, b) + (a - a)  # a, or b where the signs differ; NaN for infinite a
+        out = cast(where(isinf(b), infinite, (a - product) - error), dtype)
+    parents = tuple(_as_tensor(v) for v in (a, b))
+    if any(p.requires_grad for p in parents) and autograd.is_recording():
+        out = _with_rule(out, parents, _remainder_rule, "remainder")
+    return out
+
+
+def _zero_rule(ctx, g):
+    return tuple(sum_to(affine(g, 0.0), p.shape) if p.requires_grad else None for p in ctx.parents)
+
+
+def _remainder_rule(ctx, g):
+    """torch's: 1 for a, -floor(a / b) for b."""
+    a, b = ctx.parents
+    return (sum_to(g, a.shape) if a.requires_grad else None,
+            sum_to(-(g * div(a.detach(), b.detach(), rounding_mode="floor")), b.shape) if b.requires_grad else None)
 
 
 # ---- elementwise unary -------------------------------------------------------------------
