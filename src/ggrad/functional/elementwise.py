@@ -106,26 +106,35 @@ def div(a, b, rounding_mode: str | None = None) -> Tensor:
 
 
 def _rounded_quotient(a, b, rounding_mode: str) -> Tensor:
-    """floor(a / b) or trunc(a / b) of the exact quotient. A division need not round
-    correctly (CUDA builds with fast math: -217 / 7 gave -31.000002, floored to -32), which
-    matters only where the quotient lies within a few ulps of an integer n: there the sign
-    of the remainder a - n * b, computed exactly, says on which side of n the true quotient
-    lies (1.0 // 0.1 is 9: 0.1 in float32 is a little more than a tenth). torch's trunc
-    is of the rounded quotient: there one step with the exact remainder rounds it. The
-    floor's edges as torch's: a finite a over an infinite b leaves remainder a (-3 // inf
-    is -1), an infinite a over a nonzero b gives NaN."""
-    from .compare import eq, isinf, where
+    """floor(a / b) or trunc(a / b), as torch's. A division need not round correctly (CUDA
+    builds with fast math: -217 / 7 gave -31.000002, floored to -32); one step with the
+    exact remainder (Dekker's product) rounds the quotient q, and trunc (torch's is of the
+    rounded quotient) is done. The floor is of the exact quotient, which matters where q
+    lies within a few ulps of an integer n: there the sign of the exact remainder a - n * b
+    says on which side of n the true quotient lies (1.0 // 0.1 is 9: 0.1 in float32 is a
+    little more than a tenth). Its edges as torch's: a quotient that is 0 though a is not
+    (b infinite, or the quotient below float32's range) floors to -1 where the signs
+    differ (-3 // inf is -1), and an infinite a over a nonzero b gives NaN."""
+    from .compare import eq, isnan, where
+    a, b = _float32(a), _float32(b)  # and broadcast as floats (CUDA cannot repeat int32)
     with autograd.no_grad():
         q = div(a, b)
+        product, error = _two_product(q, b)
+        rounded = q + ((a - product) - error) / b
+        q = where(isnan(rounded), q, rounded)  # the split overflows past 2^115: q as it was
+        if rounding_mode == "trunc":
+            return trunc(q)
         n = round(q)
         near = step(QUOTIENT_ULPS * abs(q) - abs(q - n))
-        if rounding_mode == "trunc":  # torch's: of the correctly rounded quotient
-            product, error = _two_product(q, b)
-            return where(near, trunc(q + ((a - product) - error) / b), trunc(q))
         product, error = _two_product(n, b)
         side = ((a - product) - error) * sign(b)  # the sign of (true quotient - n)
-        q = where(near, n - step(-side), floor(q)) - cast(isinf(b), F32) * step(-a * sign(b))
-        return where(eq(b, 0.0), q, q + (a - a))
+        floored = where(near, n - step(-side), floor(q)) - cast(eq(q, 0.0), F32) * step(-a * sign(b))
+        return where(eq(b, 0.0), floored, floored + (a - a))
+
+
+def _float32(x) -> Tensor:
+    x = _as_tensor(x)
+    return x if x.dtype is F32 else cast(x, F32)
 
 
 QUOTIENT_ULPS = 8 * 2.0 ** -23  # how far a computed quotient may sit from the true one
@@ -160,9 +169,12 @@ def remainder(a, b) -> Tensor:
     torch's at an infinite divisor (-3 % inf is inf, 3 % inf is 3)."""
     from .compare import eq, isinf, where
     dtype = result_type(a, b)
+    if dtype is dtypes.bool_:
+        raise TypeError("remainder of bool tensors is not supported")
     if _is_scalar(a) or _is_scalar(b):
         like = b if _is_scalar(a) else a
         a, b = (full_like(like, v, F32) if _is_scalar(v) else v for v in (a, b))
+    a, b = _float32(a), _float32(b)
     with autograd.no_grad():
         q = div(a, b, rounding_mode="floor")
         product, error = _two_product(q, b)
