@@ -16,9 +16,12 @@ data = np.random.default_rng(0)
 X = data.standard_normal((32, 8)).astype(np.float32)
 Y = data.integers(0, 4, 32)
 
+seeding = threading.Lock()
+
 def make(seed):
-    ggrad.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    with seeding:  # the generator is process-wide, as torch's: seed and draw in one go
+        ggrad.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     return model, Adam(model.parameters(), lr=0.01)
 
 def train(seed, steps, compiled, out):

@@ -71,7 +71,8 @@ def test_fit_steps_cross_nothing_but_the_metric_reads(dev):
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     loader = ggrad.DataLoader(x, y, batch_size=16)
     opt = Adam(model.parameters(), lr=1e-2)
-    ggrad.fit(model, F.cross_entropy, opt, loader, epochs=1, verbose=0)  # state made, weights uploaded
+    # state made, weights and the metrics' constants uploaded
+    ggrad.fit(model, F.cross_entropy, opt, loader, epochs=1, metrics=("loss", "accuracy"), verbose=0)
     with ggrad.count_transfers() as t:
         ggrad.fit(model, F.cross_entropy, opt, loader, epochs=2, metrics=("loss", "accuracy"), verbose=0)
     crossing = dev != "cpu"
