@@ -387,3 +387,26 @@ def test_a_long_pending_chain_runs(dev):
         print(y.numpy().tolist())
     """, dev)
     assert "[70000.0, 70000.0, 70000.0]" in out, out
+
+
+def test_a_value_whose_graph_failed_does_not_fail_later_graphs(dev, monkeypatch):
+    """An op the backend lacks (ggml-cuda repeating int32) failed its graph, and the value
+    stayed pending: every later graph took it in and failed too, in unrelated code."""
+    from ggrad import lazy
+    from ggrad.tensor import Tensor
+
+    def lacking(ctx, srcs, node):
+        raise NotImplementedError("this backend lacks the op")
+    monkeypatch.setitem(lazy.BUILDERS, "lacking", lacking)
+    x = ggrad.tensor([1.0, 2.0])
+    bad = Tensor._wrap(lazy.apply("lacking", (x.node,), (2,)))
+    good = x * 3
+    with pytest.raises(NotImplementedError, match="lacks the op"):
+        good.numpy()  # one graph held both: the error surfaces at this read
+    np.testing.assert_array_equal(good.numpy(), [3.0, 6.0])  # run on its own meanwhile
+    np.testing.assert_array_equal((x + 1).numpy(), [2.0, 3.0])  # `bad` is alive, not taken in
+    with pytest.raises(NotImplementedError, match="lacks the op.*no value"):
+        bad.numpy()
+    with pytest.raises(NotImplementedError, match="lacks the op"):
+        bad + 1
+    assert not lazy.has_pending_work()

@@ -89,6 +89,17 @@ class Node:
 
 
 VERSION = "version"  # the op of a value an effect will leave in its target's buffer
+FAILED = "failed"  # the op of a value whose graph failed; `arg` is the error
+
+
+def failure(node: Node) -> Exception:
+    """The error to raise where `node`, whose graph failed, is read."""
+    error = node.arg
+    message = f"{error} (raised when this value was computed; it has no value)"
+    try:
+        return type(error)(message)
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {message}")
 
 
 class Effect:
@@ -143,6 +154,8 @@ def _landing(node: Node) -> str:
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.float32, arg=None) -> Node:
     for src in srcs:
+        if src.op == FAILED:
+            raise failure(src) from src.arg
         if src.op == VERSION:  # its effect has not run: run it before reading the result
             realize()
             break
@@ -193,7 +206,7 @@ def pending_reader(node: Node) -> bool:
 
 def has_pending_work() -> bool:
     return bool(local.stores) or bool(local.effects) or any(
-        n.pending and n.op != VERSION and n.wanted() for n in local.pending)
+        n.pending and n.op not in (VERSION, FAILED) and n.wanted() for n in local.pending)
 
 
 def ensure_on_device(node: Node):
@@ -241,9 +254,13 @@ def _realize(nodes: list[Node]) -> None:
     stores = list(state.stores.values())
     effects = list(state.effects)
     skip = {id(value) for _, value in stores}  # a stored value lands in its target's buffer
+    for n in nodes:
+        if n.op == FAILED:
+            raise failure(n) from n.arg
     asked = [n for n in nodes if n.pending and n.op != VERSION and id(n) not in skip]
     skip.update(id(n) for n in asked)
-    wanted = [n for n in list(state.pending) if n.pending and n.op != VERSION and n.wanted() and id(n) not in skip]
+    wanted = [n for n in list(state.pending)
+              if n.pending and n.op not in (VERSION, FAILED) and n.wanted() and id(n) not in skip]
     outputs = asked + sorted(wanted, key=lambda n: n.seq)  # a set's order would vary the signature
     for n in nodes:  # leaves asked for go to the device too
         if not n.pending:
@@ -252,21 +269,47 @@ def _realize(nodes: list[Node]) -> None:
         return
     try:
         _run(state, outputs, stores, effects)
-    except BaseException:
+    except BaseException as error:
         # The failed writes are dropped (the error says why) so that they cannot fail every
         # later graph too; an effect that did not run leaves its targets as they were.
         state.stores.clear()
         del state.effects[:len(effects)]
         _settle(effects)
+        if isinstance(error, Exception) and not isinstance(error, MemoryError):
+            _quarantine(state, outputs)
         raise
     state.stores.clear()
     del state.effects[:len(effects)]
     _settle(effects)
 
 
+def _quarantine(state: _ThreadState, outputs: list[Node]) -> None:
+    """After a graph failed for a reason that would fail it again (an op the backend lacks,
+    a dead input), run each of its values on its own: those that fail are marked failed
+    (reading one, or building on it, raises its error) and no later graph takes them in,
+    so one bad value does not fail every graph after it. A shortage of memory is not
+    decided: those values stay pending."""
+    recorder, state.recorder = state.recorder, None  # a trace that failed is not kept anyway
+    try:
+        for node in sorted(outputs, key=lambda n: n.seq):
+            if not node.pending:
+                continue
+            try:
+                _run(state, [node], [], [])
+            except MemoryError:
+                continue
+            except Exception as error:
+                node.op, node.srcs, node.arg = FAILED, (), error
+    finally:
+        state.recorder = recorder
+
+
 def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[Effect]) -> None:
     """Build (or reuse) and run the graph of `outputs`, `stores` and `effects`."""
     order = _topological([*outputs, *(value for _, value in stores), *(s for e in effects for s in e.srcs)])
+    for node in order:
+        if node.op == FAILED:
+            raise failure(node) from node.arg
     leaves = [n for n in order if not n.pending]
     for leaf in leaves:
         ensure_on_device(leaf)
