@@ -60,6 +60,20 @@ def dev(request):
         ggrad.set_device(previous if previous in AVAILABLE else "cpu")
 
 
+@pytest.fixture
+def fit_steps(monkeypatch):
+    """The compiled steps `ggrad.fit` makes, in order (to ask whether they replayed)."""
+    from ggrad import train
+    made = []
+    make = train._train_step
+
+    def spy(*args):
+        made.append(make(*args))
+        return made[-1]
+    monkeypatch.setattr(train, "_train_step", spy)
+    return made
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" and report.passed:
         for name in DEVICE_PARAMS:

@@ -127,22 +127,14 @@ def test_the_language_model_example_trains_and_samples():
     assert "sample:" in proc.stdout
 
 
-def test_fit_replays_its_step_after_the_first_calls(monkeypatch):
+def test_fit_replays_its_step_after_the_first_calls(fit_steps):
     """fit's step goes through ggrad.compile: after the first calls (optimizer state made,
     then captured) every full batch and every last partial batch is a replay."""
-    from ggrad import train
-    made = []
-
-    def spy(*args):
-        made.append(train_step(*args))
-        return made[-1]
-    train_step = train._train_step
-    monkeypatch.setattr(train, "_train_step", spy)
     x = np.random.default_rng(0).standard_normal((100, 4)).astype(np.float32)
     y = (x[:, 0] > 0).astype(np.int64)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 2))
     ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), lr=1e-2), (x, y), epochs=4, batch_size=16,
               metrics=("loss", "accuracy"), verbose=0)
-    step = made[0]
+    step = fit_steps[0]
     assert step.captured == 2 and step.reason is None  # 16 rows, and the last 4
     assert step.traces <= 4, step.traces  # of 4 epochs x 7 batches
