@@ -8,6 +8,8 @@ are written with these same operations, so the backward pass is more lazy nodes.
 """
 
 from ._core import broadcast_to, cast, reshape, sum_to
+from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, max_pool1d,
+                   max_pool2d, unfold_windows)
 from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
                       logical_or, logical_xor, lt, masked_fill, ne, where)
 from .elementwise import (abs, add, affine, ceil, clamp, div, exp, floor, floor_divide, gelu, leaky_relu,
@@ -22,7 +24,8 @@ from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, l
                      norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
 
 __all__ = [
-    "abs", "add", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
+    "abs", "adaptive_avg_pool2d", "add", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
+    "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
     "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
     "flatten", "floor", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "isfinite", "isinf",

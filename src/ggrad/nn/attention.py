@@ -8,7 +8,8 @@ import numpy as np
 
 from .. import functional as F
 from ..tensor import Tensor, tensor
-from .layers import GELU, Dropout, LayerNorm, Linear
+from .layers import GELU, Dropout, Linear
+from .normalization import LayerNorm
 from .module import Module, Sequential
 
 

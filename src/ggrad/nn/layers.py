@@ -1,4 +1,4 @@
-"""Layers: Linear, activations, Dropout, normalisation, Embedding."""
+"""Layers: Linear, activations, Flatten/Unflatten, Dropout, Embedding."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import math
 import numpy as np
 
 from .. import functional as F
-from ..autograd import no_grad
 from ..random import generator
-from ..tensor import Tensor, param, tensor
+from ..tensor import Tensor, param
 from .module import Module
 
 
@@ -89,6 +88,34 @@ class LeakyReLU(Module):
         return F.leaky_relu(x, self.negative_slope)
 
 
+class Flatten(Module):
+    """Axes start_dim..end_dim as one (by default all but the batch axis)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        super().__init__()
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.flatten(x, self.start_dim, self.end_dim)
+
+    def extra_repr(self) -> str:
+        return f"start_dim={self.start_dim}, end_dim={self.end_dim}"
+
+
+class Unflatten(Module):
+    """Axis `dim` as the axes `unflattened_size`."""
+
+    def __init__(self, dim: int, unflattened_size) -> None:
+        super().__init__()
+        self.dim, self.unflattened_size = int(dim), tuple(unflattened_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.unflatten(x, self.dim, self.unflattened_size)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
 class Dropout(Module):
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
@@ -101,57 +128,6 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
-
-
-class LayerNorm(Module):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis (biased variance)."""
-
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
-        super().__init__()
-        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
-        self.weight = param(np.ones(normalized_shape, np.float32)) if elementwise_affine else None
-        self.bias = param(np.zeros(normalized_shape, np.float32)) if elementwise_affine else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.shape[-1] != self.normalized_shape:
-            raise ValueError(f"LayerNorm({self.normalized_shape}) got input of shape {x.shape}")
-        centered = x - x.mean(axis=-1, keepdims=True)
-        var = F.square(centered).mean(axis=-1, keepdims=True)
-        y = centered / F.sqrt(var + self.eps)
-        return y * self.weight + self.bias if self.weight is not None else y
-
-
-class BatchNorm1d(Module):
-    """Batch statistics in training (biased variance to normalise, unbiased for the running
-    variance), running statistics in eval. The running statistics are buffers updated in
-    place on the device: no crossing."""
-
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True) -> None:
-        super().__init__()
-        self.num_features, self.eps, self.momentum = int(num_features), float(eps), float(momentum)
-        self.weight = param(np.ones(num_features, np.float32)) if affine else None
-        self.bias = param(np.zeros(num_features, np.float32)) if affine else None
-        self.register_buffer("running_mean", tensor(np.zeros(num_features, np.float32)))
-        self.register_buffer("running_var", tensor(np.ones(num_features, np.float32)))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 2 or x.shape[1] != self.num_features:
-            raise ValueError(f"BatchNorm1d({self.num_features}) needs input (N, {self.num_features}), got {x.shape}")
-        if self.training:
-            n = x.shape[0]
-            if n < 2:
-                raise ValueError("BatchNorm1d in training needs more than one sample per batch")
-            mean = x.mean(axis=0)
-            centered = x - mean
-            var = F.square(centered).mean(axis=0)
-            with no_grad():
-                m = self.momentum
-                self.running_mean.assign_(self.running_mean * (1 - m) + mean.detach() * m)
-                self.running_var.assign_(self.running_var * (1 - m) + var.detach() * (m * n / (n - 1)))
-            y = centered / F.sqrt(var + self.eps)
-        else:
-            y = (x - self.running_mean) / F.sqrt(self.running_var + self.eps)
-        return y * self.weight + self.bias if self.weight is not None else y
 
 
 class Embedding(Module):

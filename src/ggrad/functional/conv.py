@@ -1,0 +1,428 @@
+"""Convolutions and pooling, torch.nn.functional's, composed from one primitive pair.
+
+An image's windows become columns (ggml's IM2COL: (N, C, H, W) -> (N, OH, OW, C*KH*KW),
+in the order of a torch weight's (C, KH, KW)); a convolution is one matrix product over
+them, a transposed convolution the product's adjoint (folding columns back onto an
+image), and a pool a max or mean over each window. Gradients come from the pieces: the
+adjoint of unfolding is folding (ggml's IM2COL_BACK; where a backend lacks it, Vulkan,
+a transposed convolution with one-hot kernels folds the columns), and the product's,
+max's and mean's gradients are the ones they always have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import numbers
+
+import numpy as np
+from ggml import ggml as G
+
+from ..ops import F32, _onehot, _supported, compute, reshape as ggml_reshape, template
+from ..tensor import Tensor, tensor
+from ._core import _apply, _as_tensor, _float, cast, reshape
+from .layout import matmul, matmul_nt, pad, permute
+from .reduce import max as reduce_max, mean, sum as reduce_sum
+
+
+def _pair(value, what: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) for v in pair):
+        raise TypeError(f"{what} must be an int or a pair of ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _single(value, what: str) -> int:
+    if not isinstance(value, numbers.Integral):
+        value = tuple(value)
+        if len(value) != 1 or not isinstance(value[0], numbers.Integral):
+            raise TypeError(f"{what} must be an int or a 1-tuple of ints, got {value!r}")
+        value = value[0]
+    return int(value)
+
+
+def _out_size(size: int, kernel: int, stride: int, pad_total: int, dilation: int) -> int:
+    return (size + pad_total - dilation * (kernel - 1) - 1) // stride + 1
+
+
+# ---- the primitive pair: unfold an image into window columns, fold columns back -----------
+def unfold_windows(x, kernel_size, stride=1, padding=0, dilation=1) -> Tensor:
+    """(N, C, H, W) -> (N, OH, OW, C*KH*KW): each output position's window, zero padded.
+    torch.nn.functional.unfold's values, laid out for a product with a (OC, C*KH*KW)
+    weight (torch's unfold is this transposed to (N, C*KH*KW, OH*OW))."""
+    x = _float(_as_tensor(x), "unfold")
+    if x.ndim != 4:
+        raise ValueError(f"unfold needs a 4-d input (N, C, H, W), got shape {x.shape}")
+    (kh, kw), (sh, sw) = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
+    (ph, pw), (dh, dw) = _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"unfold needs positive kernel_size, stride and dilation and a non-negative padding, "
+                         f"got {kernel_size}, {stride}, {dilation}, {padding}")
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kh, sh, 2 * ph, dh), _out_size(w, kw, sw, 2 * pw, dw)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"a {kh}x{kw} window (dilation {dilation}) is larger than the padded input "
+                         f"{h + 2 * ph}x{w + 2 * pw}")
+    arg = (kh, kw, sh, sw, ph, pw, dh, dw)
+    return _apply("im2col", (x,), (n, oh, ow, c * kh * kw), _unfold_rule, arg, x.dtype)
+
+
+def _unfold_rule(ctx, g):
+    return (_fold(g, ctx.parents[0].shape, ctx.arg),)
+
+
+def _fold(columns: Tensor, shape: tuple, arg: tuple) -> Tensor:
+    """The adjoint of unfold_windows: each column entry added onto the image position its
+    window read (overlaps sum)."""
+    return _apply("col2im", (columns,), shape, lambda ctx, g: (_unfold_again(g, ctx.arg),), arg, columns.dtype)
+
+
+def _unfold_again(g: Tensor, arg: tuple) -> Tensor:
+    kh, kw, sh, sw, ph, pw, dh, dw = arg
+    return unfold_windows(g, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+
+
+def _kernel_shape(ctx, channels: int, kh: int, kw: int):
+    """IM2COL reads its kernel's sizes only: a shape, (KW, KH, C, 1) in ggml's order."""
+    return template(ctx, (1, channels, kh, kw))
+
+
+@compute("im2col")
+def _im2col(ctx, s, node):
+    kh, kw, sh, sw, ph, pw, dh, dw = node.arg
+    x = s[0]
+    return G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32)
+
+
+@compute("col2im")
+def _col2im(ctx, s, node):
+    kh, kw, sh, sw, ph, pw, dh, dw = node.arg
+    n, c, h, w = node.shape
+    ne = (ctypes.c_int64 * 4)(w, h, c, n)
+    folded = _supported(G.ggml_im2col_back(ctx, s[0], _kernel_shape(ctx, c, kh, kw), ne, sw, sh, pw, ph, dw, dh, True))
+    return folded if folded is not None else _fold_by_transposed_conv(ctx, s[0], node)
+
+
+def _fold_by_transposed_conv(ctx, columns, node):
+    """Folding without IM2COL_BACK: a transposed convolution of the columns, read as KH*KW
+    channels, with one-hot kernels (kernel k has its 1 where window entry k sits, dilation
+    included) scatters every entry to its place; the result is cropped to the image.
+    NOTE: ggml's CONV_TRANSPOSE_2D reads f32 kernels right on Vulkan only (the CPU's
+    wants f16 and says nothing): the CPU always has IM2COL_BACK."""
+    kh, kw, sh, sw, ph, pw, dh, dw = node.arg
+    n, c, h, w = node.shape
+    ow, oh = columns.contents.ne[1], columns.contents.ne[2]
+    stride = math.gcd(sh, sw)  # the transposed convolution's; the rest spreads the image
+    taps, khe, kwe = kh * kw, dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    per_tap = G.ggml_permute(ctx, ggml_reshape(ctx, columns, (n, oh * ow, c, taps)), 1, 2, 0, 3)
+    image = _spread(ctx, ggml_reshape(ctx, G.ggml_cont(ctx, per_tap), (c * n, taps, oh, ow)), sh // stride, sw // stride)
+    # where tap k (row k // kw, column k % kw) sits in the dilated kernel
+    k = G.ggml_arange(ctx, 0.0, float(taps), 1.0)
+    row = G.ggml_floor(ctx, G.ggml_scale_bias(ctx, k, 1.0 / kw, 0.5 / kw))
+    place = G.ggml_add(ctx, G.ggml_scale(ctx, k, float(dw)), G.ggml_scale(ctx, row, float(dh * kwe - kw * dw)))
+    kernels = ggml_reshape(ctx, _onehot(ctx, ggml_reshape(ctx, place, (taps, 1)), taps, khe * kwe), (taps, 1, khe, kwe))
+    full = G.ggml_conv_transpose_2d_p0(ctx, kernels, image, stride)
+    full_w, full_h = full.contents.ne[0], full.contents.ne[1]
+    full = G.ggml_pad(ctx, full, max(pw + w - full_w, 0), max(ph + h - full_h, 0), 0, 0)
+    view = G.ggml_view_4d(ctx, full, w, h, 1, c * n, full.contents.nb[1], full.contents.nb[2], full.contents.nb[3],
+                          (ph * full.contents.nb[1]) + pw * full.contents.nb[0])
+    return ggml_reshape(ctx, G.ggml_cont(ctx, view), node.shape)
+
+
+def _spread(ctx, image, by_h: int, by_w: int):
+    """`image` with by - 1 zeros after each of its rows / columns (strides that differ
+    are the transposed convolution's common one times these)."""
+    cols, rows, planes, batch = (image.contents.ne[i] for i in range(4))
+    if by_w > 1:
+        image = G.ggml_pad(ctx, G.ggml_reshape_4d(ctx, image, 1, cols, rows, planes * batch), by_w - 1, 0, 0, 0)
+        cols *= by_w
+    if by_h > 1:
+        image = G.ggml_pad(ctx, G.ggml_reshape_4d(ctx, image, cols, 1, rows, planes * batch), 0, by_h - 1, 0, 0)
+        rows *= by_h
+    return G.ggml_reshape_4d(ctx, image, cols, rows, planes, batch)
+
+
+# ---- convolutions ---------------------------------------------------------------------------
+def _conv_padding(padding, kernel: tuple, dilation: tuple, stride: tuple) -> tuple[tuple[int, int], ...]:
+    """(before, after) per spatial axis, torch's: "same" puts the odd one after."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return tuple((0, 0) for _ in kernel)
+        if padding != "same":
+            raise ValueError(f"padding must be 'valid', 'same', an int or a tuple, got {padding!r}")
+        if any(s != 1 for s in stride):
+            raise ValueError("padding='same' is not supported for strided convolutions")
+        totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    pads = (padding,) * len(kernel) if isinstance(padding, numbers.Integral) else tuple(padding)
+    if len(pads) != len(kernel) or not all(isinstance(p, numbers.Integral) and p >= 0 for p in pads):
+        raise ValueError(f"padding must be a non-negative int or a {len(kernel)}-tuple of them, got {padding!r}")
+    return tuple((int(p), int(p)) for p in pads)
+
+
+def _windows(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple) -> Tensor:
+    """unfold_windows with (before, after) padding: an uneven one is padded explicitly."""
+    (top, bottom), (left, right) = pads
+    if top != bottom or left != right:
+        x = pad(x, (left, right, top, bottom))
+        top = left = 0
+    return unfold_windows(x, kernel, stride, (top, left), dilation)
+
+
+def _grouped_product(columns: Tensor, weight: Tensor, groups: int) -> Tensor:
+    """(P, G*K) columns times a (G*O, K) weight, group by group -> (P, G*O)."""
+    rows, width = columns.shape
+    outs = weight.shape[0]
+    if groups == 1:
+        return matmul_nt(columns, weight)
+    per_group = permute(reshape(columns, (rows, groups, width // groups)), (1, 0, 2))
+    product = matmul_nt(per_group, reshape(weight, (groups, outs // groups, width // groups)))
+    return reshape(permute(product, (1, 0, 2)), (rows, outs))
+
+
+def _batched(x: Tensor, spatial: int, what: str) -> tuple[Tensor, bool]:
+    """x with a batch axis (torch takes unbatched (C, *spatial) inputs too)."""
+    if x.ndim == spatial + 1:
+        return reshape(x, (1,) + x.shape), True
+    if x.ndim != spatial + 2:
+        raise ValueError(f"{what} needs a {spatial + 1}-d or {spatial + 2}-d input, got shape {x.shape}")
+    return x, False
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight
+    (OC, C / groups, KH, KW); padding an int, a pair, "valid" or "same"."""
+    x, weight = _float(_as_tensor(input), "conv2d"), _float(_as_tensor(weight), "conv2d")
+    x, unbatched = _batched(x, 2, "conv2d")
+    if weight.ndim != 4:
+        raise ValueError(f"conv2d needs a 4-d weight (OC, C / groups, KH, KW), got shape {weight.shape}")
+    if x.dtype is not weight.dtype:
+        raise TypeError(f"conv2d needs input and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    n, c, _, _ = x.shape
+    oc, cg, kh, kw = weight.shape
+    if not isinstance(groups, numbers.Integral) or groups < 1 or c != cg * groups or oc % groups:
+        raise ValueError(f"conv2d: input of {c} channels, weight {weight.shape} and groups={groups} do not fit "
+                         f"(want channels == weight.shape[1] * groups and weight.shape[0] divisible by groups)")
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"conv2d needs positive stride and dilation, got {stride}, {dilation}")
+    columns = _windows(x, (kh, kw), stride, _conv_padding(padding, (kh, kw), dilation, stride), dilation)
+    _, oh, ow, width = columns.shape
+    y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
+    y = permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2))
+    if bias is not None:
+        bias = _as_tensor(bias)
+        if bias.shape != (oc,):
+            raise ValueError(f"conv2d needs a bias of shape ({oc},), got {bias.shape}")
+        y = y + reshape(bias, (oc, 1, 1))
+    return reshape(y, y.shape[1:]) if unbatched else y
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
+    """torch.nn.functional.conv1d: input (N, C, L) or (C, L), weight (OC, C / groups, K);
+    a conv2d over a height of 1."""
+    x, weight = _as_tensor(input), _as_tensor(weight)
+    x, unbatched = _batched(x, 1, "conv1d")
+    if weight.ndim != 3:
+        raise ValueError(f"conv1d needs a 3-d weight (OC, C / groups, K), got shape {weight.shape}")
+    if not isinstance(padding, str):
+        padding = (0, _single(padding, "padding"))
+    y = conv2d(reshape(x, (x.shape[0], x.shape[1], 1, x.shape[2])), reshape(weight, weight.shape[:2] + (1, weight.shape[2])),
+               bias, (1, _single(stride, "stride")), padding, (1, _single(dilation, "dilation")), groups)
+    y = reshape(y, (y.shape[0], y.shape[1], y.shape[3]))
+    return reshape(y, y.shape[1:]) if unbatched else y
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> Tensor:
+    """torch.nn.functional.conv_transpose2d: input (N, C, H, W) or (C, H, W), weight
+    (C, OC / groups, KH, KW): conv2d's adjoint, the product's columns folded onto the output."""
+    x, weight = _float(_as_tensor(input), "conv_transpose2d"), _float(_as_tensor(weight), "conv_transpose2d")
+    x, unbatched = _batched(x, 2, "conv_transpose2d")
+    if weight.ndim != 4:
+        raise ValueError(f"conv_transpose2d needs a 4-d weight (C, OC / groups, KH, KW), got shape {weight.shape}")
+    if x.dtype is not weight.dtype:
+        raise TypeError(f"conv_transpose2d needs input and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    n, c, h, w = x.shape
+    ci, ocg, kh, kw = weight.shape
+    if not isinstance(groups, numbers.Integral) or groups < 1 or c != ci or c % groups:
+        raise ValueError(f"conv_transpose2d: input of {c} channels, weight {weight.shape} and groups={groups} do not "
+                         f"fit (want channels == weight.shape[0], divisible by groups)")
+    (sh, sw), (ph, pw) = _pair(stride, "stride"), _pair(padding, "padding")
+    (dh, dw), (eh, ew) = _pair(dilation, "dilation"), _pair(output_padding, "output_padding")
+    if min(sh, sw, dh, dw) < 1 or min(ph, pw, eh, ew) < 0:
+        raise ValueError("conv_transpose2d needs positive stride and dilation, non-negative padding")
+    if eh >= max(sh, dh) or ew >= max(sw, dw):
+        raise ValueError(f"output_padding {output_padding} must be smaller than stride or dilation")
+    out_h, out_w = (h - 1) * sh - 2 * ph + dh * (kh - 1) + eh + 1, (w - 1) * sw - 2 * pw + dw * (kw - 1) + ew + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"conv_transpose2d's output would be {out_h}x{out_w}")
+    oc, taps = ocg * groups, kh * kw
+    # (P, C) x (C, OC*KH*KW) per group: the columns of the output's windows
+    flat = reshape(permute(x, (0, 2, 3, 1)), (n * h * w, c))
+    if groups == 1:
+        columns = matmul_nt(flat, permute(reshape(weight, (c, ocg * taps)), (1, 0)))
+    else:
+        per_group = permute(reshape(flat, (n * h * w, groups, c // groups)), (1, 0, 2))
+        kernel = permute(reshape(weight, (groups, c // groups, ocg * taps)), (0, 2, 1))
+        columns = reshape(permute(matmul_nt(per_group, kernel), (1, 0, 2)), (n * h * w, oc * taps))
+    arg = (kh, kw, sh, sw, ph, pw, dh, dw)
+    y = _fold(reshape(columns, (n, h, w, oc * taps)), (n, oc, out_h, out_w), arg)
+    if bias is not None:
+        bias = _as_tensor(bias)
+        if bias.shape != (oc,):
+            raise ValueError(f"conv_transpose2d needs a bias of shape ({oc},), got {bias.shape}")
+        y = y + reshape(bias, (oc, 1, 1))
+    return reshape(y, y.shape[1:]) if unbatched else y
+
+
+# ---- pooling --------------------------------------------------------------------------------
+def _pool_geometry(size: int, kernel: int, stride: int, padding: int, dilation: int, ceil_mode: bool) -> tuple[int, int]:
+    """torch's output size and the extra padding after the input that ceil_mode reads."""
+    span = dilation * (kernel - 1) + 1
+    out = (size + 2 * padding - span + ((stride - 1) if ceil_mode else 0)) // stride + 1
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1  # the last window must start inside the input or its left padding
+    if out < 1:
+        raise ValueError(f"pooling window {kernel} (dilation {dilation}) is larger than the padded input {size + 2 * padding}")
+    return out, max((out - 1) * stride + span - size - 2 * padding, 0)
+
+
+def _pool_args(x: Tensor, kernel_size, stride, padding, dilation, what: str):
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = kernel if stride is None or (not isinstance(stride, numbers.Integral) and len(stride) == 0) \
+        else _pair(stride, "stride")
+    padding, dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(kernel + stride + dilation) < 1 or min(padding) < 0:
+        raise ValueError(f"{what} needs positive kernel_size, stride and dilation, got {kernel}, {stride}, {dilation}")
+    if any(p > k // 2 for p, k in zip(padding, kernel)):
+        raise ValueError(f"{what}: padding {padding} should be at most half the kernel size {kernel}")
+    return kernel, stride, padding, dilation
+
+
+def _channel_images(x: Tensor, what: str) -> tuple[Tensor, tuple]:
+    """(N, C, H, W) or (C, H, W) as (N*C, 1, H, W): every channel pooled as its own image."""
+    if x.ndim not in (3, 4):
+        raise ValueError(f"{what} needs a 3-d or 4-d input, got shape {x.shape}")
+    lead = x.shape[:-2]
+    return reshape(x, (int(np.prod(lead)), 1) + x.shape[-2:]), lead
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor:
+    """torch.nn.functional.max_pool2d: the max of each window (padding counts as -inf); the
+    gradient goes to the window's first maximum, NaN counting as the maximum."""
+    if return_indices:
+        raise NotImplementedError("max_pool2d(return_indices=True) is not supported")
+    x = _float(_as_tensor(input), "max_pool2d")
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, "max_pool2d")
+    images, lead = _channel_images(x, "max_pool2d")
+    (oh, extra_h), (ow, extra_w) = (_pool_geometry(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
+                                    zip(images.shape[2:], kernel, stride, padding, dilation))
+    if padding != (0, 0) or extra_h or extra_w:
+        images = pad(images, (padding[1], padding[1] + extra_w, padding[0], padding[0] + extra_h), value=-math.inf)
+    windows = unfold_windows(images, kernel, stride, 0, dilation)
+    return reshape(reduce_max(windows, -1), lead + (oh, ow))
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    """torch.nn.functional.avg_pool2d: the mean of each window, over its zero padding too
+    unless count_include_pad=False (the part ceil_mode adds past the padding never counts)."""
+    x = _float(_as_tensor(input), "avg_pool2d")
+    kernel, stride, padding, _ = _pool_args(x, kernel_size, stride, padding, 1, "avg_pool2d")
+    images, lead = _channel_images(x, "avg_pool2d")
+    (h, w) = images.shape[2:]
+    (oh, extra_h), (ow, extra_w) = (_pool_geometry(n, k, s, p, 1, ceil_mode) for n, k, s, p in
+                                    zip((h, w), kernel, stride, padding))
+    if extra_h or extra_w:
+        images = pad(images, (0, extra_w, 0, extra_h))
+    windows = unfold_windows(images, kernel, stride, padding, 1)
+    divisor = _avg_divisors((h, w), (oh, ow), kernel, stride, padding, count_include_pad, divisor_override)
+    if divisor is None:
+        pooled = mean(windows, -1)
+    else:
+        key = ("divisors", (h, w), kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        pooled = reduce_sum(windows, -1) * _constant(key, lambda: (1.0 / divisor).astype(np.float32))
+    return reshape(pooled, lead + (oh, ow))
+
+
+def _avg_divisors(size, out, kernel, stride, padding, count_include_pad: bool, divisor_override):
+    """Each window's divisor (torch's rule), or None where every one is the window's size."""
+    if divisor_override is not None:
+        if not isinstance(divisor_override, numbers.Integral) or divisor_override == 0:
+            raise ValueError(f"divisor_override must be a nonzero int, got {divisor_override!r}")
+        return np.full(out, float(divisor_override))
+    spans = []
+    for n, o, k, s, p in zip(size, out, kernel, stride, padding):
+        start = np.arange(o) * s - p
+        end = np.minimum(start + k, n + p)
+        if not count_include_pad:
+            start, end = np.maximum(start, 0), np.minimum(end, n)
+        spans.append((end - start).astype(np.float64))
+    divisor = np.outer(*spans)
+    return None if np.all(divisor == kernel[0] * kernel[1]) else divisor
+
+
+def adaptive_avg_pool2d(input, output_size) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool2d: output cell i averages rows
+    floor(i H / oh) to ceil((i + 1) H / oh), as two products with averaging matrices."""
+    x = _float(_as_tensor(input), "adaptive_avg_pool2d")
+    if x.ndim not in (3, 4):
+        raise ValueError(f"adaptive_avg_pool2d needs a 3-d or 4-d input, got shape {x.shape}")
+    h, w = x.shape[-2:]
+    sizes = (output_size, output_size) if isinstance(output_size, numbers.Integral) or output_size is None \
+        else tuple(output_size)
+    if len(sizes) != 2:
+        raise ValueError(f"output_size must be an int or a pair, got {output_size!r}")
+    oh, ow = (n if o is None else int(o) for o, n in zip(sizes, (h, w)))
+    if oh < 1 or ow < 1:
+        raise ValueError(f"output_size must be positive, got {output_size!r}")
+    if h % oh == 0 and w % ow == 0:  # equal windows: a pool (a global one: a mean)
+        if (oh, ow) == (1, 1):
+            return mean(x, (-2, -1), keepdim=True)
+        return avg_pool2d(x, (h // oh, w // ow))
+    rows = cast(_constant(("averaging", oh, h), lambda: _averaging(h, oh)), x.dtype)
+    cols = cast(_constant(("averaging.T", ow, w), lambda: _averaging(w, ow).T.copy()), x.dtype)
+    return matmul(matmul(rows, x), cols)
+
+
+_constants: dict[tuple, Tensor] = {}
+
+
+def _constant(key: tuple, make) -> Tensor:
+    """A float32 constant made on the host once and then kept on the device (an eager
+    step that uploaded it every time would cross for it every step)."""
+    value = _constants.get(key)
+    if value is None:
+        value = _constants[key] = tensor(make())
+    return value
+
+
+def _averaging(n: int, out: int) -> np.ndarray:
+    """(out, n): row i averages entries floor(i n / out) .. ceil((i + 1) n / out) - 1."""
+    matrix = np.zeros((out, n), np.float32)
+    for i in range(out):
+        start, end = (i * n) // out, -((-(i + 1) * n) // out)
+        matrix[i, start:end] = 1.0 / (end - start)
+    return matrix
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False) -> Tensor:
+    """torch.nn.functional.max_pool1d over (N, C, L) or (C, L)."""
+    x = _as_tensor(input)
+    y = max_pool2d(reshape(x, x.shape[:-1] + (1, x.shape[-1])), (1, _single(kernel_size, "kernel_size")),
+                   None if stride is None else (1, _single(stride, "stride")), (0, _single(padding, "padding")),
+                   (1, _single(dilation, "dilation")), ceil_mode, return_indices)
+    return reshape(y, y.shape[:-2] + y.shape[-1:])
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    """torch.nn.functional.avg_pool1d over (N, C, L) or (C, L)."""
+    x = _as_tensor(input)
+    y = avg_pool2d(reshape(x, x.shape[:-1] + (1, x.shape[-1])), (1, _single(kernel_size, "kernel_size")),
+                   None if stride is None else (1, _single(stride, "stride")), (0, _single(padding, "padding")),
+                   ceil_mode, count_include_pad)
+    return reshape(y, y.shape[:-2] + y.shape[-1:])

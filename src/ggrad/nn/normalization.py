@@ -1,0 +1,202 @@
+"""Normalisation layers, torch.nn's: BatchNorm1d/2d, LayerNorm, GroupNorm, RMSNorm,
+InstanceNorm2d. Each is mean/variance arithmetic on the device; running statistics are
+buffers updated in place (no crossing)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import dtypes
+from .. import functional as F
+from ..autograd import no_grad
+from ..tensor import Tensor, param, tensor
+from .module import Module
+
+
+def _normalize(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(x - mean) / sqrt(var + eps) over `axes` (biased variance), the mean and the variance."""
+    mean = x.mean(axes, keepdim=True)
+    centered = x - mean
+    var = F.square(centered).mean(axes, keepdim=True)
+    return centered / F.sqrt(var + eps), mean, var
+
+
+class _BatchNorm(Module):
+    """Batch statistics over every axis but the channels' (1) in training, the running
+    ones in eval. The running variance is the unbiased one, as torch's; momentum=None
+    keeps a cumulative average (factor 1 / num_batches_tracked, computed on the device)."""
+
+    ndims: tuple[int, ...] = (4,)
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True) -> None:
+        super().__init__()
+        if num_features < 1:
+            raise ValueError(f"{type(self).__name__} needs a positive num_features, got {num_features}")
+        self.num_features, self.eps, self.momentum = int(num_features), float(eps), momentum
+        self.affine, self.track_running_stats = bool(affine), bool(track_running_stats)
+        self.weight = param(np.ones(num_features, np.float32)) if affine else None
+        self.bias = param(np.zeros(num_features, np.float32)) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", tensor(np.zeros(num_features, np.float32)))
+            self.register_buffer("running_var", tensor(np.ones(num_features, np.float32)))
+            self.register_buffer("num_batches_tracked", tensor(np.array(0, np.int64)))
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        name, c = type(self).__name__, self.num_features
+        if x.ndim not in self.ndims or x.shape[1] != c:
+            raise ValueError(f"{name}({c}) needs input of {' or '.join(map(str, self.ndims))} dimensions with "
+                             f"{c} channels on axis 1, got shape {x.shape}")
+        axes = (0,) + tuple(range(2, x.ndim))
+        per_channel = (1, c) + (1,) * (x.ndim - 2)
+        if self.training or not self.track_running_stats:
+            count = x.numel() // c
+            if self.training and count < 2:
+                raise ValueError(f"{name} in training needs more than 1 value per channel, got input {x.shape}")
+            y, mean, var = _normalize(x, axes, self.eps)
+            if self.training and self.track_running_stats:
+                self._track(F.reshape(mean, (c,)).detach(), F.reshape(var, (c,)).detach(), count)
+        else:
+            mean, var = F.reshape(self.running_mean, per_channel), F.reshape(self.running_var, per_channel)
+            y = (x - mean) / F.sqrt(var + self.eps)
+        if self.weight is None:
+            return y
+        return y * F.reshape(self.weight, per_channel) + F.reshape(self.bias, per_channel)
+
+    def _track(self, mean: Tensor, var: Tensor, count: int) -> None:
+        with no_grad():
+            self.num_batches_tracked.assign_(self.num_batches_tracked + 1)
+            if self.momentum is None:
+                factor = 1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
+            else:
+                factor = float(self.momentum)
+            self.running_mean.assign_(self.running_mean * (1 - factor) + mean * factor)
+            self.running_var.assign_(self.running_var * (1 - factor) + var * (factor * (count / (count - 1))))
+
+    def extra_repr(self) -> str:
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Over (N, C) or (N, C, L)."""
+
+    ndims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Over (N, C, H, W)."""
+
+    ndims = (4,)
+
+
+def _shape(normalized_shape) -> tuple[int, ...]:
+    shape = (normalized_shape,) if isinstance(normalized_shape, numbers.Integral) else tuple(normalized_shape)
+    if not shape or not all(isinstance(n, numbers.Integral) and n > 0 for n in shape):
+        raise ValueError(f"normalized_shape must be a positive int or a tuple of them, got {normalized_shape!r}")
+    return tuple(int(n) for n in shape)
+
+
+def _check_trailing(x: Tensor, shape: tuple, name: str) -> tuple[int, ...]:
+    if x.shape[x.ndim - len(shape):] != shape or x.ndim < len(shape):
+        raise ValueError(f"{name}({shape}) got input of shape {x.shape}: its last axes must be {shape}")
+    return tuple(range(x.ndim - len(shape), x.ndim))
+
+
+class LayerNorm(Module):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last len(normalized_shape) axes."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True) -> None:
+        super().__init__()
+        self.normalized_shape, self.eps = _shape(normalized_shape), float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        self.weight = param(np.ones(self.normalized_shape, np.float32)) if elementwise_affine else None
+        self.bias = param(np.zeros(self.normalized_shape, np.float32)) if elementwise_affine and bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, _, _ = _normalize(x, _check_trailing(x, self.normalized_shape, "LayerNorm"), self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+_MACHINE_EPS = {"float32": float(np.finfo(np.float32).eps), "float16": float(np.finfo(np.float16).eps),
+                "bfloat16": 2.0 ** -7}
+
+
+class RMSNorm(Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last len(normalized_shape) axes; eps
+    None is the input dtype's machine epsilon, as torch's."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.normalized_shape, self.eps = _shape(normalized_shape), eps
+        self.weight = param(np.ones(self.normalized_shape, np.float32)) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        axes = _check_trailing(x, self.normalized_shape, "RMSNorm")
+        eps = self.eps if self.eps is not None else _MACHINE_EPS.get(x.dtype.name, _MACHINE_EPS["float32"])
+        y = x / F.sqrt(F.square(x).mean(axes, keepdim=True) + eps)
+        return y * self.weight if self.weight is not None else y
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class GroupNorm(Module):
+    """Statistics over each group of num_channels / num_groups channels (and all their
+    positions), then a per-channel affine."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True) -> None:
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels={num_channels} must be divisible by num_groups={num_groups}")
+        self.num_groups, self.num_channels, self.eps, self.affine = int(num_groups), int(num_channels), float(eps), affine
+        self.weight = param(np.ones(num_channels, np.float32)) if affine else None
+        self.bias = param(np.zeros(num_channels, np.float32)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(f"GroupNorm({self.num_groups}, {self.num_channels}) got input of shape {x.shape}")
+        grouped = F.reshape(x, (x.shape[0], self.num_groups, -1))
+        y = F.reshape(_normalize(grouped, (2,), self.eps)[0], x.shape)
+        if self.weight is None:
+            return y
+        per_channel = (1, self.num_channels) + (1,) * (x.ndim - 2)
+        return y * F.reshape(self.weight, per_channel) + F.reshape(self.bias, per_channel)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class InstanceNorm2d(Module):
+    """Statistics over each sample's channel (H, W), torch's default: no running
+    statistics, no affine."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = False,
+                 track_running_stats: bool = False) -> None:
+        super().__init__()
+        if track_running_stats:
+            raise NotImplementedError("InstanceNorm2d(track_running_stats=True) is not supported")
+        self.num_features, self.eps, self.affine = int(num_features), float(eps), bool(affine)
+        self.weight = param(np.ones(num_features, np.float32)) if affine else None
+        self.bias = param(np.zeros(num_features, np.float32)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in (3, 4) or x.shape[-3] != self.num_features:
+            raise ValueError(f"InstanceNorm2d({self.num_features}) needs (N, C, H, W) or (C, H, W), got {x.shape}")
+        y, _, _ = _normalize(x, (-2, -1), self.eps)
+        if self.weight is None:
+            return y
+        per_channel = (self.num_features, 1, 1)
+        return y * F.reshape(self.weight, per_channel) + F.reshape(self.bias, per_channel)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, affine={self.affine}"

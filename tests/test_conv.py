@@ -1,0 +1,127 @@
+"""Convolution and pooling (functional) against torch on every device: values, and the
+gradients of input, weight and bias; bad arguments raise before anything runs."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch (the test oracle) is not installed: pip install -e .[test]")
+
+import ggrad  # noqa: E402
+import ggrad.functional as F  # noqa: E402
+
+TF = torch.nn.functional
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+X4, X3 = f32(2, 4, 9, 10), f32(3, 4, 20)
+CASES = {
+    "conv2d": (lambda m, x, w, b: m.conv2d(x, w, b), [X4, f32(6, 4, 3, 3), f32(6)]),
+    "conv2d_stride_padding": (lambda m, x, w: m.conv2d(x, w, stride=2, padding=1), [X4, f32(6, 4, 3, 3)]),
+    "conv2d_uneven_stride_dilation": (lambda m, x, w: m.conv2d(x, w, stride=(2, 1), padding=(1, 2), dilation=2),
+                                      [X4, f32(6, 4, 3, 3)]),
+    "conv2d_same": (lambda m, x, w: m.conv2d(x, w, padding="same"), [X4, f32(6, 4, 3, 3)]),
+    "conv2d_same_even_kernel": (lambda m, x, w: m.conv2d(x, w, padding="same", dilation=(1, 2)), [X4, f32(6, 4, 4, 2)]),
+    "conv2d_valid": (lambda m, x, w: m.conv2d(x, w, padding="valid"), [X4, f32(6, 4, 2, 5)]),
+    "conv2d_groups": (lambda m, x, w, b: m.conv2d(x, w, b, groups=2, padding=1), [X4, f32(6, 2, 3, 3), f32(6)]),
+    "conv2d_depthwise": (lambda m, x, w: m.conv2d(x, w, groups=4, stride=2), [X4, f32(8, 1, 3, 3)]),
+    "conv2d_unbatched": (lambda m, x, w: m.conv2d(x, w), [X4[0], f32(6, 4, 3, 3)]),
+    "conv2d_1x1": (lambda m, x, w: m.conv2d(x, w), [X4, f32(5, 4, 1, 1)]),
+    "conv1d": (lambda m, x, w, b: m.conv1d(x, w, b, stride=2, padding=1), [X3, f32(5, 4, 3), f32(5)]),
+    "conv1d_same_dilated": (lambda m, x, w: m.conv1d(x, w, padding="same", dilation=3), [X3, f32(5, 4, 3)]),
+    "conv1d_groups_unbatched": (lambda m, x, w: m.conv1d(x, w, groups=2), [X3[0], f32(6, 2, 5)]),
+    "conv_transpose2d": (lambda m, x, w, b: m.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+                         [X4, f32(4, 3, 3, 3), f32(3)]),
+    "conv_transpose2d_groups_dilated": (lambda m, x, w: m.conv_transpose2d(x, w, groups=2, dilation=2),
+                                        [X4, f32(4, 3, 3, 2)]),
+    "conv_transpose2d_uneven_stride": (lambda m, x, w: m.conv_transpose2d(x, w, stride=(1, 3)), [X4, f32(4, 2, 2, 3)]),
+    "max_pool2d": (lambda m, x: m.max_pool2d(x, 2), [X4]),
+    "max_pool2d_ceil_padding": (lambda m, x: m.max_pool2d(x, 3, 2, 1, ceil_mode=True), [X4]),
+    "max_pool2d_dilation": (lambda m, x: m.max_pool2d(x, 3, 1, 0, dilation=2), [X4]),
+    "max_pool2d_ties": (lambda m, x: m.max_pool2d(x.relu(), 2), [X4]),  # the first maximum takes the gradient
+    "max_pool2d_unbatched": (lambda m, x: m.max_pool2d(x, (2, 3), (1, 2)), [X4[0]]),
+    "avg_pool2d": (lambda m, x: m.avg_pool2d(x, 2), [X4]),
+    "avg_pool2d_ceil_count_pad": (lambda m, x: m.avg_pool2d(x, 3, 2, 1, ceil_mode=True), [X4]),
+    "avg_pool2d_ceil_no_pad": (lambda m, x: m.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), [X4]),
+    "avg_pool2d_divisor": (lambda m, x: m.avg_pool2d(x, 3, divisor_override=2), [X4]),
+    "adaptive_avg_pool2d_global": (lambda m, x: m.adaptive_avg_pool2d(x, 1), [X4]),
+    "adaptive_avg_pool2d_even": (lambda m, x: m.adaptive_avg_pool2d(x, (3, 5)), [X4]),
+    "adaptive_avg_pool2d_uneven": (lambda m, x: m.adaptive_avg_pool2d(x, (4, 3)), [X4]),
+    "max_pool1d": (lambda m, x: m.max_pool1d(x, 3, 2, 1), [X3]),
+    "avg_pool1d": (lambda m, x: m.avg_pool1d(x, 4, 3, ceil_mode=True), [X3]),
+}
+
+
+def _run(fn, module, inputs, make):
+    tensors = [make(a) for a in inputs]
+    return tensors, fn(module, *tensors)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's note on its own padded copy
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equals_torch(dev, name):
+    fn, inputs = CASES[name]
+    weights = None
+    with ggrad.grad_tape():
+        g_in, g_out = _run(fn, F, inputs, lambda a: ggrad.tensor(a, requires_grad=True))
+        weights = rng.standard_normal(g_out.shape).astype(np.float32)
+        (g_out * ggrad.tensor(weights)).sum().backward()
+    t_in, t_out = _run(fn, TF, inputs, lambda a: torch.tensor(a, requires_grad=True))
+    (t_out * torch.tensor(weights)).sum().backward()
+    assert g_out.shape == tuple(t_out.shape)
+    np.testing.assert_allclose(g_out.numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for k, (g, t) in enumerate(zip(g_in, t_in)):
+        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"input {k}")
+
+
+def test_a_conv_net_step_is_one_dispatch_and_crosses_nothing(dev):
+    """Conv, pool and linear layers trained by a compiled step: after the warm-up, a step
+    with the batch already on the device is one graph and moves nothing."""
+    from ggrad import nn
+    from ggrad.optim import Adam
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    opt = Adam(model.parameters(), lr=1e-2)
+
+    @ggrad.compile
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    x, y = ggrad.tensor(f32(8, 1, 10, 10)), ggrad.tensor(rng.integers(0, 3, 8))
+    first = step(x, y).item()
+    for _ in range(3):
+        step(x, y)
+    ggrad.realize()
+    with ggrad.count_transfers() as t:
+        step(x, y)
+        ggrad.realize()
+    assert t.crossings == 0 and t.dispatches == 1, t
+    assert step(x, y).item() < first
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: F.conv2d(np.zeros((2, 3, 8, 8), np.float32), np.zeros((4, 2, 3, 3), np.float32)), "channels"),
+    (lambda: F.conv2d(np.zeros((2, 4, 8, 8), np.float32), np.zeros((6, 2, 3, 3), np.float32), groups=4), "groups"),
+    (lambda: F.conv2d(np.zeros((2, 3, 2, 2), np.float32), np.zeros((4, 3, 3, 3), np.float32)), "larger"),
+    (lambda: F.conv2d(np.zeros((2, 3, 8, 8), np.float32), np.zeros((4, 3, 3, 3), np.float32), stride=2,
+                      padding="same"), "strided"),
+    (lambda: F.conv2d(np.zeros((8, 8), np.float32), np.zeros((4, 3, 3, 3), np.float32)), "3-d or 4-d"),
+    (lambda: F.conv2d(np.zeros((2, 3, 8, 8), np.float32), np.zeros((4, 3, 3, 3), np.float32), stride=0), "positive"),
+    (lambda: F.max_pool2d(np.zeros((2, 3, 8, 8), np.float32), 2, padding=2), "half"),
+    (lambda: F.max_pool2d(np.zeros((2, 3, 1, 1), np.float32), 2), "larger"),
+    (lambda: F.conv_transpose2d(np.zeros((2, 3, 4, 4), np.float32), np.zeros((3, 2, 3, 3), np.float32), stride=2,
+                                output_padding=2), "output_padding"),
+    (lambda: F.adaptive_avg_pool2d(np.zeros((2, 3, 4, 4), np.float32), 0), "positive"),
+])
+def test_bad_arguments_raise(call, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        call()
