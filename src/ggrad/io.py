@@ -92,7 +92,7 @@ def _atomic_write(path: str, write) -> str:
 
 def _host(value) -> np.ndarray:
     array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")  # 0-d stays 0-d
 
 
 def _flatten_optimizer(state: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
