@@ -19,23 +19,39 @@ import time
 
 import numpy as np
 
+def mlp(nn, sizes):
+    layers = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(n_in, n_out)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
+    return nn.Sequential(*layers)
+
+
+def cnn(nn):
+    """PyTorch's MNIST example without dropout: conv-conv-pool-linear on 1x28x28."""
+    return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(64 * 12 * 12, 10))
+
+
+# name: (model of a torch.nn-like namespace, input shape of one sample, classes, batch)
 MODELS = {
-    "mlp-small": ([64, 64, 64, 10], 64),
-    "mlp-mnist": ([784, 512, 512, 10], 128),
-    "mlp-large": ([1024, 4096, 4096, 1024], 512),
+    "mlp-small": (lambda nn: mlp(nn, [64, 64, 64, 10]), (64,), 10, 64),
+    "mlp-mnist": (lambda nn: mlp(nn, [784, 512, 512, 10]), (784,), 10, 128),
+    "mlp-large": (lambda nn: mlp(nn, [1024, 4096, 4096, 1024]), (1024,), 1024, 512),
+    "cnn": (cnn, (1, 28, 28), 10, 128),
 }
 
 
-def batches(sizes, batch, n=8, seed=0):
+def batches(sample, classes, batch, n=8, seed=0):
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((batch, sizes[0])).astype(np.float32),
-             rng.integers(0, sizes[-1], batch).astype(np.int64)) for _ in range(n)]
+    return [(rng.standard_normal((batch,) + sample).astype(np.float32),
+             rng.integers(0, classes, batch).astype(np.int64)) for _ in range(n)]
 
 
-def init_weights(sizes, seed=0):
-    rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((o, i)).astype(np.float32) / np.sqrt(i), np.zeros(o, np.float32))
-            for i, o in zip(sizes[:-1], sizes[1:])]
+def torch_model(name, seed=0):
+    """The model with torch's default initialisation from a fixed seed (ggrad loads it)."""
+    import torch
+    torch.manual_seed(seed)
+    return MODELS[name][0](torch.nn)
 
 
 def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
@@ -56,25 +72,20 @@ def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dic
     return {label: statistics.median(t) for label, t in times.items()}
 
 
-def ggrad_step_fn(sizes, data, device, fused, compiled=True):
+def ggrad_step_fn(name, data, device, fused, compiled=True):
     import ggrad
     import ggrad.functional as F
+    from ggrad import nn
     from ggrad.optim import Adam
 
     ggrad.set_device(device)
-    params = []
-    for w, b in init_weights(sizes):
-        params += [ggrad.param(w), ggrad.param(b)]
-    opt = Adam(params, lr=1e-3, fused=fused)
+    model = MODELS[name][0](nn)
+    model.load_state_dict(torch_model(name).state_dict())
+    opt = Adam(model.parameters(), lr=1e-3, fused=fused)
 
     def train(x, y):
         with ggrad.grad_tape():
-            h = x
-            for j in range(0, len(params), 2):
-                h = h @ params[j].T + params[j + 1]
-                if j + 2 < len(params):
-                    h = F.relu(h)
-            F.cross_entropy(h, y).backward()
+            F.cross_entropy(model(x), y).backward()
         opt.step()
         opt.zero_grad()
 
@@ -87,17 +98,10 @@ def ggrad_step_fn(sizes, data, device, fused, compiled=True):
     return step, ggrad.realize
 
 
-def torch_step_fn(sizes, data, device, fused, cuda_graph=False):
+def torch_step_fn(name, data, device, fused, cuda_graph=False):
     import torch
 
-    layers = []
-    for i, (w, b) in enumerate(init_weights(sizes)):
-        lin = torch.nn.Linear(w.shape[1], w.shape[0])
-        with torch.no_grad():
-            lin.weight.copy_(torch.from_numpy(w))
-            lin.bias.copy_(torch.from_numpy(b))
-        layers += [lin] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
-    model = torch.nn.Sequential(*layers).to(device)
+    model = torch_model(name).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None, capturable=cuda_graph)
     loss_fn = torch.nn.CrossEntropyLoss()
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
@@ -155,14 +159,14 @@ def main() -> None:
     print(f"| model | ggrad {args.device} | ms | PyTorch {args.torch_device} | ms | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name in args.models:
-        sizes, batch = MODELS[name]
-        data = batches(sizes, batch)
-        steps = max(3, args.steps if name != "mlp-large" else args.steps // 2)
+        _, sample, classes, batch = MODELS[name]
+        data = batches(sample, classes, batch)
+        steps = max(3, args.steps if name not in ("mlp-large", "cnn") else args.steps // 2)
         ours = [("compiled", True)] + ([("eager", False)] if args.eager else [])
         theirs = [("eager", False)] + ([("CUDA graph", True)] if args.cuda_graph else [])
-        runners = {("ggrad", label): ggrad_step_fn(sizes, data, args.device, True, compiled)
+        runners = {("ggrad", label): ggrad_step_fn(name, data, args.device, True, compiled)
                    for label, compiled in ours}
-        runners.update({("torch", label): torch_step_fn(sizes, data, args.torch_device, True, graph)
+        runners.update({("torch", label): torch_step_fn(name, data, args.torch_device, True, graph)
                         for label, graph in theirs})
         ms = time_interleaved(runners, steps, args.blocks, 5)
         for their_label, _ in theirs:

@@ -125,3 +125,14 @@ def test_a_conv_net_step_is_one_dispatch_and_crosses_nothing(dev):
 def test_bad_arguments_raise(call, message):
     with pytest.raises((ValueError, TypeError), match=message):
         call()
+
+
+def test_max_pool_keeps_nan_and_minus_inf(dev):
+    """ggml's pooled max skips NaN and starts at -FLT_MAX: torch's is NaN for a window
+    holding one and -inf for a window of -inf."""
+    x = np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)
+    x[0, 0, 0, 1] = np.nan
+    x[0, 1, 2:, 2:] = -np.inf
+    got = F.max_pool2d(ggrad.tensor(x), 2).numpy()
+    np.testing.assert_array_equal(got, TF.max_pool2d(torch.tensor(x), 2).numpy())
+    assert np.isnan(got[0, 0, 0, 0]) and got[0, 1, 1, 1] == -np.inf

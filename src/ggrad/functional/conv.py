@@ -18,11 +18,13 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
+from .. import runtime
 from ..ops import F32, _onehot, _supported, compute, reshape as ggml_reshape, template
 from ..tensor import Tensor, tensor
 from ._core import _apply, _as_tensor, _float, cast, reshape
 from .layout import matmul, matmul_nt, pad, permute
-from .reduce import max as reduce_max, mean, sum as reduce_sum
+from .elementwise import _number
+from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
 
 
 def _pair(value, what: str) -> tuple[int, int]:
@@ -321,8 +323,64 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
                                     zip(images.shape[2:], kernel, stride, padding, dilation))
     if padding != (0, 0) or extra_h or extra_w:
         images = pad(images, (padding[1], padding[1] + extra_w, padding[0], padding[0] + extra_h), value=-math.inf)
-    windows = unfold_windows(images, kernel, stride, 0, dilation)
-    return reshape(reduce_max(windows, -1), lead + (oh, ow))
+    if dilation != (1, 1):  # ggml's POOL_2D has no dilation: the max over unfolded windows
+        return reshape(reduce_max(unfold_windows(images, kernel, stride, 0, dilation), -1), lead + (oh, ow))
+    pooled = _apply("max_pool", (images,), images.shape[:2] + (oh, ow), _max_pool_rule, kernel + stride, x.dtype)
+    return reshape(pooled, lead + (oh, ow))
+
+
+def _max_pool_rule(ctx, g):
+    """All of a window's gradient to its first maximum: ggml's POOL_2D_BACK where the
+    backend has it (it finds the first maximum; a NaN, which torch counts as the maximum,
+    gets none there: the values are NaN anyway), else one_hot_argmax over the unfolded
+    windows, folded back."""
+    images = ctx.parents[0].detach()
+    kh, kw, sh, sw = ctx.arg
+    if _has_pool_back():
+        return (_apply("max_pool_back", (g, images), images.shape, None, ctx.arg, g.dtype),)
+    windows = unfold_windows(images, (kh, kw), (sh, sw))
+    hot = one_hot_argmax(windows) * reshape(g, windows.shape[:3] + (1,))
+    return (_fold(hot, images.shape, (kh, kw, sh, sw, 0, 0, 1, 1)),)
+
+
+_pool_back: dict[str, bool] = {}
+
+
+def _has_pool_back() -> bool:
+    dev = runtime.current()
+    if dev.name not in _pool_back:
+        ctx = G.ggml_init(G.ggml_init_params(mem_size=1 << 16, mem_buffer=None, no_alloc=True))
+        try:
+            g, x = G.ggml_new_tensor_4d(ctx, F32, 2, 2, 1, 1), G.ggml_new_tensor_4d(ctx, F32, 4, 4, 1, 1)
+            node = G.ggml_pool_2d_back(ctx, g, x, G.GGML_OP_POOL_MAX, 2, 2, 2, 2, 0.0, 0.0)
+            _pool_back[dev.name] = dev.backend.supports(node)
+        finally:
+            G.ggml_free(ctx)
+    return _pool_back[dev.name]
+
+
+@compute("max_pool")
+def _max_pool(ctx, s, node):
+    """ggml's POOL_2D max, made torch's at the edges: its max skips NaN (torch's is NaN
+    where a window holds one) and starts from -FLT_MAX (a window of -inf gave -3.4e38)."""
+    kh, kw, sh, sw = node.arg
+    x = s[0]
+    pooled = G.ggml_pool_2d(ctx, x, G.GGML_OP_POOL_MAX, kw, kh, sw, sh, 0.0, 0.0)
+    lowest = G.ggml_step(ctx, G.ggml_scale_bias(ctx, pooled, -1.0, -_BELOW_LOWEST))  # 1 at -FLT_MAX
+    pooled = G.ggml_mul(ctx, pooled, G.ggml_scale_bias(ctx, lowest, 1.0, 1.0))  # doubled: -inf
+    has_nan = G.ggml_pool_2d(ctx, G.ggml_scale_bias(ctx, _number(ctx, x), -1.0, 1.0), G.GGML_OP_POOL_MAX,
+                             kw, kh, sw, sh, 0.0, 0.0)
+    return G.ggml_add(ctx, pooled, G.ggml_div(ctx, G.ggml_scale(ctx, has_nan, 0.0),
+                                              G.ggml_scale_bias(ctx, has_nan, -1.0, 1.0)))  # 0, or 0 / 0
+
+
+_BELOW_LOWEST = float(np.nextafter(np.finfo(np.float32).max, 0, dtype=np.float32))  # one ulp inside -FLT_MAX
+
+
+@compute("max_pool_back")
+def _max_pool_back(ctx, s, node):
+    kh, kw, sh, sw = node.arg
+    return G.ggml_pool_2d_back(ctx, s[0], s[1], G.GGML_OP_POOL_MAX, kw, kh, sw, sh, 0.0, 0.0)
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
