@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import autograd, capture
+from .. import autograd, capture, checks, dtypes
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
-from .elementwise import _with_rule, abs, affine, exp, log, relu, sigmoid, square, step
-from .indexing import checked_index
-from .reduce import _one_hot, log_softmax, mean, sum
+from .compare import ne, where
+from .elementwise import _with_rule, abs, affine, clamp, exp, log, relu, sigmoid, square, step
+from .layout import movedim
+from .reduce import _one_hot, _pick, _to_index_rule, log_softmax, mean, sum
 
 
 # ---- training helpers and losses ---------------------------------------------------------------
@@ -43,14 +44,19 @@ def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator |
     return x * (mask if mask.dtype is x.dtype else cast(mask, x.dtype))
 
 
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _check_reduction(reduction: str, allowed=REDUCTIONS) -> None:
+    if reduction not in allowed:
+        raise ValueError(f"reduction must be one of {', '.join(map(repr, allowed))}, got {reduction!r}")
+
+
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
+    _check_reduction(reduction)
     if reduction == "mean":
         return mean(loss)
-    if reduction == "sum":
-        return sum(loss)
-    if reduction == "none":
-        return loss
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return sum(loss) if reduction == "sum" else loss
 
 
 def _same_shape(a: Tensor, b: Tensor, what: str) -> None:
@@ -70,28 +76,190 @@ def l1_loss(input, target, reduction: str = "mean") -> Tensor:
     return _reduce(abs(input - target), reduction)
 
 
-def cross_entropy(logits, target, reduction: str = "mean") -> Tensor:
-    """Softmax cross-entropy over the last axis of `logits` (N, C). `target` holds class
-    indices (N,) or probabilities (N, C); the mean is over the batch. The result has the
-    logits' dtype (with probabilities: both promoted, as torch's)."""
-    logits, target = _float(_as_tensor(logits), "cross_entropy"), _as_tensor(target)
-    if logits.ndim != 2:
-        raise ValueError(f"cross_entropy needs logits of shape (N, C), got {logits.shape}")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    n, classes = logits.shape
-    if not target.dtype.is_floating_point:
-        if target.shape != (n,):
-            raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, class targets {target.shape} (want ({n},))")
-        index = checked_index(target, classes, "class index", "classes")
-        per_sample = _apply("class_cross_entropy", (logits, index), (n,), _class_cross_entropy_rule, dtype=logits.dtype)
-        return _reduce(per_sample, reduction)
-    if target.shape != logits.shape:
-        raise ValueError(f"shape mismatch in cross_entropy: logits {logits.shape}, probability targets {target.shape}")
-    dtype = result_type(logits, target)
-    logits, target = cast(logits, dtype), cast(target, dtype)
-    per_sample = _apply("softmax_cross_entropy", (logits, target), (n,), _cross_entropy_rule, dtype=logits.dtype)
-    return _reduce(per_sample, reduction)
+def smooth_l1_loss(input, target, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta = 0: the L1 loss)."""
+    input, target = _as_tensor(input), _as_tensor(target)
+    _same_shape(input, target, "smooth_l1_loss")
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss needs beta >= 0, got {beta}")
+    d = input - target
+    if beta == 0:
+        return _reduce(abs(d), reduction)
+    return _reduce(where(abs(d) < beta, square(d) * (0.5 / beta), abs(d) - 0.5 * beta), reduction)
+
+
+def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta)."""
+    input, target = _as_tensor(input), _as_tensor(target)
+    _same_shape(input, target, "huber_loss")
+    if delta <= 0:
+        raise ValueError(f"huber_loss needs delta > 0, got {delta}")
+    d = input - target
+    return _reduce(where(abs(d) < delta, square(d) * 0.5, (abs(d) - 0.5 * delta) * delta), reduction)
+
+
+def _classes_last(scores: Tensor, target: Tensor, probabilities: bool, what: str):
+    """(M, C) scores and (M,) class or (M, C) probability targets from torch's layouts
+    ((C,), (N, C) or (N, C, d1, ...) scores), and the shape of an unreduced loss."""
+    if scores.ndim == 0:
+        raise ValueError(f"{what} needs scores of shape (C,), (N, C) or (N, C, d1, ...), got a 0-d tensor")
+    classes = scores.shape[0] if scores.ndim == 1 else scores.shape[1]
+    loss_shape = () if scores.ndim == 1 else (scores.shape[0],) + scores.shape[2:]
+    expected = scores.shape if probabilities else loss_shape
+    if target.shape != expected:
+        kind = "probability" if probabilities else "class"
+        raise ValueError(f"shape mismatch in {what}: scores {scores.shape}, {kind} targets {target.shape} "
+                         f"(want {expected})")
+    if scores.ndim > 2:
+        scores = reshape(movedim(scores, 1, -1), (-1, classes))
+        if probabilities:
+            target = reshape(movedim(target, 1, -1), (-1, classes))
+    scores = reshape(scores, (-1, classes))
+    rows = scores.shape[0]
+    return scores, reshape(target, (rows, classes) if probabilities else (rows,)), loss_shape
+
+
+def _class_weight(weight, classes: int, dtype) -> Tensor | None:
+    if weight is None:
+        return None
+    weight = _as_tensor(weight)
+    if weight.shape != (classes,):
+        raise ValueError(f"weight must have shape ({classes},) (one per class), got {weight.shape}")
+    return cast(weight, dtype)
+
+
+def _class_targets(target: Tensor, classes: int, ignore_index: int, what: str) -> tuple[Tensor, Tensor]:
+    """Class indices safe to gather with (ignored ones as 0) and the float 0/1 mask of
+    the kept ones. Host-known targets are checked on the host (every new batch of a
+    compiled step too), device-computed ones on the device (checks.py)."""
+    if target.dtype.category != dtypes.int32.category:
+        raise TypeError(f"{what} needs integer class targets (or float probabilities), got {target.dtype}")
+    ignore_index = int(ignore_index)
+    host = target.node.host
+    if host is not None:
+        def check(values: np.ndarray) -> None:
+            bad = (values != ignore_index) & ((values < 0) | (values >= classes))
+            if bad.any():
+                raise IndexError(f"{what}: class index out of range for {classes} classes (got {values[bad].flat[0]})")
+        check(host)
+        capture.on_input(target.node, check)
+    kept = ne(target, ignore_index)
+    safe = where(kept, target, 0)
+    if host is None:
+        safe = checks.bounded(safe, classes, f"{what} class index ({classes} classes)")
+    return safe, cast(kept, dtypes.float32)
+
+
+def _weighted_mean(per: Tensor, scale: Tensor, loss_shape: tuple, reduction: str) -> Tensor:
+    _check_reduction(reduction)
+    if reduction == "none":
+        return reshape(per, loss_shape)
+    return sum(per) if reduction == "sum" else sum(per) / sum(scale)
+
+
+def cross_entropy(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """torch.nn.functional.cross_entropy: scores (C,), (N, C) or (N, C, d1, ...) against
+    class indices (the target's log-probability is picked: a -inf score elsewhere costs
+    nothing) or probabilities; `weight` per class, `ignore_index`, `label_smoothing`; the
+    mean over class targets is over the kept targets' weights, as torch's."""
+    scores, target = _float(_as_tensor(input), "cross_entropy"), _as_tensor(target)
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    probabilities = target.dtype.is_floating_point
+    scores, target, loss_shape = _classes_last(scores, target, probabilities, "cross_entropy")
+    rows, classes = scores.shape
+    if probabilities:
+        dtype = result_type(scores, target)
+        scores, target = cast(scores, dtype), cast(target, dtype)
+        if label_smoothing:
+            target = target * (1.0 - label_smoothing) + label_smoothing / classes
+        w = _class_weight(weight, classes, dtype)
+        if w is not None:
+            target = target * w
+        per = _apply("softmax_cross_entropy", (scores, target), (rows,), _cross_entropy_rule, dtype=dtype)
+        return _reduce(reshape(per, loss_shape), reduction)
+    w = _class_weight(weight, classes, scores.dtype)
+    safe, kept = _class_targets(target, classes, ignore_index, "cross_entropy")
+    kept = cast(kept, scores.dtype)
+    per = _apply("class_cross_entropy", (scores, safe), (rows,), _class_cross_entropy_rule, dtype=scores.dtype)
+    scale = kept if w is None else kept * _gather_weights(w, safe)
+    per = per * scale
+    if label_smoothing:
+        logp = log_softmax(scores, -1)
+        spread = -sum(logp * w if w is not None else logp, -1)
+        per = per * (1.0 - label_smoothing) + spread * kept * (label_smoothing / classes)
+    return _weighted_mean(per, scale, loss_shape, reduction)
+
+
+def _gather_weights(w: Tensor, index: Tensor) -> Tensor:
+    """w[index] for in-range indices (no gradient reaches the class weights)."""
+    return reshape(_apply("gather_rows", (reshape(w.detach(), (w.shape[0], 1)), index), index.shape + (1,),
+                          dtype=w.dtype), index.shape)
+
+
+def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.nll_loss: -input[i, target[i]] (input holds log-probabilities),
+    weighted and with ignored targets as cross_entropy's."""
+    scores, target = _float(_as_tensor(input), "nll_loss"), _as_tensor(target)
+    _check_reduction(reduction)
+    scores, target, loss_shape = _classes_last(scores, target, False, "nll_loss")
+    classes = scores.shape[1]
+    w = _class_weight(weight, classes, scores.dtype)
+    safe, kept = _class_targets(target, classes, ignore_index, "nll_loss")
+    kept = cast(kept, scores.dtype)
+    scale = kept if w is None else kept * _gather_weights(w, safe)
+    picked = reshape(_pick(scores, safe, _to_index_rule), (scores.shape[0],))
+    return _weighted_mean(-picked * scale, scale, loss_shape, reduction)
+
+
+def kl_div(input, target, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """torch.nn.functional.kl_div: target * (log target - input) pointwise (0 where the
+    target is 0), input holding log-probabilities; "batchmean" divides the sum by the
+    batch size (the KL divergence proper), "mean" by every element."""
+    input, target = _float(_as_tensor(input), "kl_div"), _as_tensor(target)
+    _same_shape(input, target, "kl_div")
+    _check_reduction(reduction, REDUCTIONS + ("batchmean",))
+    if log_target:
+        pointwise = exp(target) * (target - input)
+    else:
+        positive = target > 0
+        pointwise = where(positive, target * (log(where(positive, target, 1.0)) - input), 0.0)
+    if reduction == "batchmean":
+        return sum(pointwise) / (input.shape[0] if input.ndim else 1)
+    return _reduce(pointwise, reduction)
+
+
+def binary_cross_entropy(input, target, weight=None, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.binary_cross_entropy of probabilities: -(y log p + (1 - y)
+    log(1 - p)) with each log clamped at -100, as torch's; its gradient is torch's,
+    (p - y) / max(p (1 - p), 1e-12)."""
+    p, y = _float(_as_tensor(input), "binary_cross_entropy"), _as_tensor(target)
+    _same_shape(p, y, "binary_cross_entropy")
+    w = None if weight is None else _as_tensor(weight)
+    with autograd.no_grad():
+        log_p, log_q = clamp(log(p), min=-100.0), clamp(log(affine(p, -1.0, 1.0)), min=-100.0)
+        loss = -(y * log_p + affine(y, -1.0, 1.0) * log_q)
+        if w is not None:
+            loss = loss * w
+    if (p.requires_grad or y.requires_grad) and autograd.is_recording():
+        loss = _with_rule(loss, (p, y), _bce_rule(w), "binary_cross_entropy")
+    return _reduce(loss, reduction)
+
+
+def _bce_rule(w):
+    def rule(ctx, g):
+        p, y = (t.detach() for t in ctx.parents)
+        if w is not None:
+            g = g * w
+        g_p = g_y = None
+        if ctx.parents[0].requires_grad:
+            g_p = g * (p - y) / clamp(p * affine(p, -1.0, 1.0), min=1e-12)
+        if ctx.parents[1].requires_grad:
+            g_y = g * (clamp(log(affine(p, -1.0, 1.0)), min=-100.0) - clamp(log(p), min=-100.0))
+        return g_p, g_y
+    return rule
 
 
 def _class_cross_entropy_rule(ctx, g):
@@ -110,20 +278,41 @@ def _cross_entropy_rule(ctx, g):
     return g_logits, g_target
 
 
-def binary_cross_entropy_with_logits(logits, target, reduction: str = "mean") -> Tensor:
-    """(1 - y) x + max(-x, 0) + log(1 + exp(-|x|)), stable for large |x| and torch's at
-    infinite x. The gradient is torch's, sigmoid(x) - y (and -x for the target): the
-    formula's kinks at x = 0 gave the wrong one there (-0.5 for y = 0.5, not 0)."""
-    x, y = _as_tensor(logits), _as_tensor(target)
+def binary_cross_entropy_with_logits(input, target, weight=None, reduction: str = "mean",
+                                     pos_weight=None) -> Tensor:
+    """torch's: (1 - y) x + (1 + (pos_weight - 1) y) (max(-x, 0) + log(1 + exp(-|x|))), stable
+    for large |x| and torch's at infinite x, times `weight`. The gradient is torch's,
+    (1 - y) + L (sigmoid(x) - 1) with L the positive weighting (sigmoid(x) - y without
+    one): the formula's kinks at x = 0 gave the wrong one there."""
+    x, y = _as_tensor(input), _as_tensor(target)
     _same_shape(x, y, "binary_cross_entropy_with_logits")
+    w = None if weight is None else _as_tensor(weight)
+    pw = None if pos_weight is None else _as_tensor(pos_weight)
     with autograd.no_grad():
-        loss = affine(y, -1.0, 1.0) * x + relu(-x) + log(affine(exp(-abs(x)), 1.0, 1.0))
+        softplus = relu(-x) + log(affine(exp(-abs(x)), 1.0, 1.0))  # log(1 + exp(-x))
+        loss = affine(y, -1.0, 1.0) * x + (softplus if pw is None else softplus * affine(y * (pw - 1.0), 1.0, 1.0))
+        if w is not None:
+            loss = loss * w
     if (x.requires_grad or y.requires_grad) and autograd.is_recording():
-        loss = _with_rule(loss, (x, y), _bce_with_logits_rule, "binary_cross_entropy_with_logits")
+        loss = _with_rule(loss, (x, y), _bce_with_logits_rule(w, pw), "binary_cross_entropy_with_logits")
     return _reduce(loss, reduction)
 
 
-def _bce_with_logits_rule(ctx, g):
-    x, y = (t.detach() for t in ctx.parents)
-    return (g * (sigmoid(x) - y) if ctx.parents[0].requires_grad else None,
-            -(g * x) if ctx.parents[1].requires_grad else None)
+def _bce_with_logits_rule(w, pw):
+    def rule(ctx, g):
+        x, y = (t.detach() for t in ctx.parents)
+        if w is not None:
+            g = g * w
+        g_x = g_y = None
+        if ctx.parents[0].requires_grad:
+            if pw is None:
+                g_x = g * (sigmoid(x) - y)
+            else:
+                g_x = g * (affine(y, -1.0, 1.0) + affine(y * (pw - 1.0), 1.0, 1.0) * affine(sigmoid(x), 1.0, -1.0))
+        if ctx.parents[1].requires_grad:
+            if pw is None:
+                g_y = -(g * x)
+            else:
+                g_y = g * ((pw - 1.0) * (relu(-x) + log(affine(exp(-abs(x)), 1.0, 1.0))) - x)
+        return g_x, g_y
+    return rule
