@@ -83,7 +83,7 @@ _UNARY = {
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
     "gelu": G.ggml_gelu_erf, "silu": G.ggml_silu,
     "softmax": G.ggml_soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
-    "round": G.ggml_round, "trunc": G.ggml_trunc,
+    "round": G.ggml_round, "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
 }
 for _name, _fn in _UNARY.items():
     compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))

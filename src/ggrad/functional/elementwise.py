@@ -232,6 +232,14 @@ def exp(x) -> Tensor:
     return _unary("exp", x, lambda ctx, g: (g * _out(ctx),))
 
 
+def sin(x) -> Tensor:
+    return _unary("sin", x, lambda ctx, g: (g * cos(ctx.parents[0].detach()),))
+
+
+def cos(x) -> Tensor:
+    return _unary("cos", x, lambda ctx, g: (-(g * sin(ctx.parents[0].detach())),))
+
+
 def log(x) -> Tensor:
     return _unary("log", x, lambda ctx, g: (g / ctx.parents[0].detach(),))
 

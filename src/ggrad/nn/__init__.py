@@ -1,11 +1,12 @@
 """Layers and containers (PyTorch's torch.nn, on ggrad tensors)."""
 
+from . import init
 from .attention import MultiheadAttention, TransformerBlock
 from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .layers import GELU, Dropout, Embedding, Flatten, LeakyReLU, Linear, ReLU, Sigmoid, SiLU, Tanh, Unflatten
 from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss, NLLLoss,
                    SmoothL1Loss)
-from .module import Module, ModuleDict, ModuleList, Parameter, Sequential
+from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, ParameterList, Sequential
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm2d, LayerNorm, RMSNorm
 from .pooling import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
 
@@ -13,5 +14,5 @@ __all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLD
            "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "RMSNorm", "Unflatten",
-           "Module", "ModuleDict", "ModuleList", "MultiheadAttention", "Parameter", "ReLU",
+           "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",
            "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock"]

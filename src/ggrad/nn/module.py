@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -17,14 +17,48 @@ def Parameter(data) -> Tensor:
     return param(data.numpy() if isinstance(data, Tensor) else data)
 
 
+class IncompatibleKeys(NamedTuple):
+    """What `load_state_dict` found missing or unexpected (torch's `_IncompatibleKeys`)."""
+
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+
+
+class StateDictError(ValueError, RuntimeError):
+    """A state dict that does not fit (torch raises RuntimeError, ggrad ValueError: both catch it)."""
+
+
+class RemovableHandle:
+    """Returned by the hook registrations: `remove()` takes the hook out."""
+
+    def __init__(self, hooks: OrderedDict, key: int) -> None:
+        self._hooks, self._key = hooks, key
+
+    def remove(self) -> None:
+        self._hooks.pop(self._key, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+_hook_ids = iter(range(1 << 62))
+
+
 class Module:
     """Base class: assign parameters (tensors that require grad), buffers and modules as
-    attributes; `forward` does the work, calling the module calls `forward`."""
+    attributes; `forward` does the work, calling the module calls `forward` (between the
+    forward pre-hooks and hooks)."""
 
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_non_persistent", set())
+        object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
+        object.__setattr__(self, "_forward_hooks", OrderedDict())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name: str, value) -> None:
@@ -43,10 +77,32 @@ class Module:
             self._buffers[name] = value
         object.__setattr__(self, name, value)
 
-    def register_buffer(self, name: str, tensor: Tensor) -> None:
-        """State that is saved and loaded but not trained (BatchNorm's running stats)."""
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        """State that is not trained (BatchNorm's running stats); saved and loaded with the
+        state dict unless `persistent` is False."""
         self.__dict__.setdefault("_buffer_names", set()).add(name)
+        (self._non_persistent.discard if persistent else self._non_persistent.add)(name)
         setattr(self, name, tensor)
+
+    def register_parameter(self, name: str, parameter: Tensor | None) -> None:
+        if parameter is not None and not parameter.requires_grad:
+            raise TypeError(f"parameter {name!r} must require grad (make it with nn.Parameter or ggrad.param)")
+        setattr(self, name, parameter)
+
+    def add_module(self, name: str, module: Module | None) -> None:
+        setattr(self, name, module)
+
+    def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """`hook(module, args)` runs before forward; a non-None result replaces args."""
+        key = next(_hook_ids)
+        self._forward_pre_hooks[key] = hook
+        return RemovableHandle(self._forward_pre_hooks, key)
+
+    def register_forward_hook(self, hook: Callable) -> RemovableHandle:
+        """`hook(module, args, output)` runs after forward; a non-None result replaces output."""
+        key = next(_hook_ids)
+        self._forward_hooks[key] = hook
+        return RemovableHandle(self._forward_hooks, key)
 
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} has no forward")
@@ -55,7 +111,16 @@ class Module:
         if capture.tracing():  # a captured step replays this mode's forward only
             training = self.training
             capture.on_replay(check=lambda: self.training == training)
-        return self.forward(*args, **kwargs)
+        for hook in list(self._forward_pre_hooks.values()):
+            changed = hook(self, args)
+            if changed is not None:
+                args = changed if isinstance(changed, tuple) else (changed,)
+        output = self.forward(*args, **kwargs)
+        for hook in list(self._forward_hooks.values()):
+            changed = hook(self, args, output)
+            if changed is not None:
+                output = changed
+        return output
 
     # ---- traversal -------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
@@ -66,24 +131,56 @@ class Module:
     def modules(self) -> Iterator[Module]:
         return (m for _, m in self.named_modules())
 
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        return iter(self._modules.items())
+
     def children(self) -> Iterator[Module]:
         return iter(self._modules.values())
 
-    def named_parameters(self) -> Iterator[tuple[str, Tensor]]:
+    def _members(self, table: str, recurse: bool):
+        modules = self.named_modules() if recurse else iter([("", self)])
+        for prefix, module in modules:
+            for name, value in getattr(module, table).items():
+                yield (f"{prefix}.{name}" if prefix else name), value, module, name
+
+    def named_parameters(self, recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
         seen: set[int] = set()
-        for prefix, module in self.named_modules():
-            for name, p in module._parameters.items():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    yield (f"{prefix}.{name}" if prefix else name), p
+        for key, p, _, _ in self._members("_parameters", recurse):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield key, p
 
-    def parameters(self) -> Iterator[Tensor]:
-        return (p for _, p in self.named_parameters())
+    def parameters(self, recurse: bool = True) -> Iterator[Tensor]:
+        return (p for _, p in self.named_parameters(recurse))
 
-    def named_buffers(self) -> Iterator[tuple[str, Tensor]]:
-        for prefix, module in self.named_modules():
-            for name, b in module._buffers.items():
-                yield (f"{prefix}.{name}" if prefix else name), b
+    def named_buffers(self, recurse: bool = True) -> Iterator[tuple[str, Tensor]]:
+        for key, b, _, _ in self._members("_buffers", recurse):
+            yield key, b
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        return (b for _, b in self.named_buffers(recurse))
+
+    def apply(self, fn: Callable[[Module], None]) -> Module:
+        """`fn` on every sub-module (children first) and then on this one, as torch's."""
+        for module in self.children():
+            module.apply(fn)
+        fn(self)
+        return self
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        """Freeze (False) or unfreeze every parameter; frozen ones stay parameters."""
+        for p in self.parameters():
+            p.requires_grad = bool(requires_grad)
+        capture.invalidate()
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                with no_grad():
+                    p.grad.zero_()
 
     # ---- modes -------------------------------------------------------------------------
     def train(self, mode: bool = True) -> Module:
@@ -140,14 +237,29 @@ class Module:
 
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, Tensor]:
-        return OrderedDict([*self.named_parameters(), *self.named_buffers()])
+        """Each module's parameters, then its persistent buffers, module after module (torch's
+        keys and order); a parameter shared by two modules appears once."""
+        state: OrderedDict[str, Tensor] = OrderedDict()
+        seen: set[int] = set()
+        for prefix, module in self.named_modules():
+            for name, p in module._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    state[f"{prefix}.{name}" if prefix else name] = p
+            for name, b in module._buffers.items():
+                if name not in module._non_persistent:
+                    state[f"{prefix}.{name}" if prefix else name] = b
+        return state
 
-    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+    def load_state_dict(self, state: dict, strict: bool = True) -> IncompatibleKeys:
         """Copy values in place (same buffers). Every name, shape and dtype is checked
-        before anything changes; a mismatch raises naming all the offending keys."""
+        before anything changes; a mismatch raises naming all the offending keys. Returns
+        the missing and unexpected keys, as torch's (with strict=False they are allowed).
+        A missing BatchNorm `num_batches_tracked` is not an error (torch's own tolerance
+        for state dicts written before it existed)."""
         own = self.state_dict()
         values = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
-        missing = [k for k in own if k not in values]
+        missing = [k for k in own if k not in values and not k.endswith("num_batches_tracked")]
         unexpected = [k for k in values if k not in own]
         shapes = [f"{k}: expected {own[k].shape}, got {values[k].shape}" for k in own
                   if k in values and tuple(values[k].shape) != own[k].shape]
@@ -163,11 +275,12 @@ class Module:
         if dtypes:
             problems.append(f"wrong dtypes: {dtypes}")
         if problems:
-            raise ValueError(f"load_state_dict for {type(self).__name__}: " + "; ".join(problems))
+            raise StateDictError(f"load_state_dict for {type(self).__name__}: " + "; ".join(problems))
         with no_grad():
             for k, t in own.items():
                 if k in values:
                     t.assign_(values[k])
+        return IncompatibleKeys(missing, unexpected)
 
     # ---- printing ----------------------------------------------------------------------
     def extra_repr(self) -> str:
@@ -182,12 +295,16 @@ class Module:
 
 
 class Sequential(Module):
-    def __init__(self, *layers: Module) -> None:
+    """Modules called in order; named 0, 1, ... or by an OrderedDict's keys, as torch's."""
+
+    def __init__(self, *layers) -> None:
         super().__init__()
-        for i, layer in enumerate(layers):
+        named = layers[0].items() if len(layers) == 1 and isinstance(layers[0], OrderedDict) \
+            else ((str(i), layer) for i, layer in enumerate(layers))
+        for name, layer in named:
             if not isinstance(layer, Module):
-                raise TypeError(f"Sequential takes Modules, got {type(layer).__name__} at {i}")
-            setattr(self, str(i), layer)
+                raise TypeError(f"Sequential takes Modules, got {type(layer).__name__} at {name}")
+            setattr(self, name, layer)
 
     def forward(self, x):
         for layer in self._modules.values():
@@ -209,6 +326,11 @@ class ModuleList(Module):
 
     def append(self, module: Module) -> ModuleList:
         setattr(self, str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules) -> ModuleList:
+        for m in modules:
+            self.append(m)
         return self
 
     def __getitem__(self, i: int) -> Module:
@@ -241,3 +363,34 @@ class ModuleDict(Module):
 
     def __len__(self) -> int:
         return len(self._modules)
+
+    def values(self):
+        return self._modules.values()
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._modules
+
+
+class ParameterList(Module):
+    """Parameters kept in a list, registered as 0, 1, ... (torch's state-dict keys)."""
+
+    def __init__(self, values=()) -> None:
+        super().__init__()
+        for v in values:
+            self.append(v)
+
+    def append(self, value) -> ParameterList:
+        setattr(self, str(len(self._parameters)), value if isinstance(value, Tensor) else Parameter(value))
+        return self
+
+    def __getitem__(self, i: int) -> Tensor:
+        return list(self._parameters.values())[i]
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+    def __len__(self) -> int:
+        return len(self._parameters)
