@@ -189,3 +189,18 @@ def test_memory_reports_pools():
     assert {"persistent_bytes", "pass_bytes"} <= set(mem)
     h = rt.to_device(np.ones(4, dtype=np.float32), scope="persistent")
     assert rt.memory()["persistent_bytes"] >= h.nbytes
+
+
+def test_importing_and_starting_every_device_prints_nothing():
+    """ggml's messages (the Vulkan banner) go to the "ggrad.ggml" logger, not the terminal."""
+    import subprocess
+    import sys
+    code = ("import ggrad\n"
+            "for d in ggrad.devices():\n"
+            "    ggrad.set_device(d.name)\n"
+            "    (ggrad.tensor([1.0, 2.0]) * 2).numpy()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == "", done.stderr
+    shown = subprocess.run([sys.executable, "-m", "ggrad", "info"], capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0 and "devices:" in shown.stdout

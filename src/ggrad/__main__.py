@@ -8,7 +8,11 @@ from importlib import metadata
 
 
 def info() -> None:
+    import logging
+
     import ggrad
+
+    logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")  # ggml's banner too
 
     print(f"ggrad {ggrad.__version__}")
     print(f"ggml-python {metadata.version('ggml-python')} (ggml 0.15.3)")

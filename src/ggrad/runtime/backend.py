@@ -8,10 +8,31 @@ Names users see: ``cpu``, ``vulkan`` / ``vulkan:N``, ``cuda`` / ``cuda:N`` and `
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from dataclasses import dataclass
 
 from ggml import ggml as G
+
+# ggml's own messages (the Vulkan backend's device banner, warnings) go to this logger,
+# not to stderr: importing ggrad and starting a device print nothing; warnings and
+# errors still show through logging's defaults; `python -m ggrad info` shows all.
+log = logging.getLogger("ggrad.ggml")
+_LEVELS = {G.GGML_LOG_LEVEL_DEBUG: logging.DEBUG, G.GGML_LOG_LEVEL_INFO: logging.INFO,
+           G.GGML_LOG_LEVEL_WARN: logging.WARNING, G.GGML_LOG_LEVEL_ERROR: logging.ERROR}
+_last_level = [logging.DEBUG]  # GGML_LOG_LEVEL_CONT continues the previous message's level
+
+
+@G.ggml_log_callback
+def _to_logger(level: int, text: bytes, user_data) -> None:
+    if level != G.GGML_LOG_LEVEL_CONT:
+        _last_level[0] = _LEVELS.get(level, logging.INFO)
+    message = text.decode("utf-8", "replace").rstrip("\n") if text else ""
+    if message:
+        log.log(_last_level[0], message)
+
+
+G.ggml_log_set(_to_logger, None)
 
 # Vulkan drivers that run on the CPU: real Vulkan, but not a GPU.
 _SOFTWARE_VULKAN = ("llvmpipe", "lavapipe", "swiftshader")
