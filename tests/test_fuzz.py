@@ -431,9 +431,9 @@ def _module(L, name, *args):
         m = L.nn.LayerNorm(weights[0].shape[0])
     elif name == "batch_norm":
         m = L.nn.BatchNorm1d(weights[0].shape[0])
-    else:  # attention: no torch twin (other parametrisation), only its shape is compared
-        m = L.nn.MultiheadAttention(n, weights[0], causal=weights[1])
-        return m(x)
+    else:  # attention: weights differ (each side's own init), only the shape is compared
+        m = L.nn.MultiheadAttention(n, weights[0], batch_first=True)
+        return m(x, x, x, need_weights=False, is_causal=weights[1])[0]
     m.weight, m.bias = weights
     return m(x)
 
@@ -443,8 +443,8 @@ TORCH_MODULES = {
     "layer_norm": lambda L, x, w, b: L.layer_norm(x, (w.shape[0],), w, b, 1e-5),
     "batch_norm": lambda L, x, w, b: L.batch_norm(x, None, None, w, b, training=True) if x.ndim == 2
     and x.shape[1] == w.shape[0] else _refuse("BatchNorm1d takes (N, C)"),
-    "attention": lambda L, x, heads, causal: x.clone() if x.ndim == 3 and x.shape[-1] % heads == 0
-    else _refuse("attention takes (batch, time, embed), embed divisible by heads"),
+    "attention": lambda L, x, heads, causal: x.clone() if x.ndim in (2, 3) and x.shape[-1] % heads == 0
+    else _refuse("attention takes (batch, time, embed) or (time, embed), embed divisible by heads"),
 }
 
 

@@ -8,6 +8,7 @@ are written with these same operations, so the backward pass is more lazy nodes.
 """
 
 from ._core import broadcast_to, cast, reshape, sum_to
+from .attention import scaled_dot_product_attention
 from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, max_pool1d,
                    max_pool2d, unfold_windows)
 from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
@@ -33,7 +34,7 @@ __all__ = [
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
     "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
     "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",
-    "reshape", "round", "scale", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
+    "reshape", "round", "scale", "scaled_dot_product_attention", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
     "take_along_last", "tanh", "topk", "transpose", "trunc", "unflatten", "unsqueeze", "var", "where",
 ]

@@ -33,6 +33,18 @@ def record(out: Tensor, op: str, rule, inputs: tuple, arg=None) -> None:
     out._ctx = autograd.Context(rule, inputs, {"out": out.node, "arg": arg})
 
 
+_constants: dict[tuple, Tensor] = {}
+
+
+def _constant(key: tuple, make) -> Tensor:
+    """A float32 constant made on the host once and then kept on the device (an eager
+    step that uploaded it every time would cross for it every step)."""
+    value = _constants.get(key)
+    if value is None:
+        value = _constants[key] = tensor(make())
+    return value
+
+
 def _out(ctx) -> Tensor:
     """The recorded op's own result, as a tensor (rules of exp, tanh... reuse it)."""
     return Tensor._wrap(ctx.out)

@@ -20,8 +20,8 @@ from ggml import ggml as G
 
 from .. import runtime
 from ..ops import F32, _onehot, _supported, compute, reshape as ggml_reshape, template
-from ..tensor import Tensor, tensor
-from ._core import _apply, _as_tensor, _float, cast, reshape
+from ..tensor import Tensor
+from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
 from .layout import matmul, matmul_nt, pad, permute
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
@@ -443,18 +443,6 @@ def adaptive_avg_pool2d(input, output_size) -> Tensor:
     rows = cast(_constant(("averaging", oh, h), lambda: _averaging(h, oh)), x.dtype)
     cols = cast(_constant(("averaging.T", ow, w), lambda: _averaging(w, ow).T.copy()), x.dtype)
     return matmul(matmul(rows, x), cols)
-
-
-_constants: dict[tuple, Tensor] = {}
-
-
-def _constant(key: tuple, make) -> Tensor:
-    """A float32 constant made on the host once and then kept on the device (an eager
-    step that uploaded it every time would cross for it every step)."""
-    value = _constants.get(key)
-    if value is None:
-        value = _constants[key] = tensor(make())
-    return value
 
 
 def _averaging(n: int, out: int) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Layers and containers (PyTorch's torch.nn, on ggrad tensors)."""
 
 from . import init
-from .attention import MultiheadAttention, TransformerBlock
+from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
+                        TransformerEncoder, TransformerEncoderLayer)
 from .conv import Conv1d, Conv2d, ConvTranspose2d
 from .layers import GELU, Dropout, Embedding, Flatten, LeakyReLU, Linear, ReLU, Sigmoid, SiLU, Tanh, Unflatten
 from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss, NLLLoss,
@@ -15,4 +16,5 @@ __all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLD
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "RMSNorm", "Unflatten",
            "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",
-           "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock"]
+           "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock", "TransformerDecoder",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]
