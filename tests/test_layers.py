@@ -25,6 +25,9 @@ MODULES = {
     "AvgPool1d": (lambda m: m.AvgPool1d(3, 2, 1, count_include_pad=False), (2, 3, 9)),
     "AdaptiveAvgPool2d": (lambda m: m.AdaptiveAvgPool2d((3, 2)), (2, 3, 9, 8)),
     "Flatten": (lambda m: m.Flatten(), (2, 3, 4, 5)),
+    "Upsample_scale": (lambda m: m.Upsample(scale_factor=2), (2, 3, 4, 5)),
+    "Upsample_size": (lambda m: m.Upsample(size=(7, 3)), (2, 3, 4, 5)),
+    "Upsample_1d_fraction": (lambda m: m.Upsample(scale_factor=1.5), (2, 3, 5)),
     "Unflatten": (lambda m: m.Unflatten(1, (2, 6)), (2, 12, 5)),
     "BatchNorm1d": (lambda m: m.BatchNorm1d(5), (8, 5)),
     "BatchNorm1d_3d": (lambda m: m.BatchNorm1d(5, momentum=None), (4, 5, 6)),
@@ -96,3 +99,41 @@ def test_default_initialisation_follows_torch(name):
         values = g.numpy()
         assert values.shape == tuple(t.shape), key
         assert np.abs(values).max() <= bound and np.abs(values).max() > 0.5 * bound, key
+
+
+def test_embedding_padding_row_is_zero_and_untrained(dev):
+    t_module = torch.nn.Embedding(6, 4, padding_idx=2)
+    g_module = nn.Embedding(6, 4, padding_idx=2)
+    assert not g_module.weight.numpy()[2].any()
+    g_module.load_state_dict(t_module.state_dict())
+    ids = np.array([[0, 2, 5], [2, 2, 1]])
+    with ggrad.grad_tape():
+        g_out = g_module(ggrad.tensor(ids))
+        weights = rng.standard_normal(g_out.shape).astype(np.float32)
+        (g_out * ggrad.tensor(weights)).sum().backward()
+    t_out = t_module(torch.tensor(ids))
+    (t_out * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(g_out.numpy(), t_out.detach().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(g_module.weight.grad.numpy(), t_module.weight.grad.numpy(), rtol=1e-6, atol=1e-7)
+    assert not g_module.weight.grad.numpy()[2].any()
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_embedding_turns_pairs_by_position(dev, interleaved):
+    """Rotate-half (GPT-NeoX) or adjacent pairs (llama.cpp's llama), against float64."""
+    import ggrad.functional as F
+    x = rng.standard_normal((2, 5, 3, 8)).astype(np.float32)
+    positions = np.array([0, 1, 2, 7, 30])
+    theta = positions[:, None] * 500.0 ** (-2.0 * np.arange(4) / 8)
+    cos, sin = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    x64 = x.astype(np.float64)
+    a, b = (x64[..., 0::2], x64[..., 1::2]) if interleaved else (x64[..., :4], x64[..., 4:])
+    turned_a, turned_b = a * cos - b * sin, b * cos + a * sin
+    want = np.empty_like(x64)
+    if interleaved:
+        want[..., 0::2], want[..., 1::2] = turned_a, turned_b
+    else:
+        want = np.concatenate([turned_a, turned_b], -1)
+    got = F.rotary_embedding(x, ggrad.tensor(positions), base=500.0, interleaved=interleaved)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert ggrad.gradcheck(lambda t: F.rotary_embedding(t, ggrad.tensor(positions), 500.0, interleaved), [x])

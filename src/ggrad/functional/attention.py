@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from ggml import ggml as G
 
 from .. import dtypes
-from ._core import Tensor, _as_tensor, _constant, _float, cast
+from ..ops import compute, reshape
+from ._core import Tensor, _apply, _as_tensor, _constant, _float, cast
 from .compare import where
 from .layout import matmul, matmul_nt
 from .losses import dropout
@@ -56,3 +58,39 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if dropout_p > 0.0 and training:
         weights = dropout(weights, dropout_p)
     return matmul(weights, v)
+
+
+def rotary_embedding(x, positions=None, base: float = 10000.0, interleaved: bool = False) -> Tensor:
+    """Rotary position embedding of (batch, time, heads, head_dim) or (time, heads,
+    head_dim) queries or keys: pair j of position p turns by p * base^(-2j / head_dim).
+    Pairs are (j, j + head_dim / 2) (GPT-NeoX's rotate-half), or adjacent entries (2j,
+    2j + 1) with `interleaved` (llama.cpp's llama models). One ggml ROPE node each way.
+    `positions`: integer (time,), 0..time-1 by default."""
+    x = _float(_as_tensor(x), "rotary_embedding")
+    if x.ndim not in (3, 4) or x.shape[-1] % 2:
+        raise ValueError(f"rotary_embedding needs (batch, time, heads, head_dim) or (time, heads, head_dim) with an "
+                         f"even head_dim, got {x.shape}")
+    time = x.shape[-3]
+    if positions is None:
+        positions = _constant(("positions", time), lambda: np.arange(time, dtype=np.int32))
+    positions = _as_tensor(positions)
+    if positions.shape != (time,) or positions.dtype.is_floating_point or positions.dtype is dtypes.bool_:
+        raise ValueError(f"positions must be {time} integers, got {positions.dtype} of shape {positions.shape}")
+    arg = (2 if not interleaved else 0, float(base))
+    return _apply("rope", (x, positions), x.shape, _rope_rule, arg, x.dtype)
+
+
+def _rope_rule(ctx, g):
+    return _apply("rope_back", (g, ctx.parents[1]), g.shape, None, ctx.arg, g.dtype), None
+
+
+def _rope(ctx, s, node, fn):
+    x, positions = s
+    mode, base = node.arg
+    x = reshape(ctx, x, (1,) * (4 - len(node.shape)) + node.shape) if len(node.shape) == 3 else x
+    rotated = fn(ctx, x, positions, None, node.shape[-1], mode, 0, base, 1.0, 0.0, 1.0, 0.0, 0.0)
+    return reshape(ctx, rotated, node.shape)
+
+
+compute("rope", keep_int=True)(lambda ctx, s, node: _rope(ctx, s, node, G.ggml_rope_ext))
+compute("rope_back", keep_int=True)(lambda ctx, s, node: _rope(ctx, s, node, G.ggml_rope_ext_back))

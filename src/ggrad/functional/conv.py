@@ -472,3 +472,33 @@ def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = Fal
                    None if stride is None else (1, _single(stride, "stride")), (0, _single(padding, "padding")),
                    ceil_mode, count_include_pad)
     return reshape(y, y.shape[:-2] + y.shape[-1:])
+
+
+def interpolate(input, size=None, scale_factor=None, mode: str = "nearest") -> Tensor:
+    """torch.nn.functional.interpolate, mode "nearest", over the last 1 or 2 axes of
+    (N, C, L) or (N, C, H, W): output i reads input floor(i * scale) (torch's float
+    arithmetic), a gather whose gradient sums into the rows read."""
+    if mode != "nearest":
+        raise NotImplementedError(f"interpolate mode {mode!r}: only 'nearest' is supported")
+    x = _as_tensor(input)
+    if x.ndim not in (3, 4):
+        raise ValueError(f"interpolate needs (N, C, L) or (N, C, H, W), got {x.shape}")
+    spatial = x.shape[2:]
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate takes one of size and scale_factor")
+    count = len(spatial)
+    if size is not None:
+        sizes = (size,) * count if isinstance(size, numbers.Integral) else tuple(size)
+        scales = [np.float32(n) / np.float32(o) for n, o in zip(spatial, sizes)]
+    else:
+        factors = (scale_factor,) * count if isinstance(scale_factor, numbers.Real) else tuple(scale_factor)
+        sizes = tuple(int(math.floor(n * f)) for n, f in zip(spatial, factors))
+        scales = [np.float32(1.0 / f) for f in factors]
+    if len(sizes) != count or min(sizes) < 1:
+        raise ValueError(f"interpolate: output size {sizes} for input {x.shape}")
+    from .indexing import take
+    for axis, (n, out, scale) in enumerate(zip(spatial, sizes, scales), start=2):
+        if out != n:
+            index = np.minimum(np.floor(np.arange(out, dtype=np.float32) * scale).astype(np.int64), n - 1)
+            x = take(x, index, axis)
+    return x

@@ -65,9 +65,21 @@ def gather(table, index, *, wrap: bool = False) -> Tensor:
     return _apply("gather_rows", (table, index), index.shape + table.shape[1:], rule, dtype=table.dtype)
 
 
-def embedding(index, weight) -> Tensor:
-    """PyTorch's F.embedding: rows of `weight` for each id in `index`."""
-    return gather(_float(_as_tensor(weight), "embedding"), index)
+def embedding(index, weight, padding_idx: int | None = None, max_norm: float | None = None) -> Tensor:
+    """PyTorch's F.embedding: rows of `weight` for each id in `index`; the row of
+    `padding_idx` is read but gets no gradient."""
+    if max_norm is not None:
+        raise NotImplementedError("embedding(max_norm=...) is not supported (it renormalises rows in place)")
+    weight = _float(_as_tensor(weight), "embedding")
+    rows = gather(weight, index)
+    if padding_idx is None:
+        return rows
+    from .compare import where
+    padding = int(padding_idx) % weight.shape[0] if -weight.shape[0] <= padding_idx < weight.shape[0] else None
+    if padding is None:
+        raise ValueError(f"padding_idx {padding_idx} is out of range for {weight.shape[0]} embeddings")
+    index = _as_tensor(index)
+    return where(reshape(index == padding, index.shape + (1,)), rows.detach(), rows)
 
 
 def take(x: Tensor, index, axis: int) -> Tensor:

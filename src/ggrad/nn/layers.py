@@ -131,15 +131,42 @@ class Dropout(Module):
 
 
 class Embedding(Module):
-    """Rows of a (num_embeddings, dim) table, N(0, 1) initialised like PyTorch's."""
+    """Rows of a (num_embeddings, dim) table, N(0, 1) initialised like PyTorch's; the
+    `padding_idx` row starts at zero and is never trained."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None,
+                 max_norm: float | None = None) -> None:
         super().__init__()
+        if max_norm is not None:
+            raise NotImplementedError("Embedding(max_norm=...) is not supported")
         self.num_embeddings, self.embedding_dim = int(num_embeddings), int(embedding_dim)
-        self.weight = param(generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32))
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} must be within num_embeddings {num_embeddings}")
+            padding_idx = int(padding_idx) % num_embeddings
+        self.padding_idx = padding_idx
+        table = generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
+        if padding_idx is not None:
+            table[padding_idx] = 0.0
+        self.weight = param(table)
 
     def forward(self, ids: Tensor) -> Tensor:
-        return F.embedding(ids, self.weight)
+        return F.embedding(ids, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        text = f"{self.num_embeddings}, {self.embedding_dim}"
+        return text + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+
+
+class Upsample(Module):
+    """Nearest-neighbour upsampling, torch.nn.Upsample(size or scale_factor, mode="nearest")."""
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest") -> None:
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.interpolate(x, self.size, self.scale_factor, self.mode)
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, scale_factor={self.scale_factor}, mode={self.mode!r}"
