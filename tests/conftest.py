@@ -19,6 +19,7 @@ _LAVAPIPE = Path(os.environ.get("GGRAD_CACHE", Path.home() / ".cache" / "ggrad")
 if _LAVAPIPE.exists() and not glob.glob("/dev/dri/renderD*") and not glob.glob("/dev/nvidia*"):
     os.environ.setdefault("VK_DRIVER_FILES", str(_LAVAPIPE))
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 try:  # on the H200 host, importing scikit-learn (scipy) after ggml's CUDA backend started
@@ -84,6 +85,17 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     counts = ", ".join(f"{name}: {_ran[name]}" for name in DEVICE_PARAMS)
     terminalreporter.write_line(f"device tests passed per device -- {counts}")
+
+
+def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e-5, err_msg: str = "") -> None:
+    """np.testing.assert_allclose; on CUDA, where ggml multiplies float32 matrices in TF32
+    (~1e-3 of the operands' size, not of each result), within 5e-3 of the largest |desired|."""
+    desired = np.asarray(desired)
+    if dev.startswith("cuda"):
+        scale = float(np.nanmax(np.abs(desired))) if desired.size else 1.0
+        np.testing.assert_allclose(actual, desired, rtol=0, atol=5e-3 * max(scale, 1e-6), err_msg=err_msg)
+    else:
+        np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol, err_msg=err_msg)
 
 
 def run_in_child(source: str, *args: str, timeout: float = 300) -> str:

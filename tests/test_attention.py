@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
 from ggrad import nn  # noqa: E402
+from conftest import assert_close  # noqa: E402
 
 rng = np.random.default_rng(5)
 
@@ -22,7 +23,7 @@ def _outputs(result):
     return [r for r in (result if isinstance(result, tuple) else (result,)) if r is not None]
 
 
-def compare(g_result_fn, t_result_fn, arrays, g_params=(), t_params=()):
+def compare(dev, g_result_fn, t_result_fn, arrays, g_params=(), t_params=()):
     """Run both, backprop a random weighting of every output, compare outputs, the float
     inputs' gradients and the parameters' gradients."""
     floats = [a.dtype.kind == "f" for a in arrays]
@@ -36,13 +37,13 @@ def compare(g_result_fn, t_result_fn, arrays, g_params=(), t_params=()):
     sum((o * torch.tensor(w)).sum() for o, w in zip(t_out, weights)).backward()
     assert len(g_out) == len(t_out)
     for k, (g, t) in enumerate(zip(g_out, t_out)):
-        np.testing.assert_allclose(g.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-5, err_msg=f"output {k}")
+        assert_close(dev, g.numpy(), t.detach().numpy(), err_msg=f"output {k}")
     for k, (g, t, f) in enumerate(zip(g_in, t_in, floats)):
         if f:
-            np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
+            assert_close(dev, g.grad.numpy(), t.grad.numpy(), rtol=1e-4, err_msg=f"input {k}")
     t_named = dict(t_params)
     for key, p in g_params:
-        np.testing.assert_allclose(p.grad.numpy(), t_named[key].grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=key)
+        assert_close(dev, p.grad.numpy(), t_named[key].grad.numpy(), rtol=1e-4, err_msg=key)
 
 
 def twins(make):
@@ -71,7 +72,7 @@ SDPA = {
 @pytest.mark.parametrize("name", sorted(SDPA))
 def test_sdpa_equals_torch(dev, name):
     fn, arrays = SDPA[name]
-    compare(lambda *a: fn(F, *a), lambda *a: fn(torch.nn.functional, *a), arrays)
+    compare(dev, lambda *a: fn(F, *a), lambda *a: fn(torch.nn.functional, *a), arrays)
 
 
 PADDING = np.array([[False] * 5 + [True], [False] * 6])
@@ -96,7 +97,7 @@ MHA = {
 def test_multihead_attention_equals_torch(dev, name):
     make, call, arrays = MHA[name]
     g_module, t_module = twins(make)
-    compare(lambda *a: call(g_module, *a), lambda *a: call(t_module, *a), arrays,
+    compare(dev, lambda *a: call(g_module, *a), lambda *a: call(t_module, *a), arrays,
             list(g_module.named_parameters()), list(t_module.named_parameters()))
 
 
@@ -123,7 +124,7 @@ LAYERS = {
 def test_transformer_layers_equal_torch(dev, name):
     make, call, arrays = LAYERS[name]
     g_module, t_module = twins(make)
-    compare(lambda *a: call(g_module, *a), lambda *a: call(t_module, *a), arrays,
+    compare(dev, lambda *a: call(g_module, *a), lambda *a: call(t_module, *a), arrays,
             list(g_module.named_parameters()), list(t_module.named_parameters()))
 
 

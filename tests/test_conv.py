@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
+from conftest import assert_close  # noqa: E402
 
 TF = torch.nn.functional
 rng = np.random.default_rng(0)
@@ -72,9 +73,9 @@ def test_equals_torch(dev, name):
     t_in, t_out = _run(fn, TF, inputs, lambda a: torch.tensor(a, requires_grad=True))
     (t_out * torch.tensor(weights)).sum().backward()
     assert g_out.shape == tuple(t_out.shape)
-    np.testing.assert_allclose(g_out.numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert_close(dev, g_out.numpy(), t_out.detach().numpy())
     for k, (g, t) in enumerate(zip(g_in, t_in)):
-        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=f"input {k}")
+        assert_close(dev, g.grad.numpy(), t.grad.numpy(), err_msg=f"input {k}")
 
 
 def test_a_conv_net_step_is_one_dispatch_and_crosses_nothing(dev):

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 from ggrad import nn  # noqa: E402
+from conftest import assert_close  # noqa: E402
 
 rng = np.random.default_rng(1)
 
@@ -69,17 +70,16 @@ def test_module_equals_torch(dev, name):
     t_x = torch.tensor(x, requires_grad=True)
     t_y = t_module(t_x)
     (t_y * torch.tensor(weights)).sum().backward()
-    np.testing.assert_allclose(g_y.numpy(), t_y.detach().numpy(), rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(g_x.grad.numpy(), t_x.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg="input gradient")
+    assert_close(dev, g_y.numpy(), t_y.detach().numpy())
+    assert_close(dev, g_x.grad.numpy(), t_x.grad.numpy(), err_msg="input gradient")
     t_params = dict(t_module.named_parameters())
     for key, p in g_module.named_parameters():
-        np.testing.assert_allclose(p.grad.numpy(), t_params[key].grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=key)
+        assert_close(dev, p.grad.numpy(), t_params[key].grad.numpy(), err_msg=key)
     t_state = t_module.state_dict()
     for key, value in g_module.state_dict().items():  # buffers after the training step
-        np.testing.assert_allclose(value.numpy(), t_state[key].numpy(), rtol=1e-6, atol=1e-6, err_msg=key)
+        assert_close(dev, value.numpy(), t_state[key].numpy(), rtol=1e-6, atol=1e-6, err_msg=key)
     g_module.eval(), t_module.eval()
-    np.testing.assert_allclose(g_module(ggrad.tensor(x)).numpy(), t_module(torch.tensor(x)).detach().numpy(),
-                               rtol=1e-5, atol=1e-5, err_msg="eval")
+    assert_close(dev, g_module(ggrad.tensor(x)).numpy(), t_module(torch.tensor(x)).detach().numpy(), err_msg="eval")
     back = _randomized(make(torch.nn))  # and ggrad's state_dict loads into torch's module
     ours = {k: np.array(v.numpy()) for k, v in g_module.state_dict().items()}
     back.load_state_dict({k: torch.from_numpy(v) for k, v in ours.items()}, strict=True)
@@ -135,5 +135,5 @@ def test_rotary_embedding_turns_pairs_by_position(dev, interleaved):
     else:
         want = np.concatenate([turned_a, turned_b], -1)
     got = F.rotary_embedding(x, ggrad.tensor(positions), base=500.0, interleaved=interleaved)
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert_close(dev, got.numpy(), want)
     assert ggrad.gradcheck(lambda t: F.rotary_embedding(t, ggrad.tensor(positions), 500.0, interleaved), [x])

@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
 from ggrad import nn  # noqa: E402
+from conftest import assert_close  # noqa: E402
 
 TF = torch.nn.functional
 rng = np.random.default_rng(2)
@@ -99,10 +100,10 @@ def test_loss_equals_torch(dev, name):
     t_out = fn(TF, *t_in)
     (t_out * torch.tensor(weights)).sum().backward()
     assert g_out.shape == tuple(t_out.shape)
-    np.testing.assert_allclose(g_out.numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert_close(dev, g_out.numpy(), t_out.detach().numpy(), atol=1e-6)
     for i in (i for i, r in enumerate(grads) if r):
-        np.testing.assert_allclose(g_in[i].grad.numpy(), t_in[i].grad.numpy(), rtol=1e-4, atol=1e-6,
-                                   err_msg=f"gradient of input {i}")
+        assert_close(dev, g_in[i].grad.numpy(), t_in[i].grad.numpy(), rtol=1e-4, atol=1e-6,
+                     err_msg=f"gradient of input {i}")
 
 
 MODULES = {
