@@ -137,3 +137,19 @@ def test_max_pool_keeps_nan_and_minus_inf(dev):
     got = F.max_pool2d(ggrad.tensor(x), 2).numpy()
     np.testing.assert_array_equal(got, TF.max_pool2d(torch.tensor(x), 2).numpy())
     assert np.isnan(got[0, 0, 0, 0]) and got[0, 1, 1, 1] == -np.inf
+
+
+def test_folding_without_im2col_back_equals_torch(monkeypatch):
+    """The fold Vulkan and CUDA use (IM2COL_BACK missing), forced on the CPU: strides,
+    padding and dilation in both directions."""
+    from ggrad.functional import conv
+    monkeypatch.setattr(conv, "_supported", lambda node: None)
+    x, w = f32(2, 3, 11, 9), f32(4, 3, 3, 2)
+    with ggrad.grad_tape():
+        g_x = ggrad.tensor(x, requires_grad=True)
+        out = F.conv2d(g_x, ggrad.tensor(w), stride=(3, 2), padding=(2, 1), dilation=(2, 3))
+        weights = f32(*out.shape)
+        (out * ggrad.tensor(weights)).sum().backward()
+    t_x = torch.tensor(x, requires_grad=True)
+    (TF.conv2d(t_x, torch.tensor(w), stride=(3, 2), padding=(2, 1), dilation=(2, 3)) * torch.tensor(weights)).sum().backward()
+    np.testing.assert_allclose(g_x.grad.numpy(), t_x.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -4,8 +4,8 @@ An image's windows become columns (ggml's IM2COL: (N, C, H, W) -> (N, OH, OW, C*
 in the order of a torch weight's (C, KH, KW)); a convolution is one matrix product over
 them, a transposed convolution the product's adjoint (folding columns back onto an
 image), and a pool a max or mean over each window. Gradients come from the pieces: the
-adjoint of unfolding is folding (ggml's IM2COL_BACK; where a backend lacks it, Vulkan,
-a transposed convolution with one-hot kernels folds the columns), and the product's,
+adjoint of unfolding is folding (ggml's IM2COL_BACK; where a backend lacks it, Vulkan and
+CUDA, each window entry's columns are padded into place and summed), and the product's,
 max's and mean's gradients are the ones they always have.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import runtime
-from ..ops import F32, _onehot, _supported, compute, reshape as ggml_reshape, template
+from ..ops import F32, _supported, compute, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
 from .layout import matmul, matmul_nt, pad, permute
@@ -102,38 +102,36 @@ def _col2im(ctx, s, node):
     n, c, h, w = node.shape
     ne = (ctypes.c_int64 * 4)(w, h, c, n)
     folded = _supported(G.ggml_im2col_back(ctx, s[0], _kernel_shape(ctx, c, kh, kw), ne, sw, sh, pw, ph, dw, dh, True))
-    return folded if folded is not None else _fold_by_transposed_conv(ctx, s[0], node)
+    return folded if folded is not None else _fold_by_taps(ctx, s[0], node)
 
 
-def _fold_by_transposed_conv(ctx, columns, node):
-    """Folding without IM2COL_BACK: a transposed convolution of the columns, read as KH*KW
-    channels, with one-hot kernels (kernel k has its 1 where window entry k sits, dilation
-    included) scatters every entry to its place; the result is cropped to the image.
-    NOTE: ggml's CONV_TRANSPOSE_2D reads f32 kernels right on Vulkan only (the CPU's
-    wants f16 and says nothing): the CPU always has IM2COL_BACK."""
+def _fold_by_taps(ctx, columns, node):
+    """Folding without IM2COL_BACK (Vulkan, CUDA): the columns of one window entry (tap)
+    form an image of the output grid; spread to the stride, padded into place on a
+    canvas of the padded image and summed over the taps, cropped to the image. Padding,
+    adds and copies only: every backend runs them."""
     kh, kw, sh, sw, ph, pw, dh, dw = node.arg
     n, c, h, w = node.shape
     ow, oh = columns.contents.ne[1], columns.contents.ne[2]
-    stride = math.gcd(sh, sw)  # the transposed convolution's; the rest spreads the image
-    taps, khe, kwe = kh * kw, dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    per_tap = G.ggml_permute(ctx, ggml_reshape(ctx, columns, (n, oh * ow, c, taps)), 1, 2, 0, 3)
-    image = _spread(ctx, ggml_reshape(ctx, G.ggml_cont(ctx, per_tap), (c * n, taps, oh, ow)), sh // stride, sw // stride)
-    # where tap k (row k // kw, column k % kw) sits in the dilated kernel
-    k = G.ggml_arange(ctx, 0.0, float(taps), 1.0)
-    row = G.ggml_floor(ctx, G.ggml_scale_bias(ctx, k, 1.0 / kw, 0.5 / kw))
-    place = G.ggml_add(ctx, G.ggml_scale(ctx, k, float(dw)), G.ggml_scale(ctx, row, float(dh * kwe - kw * dw)))
-    kernels = ggml_reshape(ctx, _onehot(ctx, ggml_reshape(ctx, place, (taps, 1)), taps, khe * kwe), (taps, 1, khe, kwe))
-    full = G.ggml_conv_transpose_2d_p0(ctx, kernels, image, stride)
-    full_w, full_h = full.contents.ne[0], full.contents.ne[1]
-    full = G.ggml_pad(ctx, full, max(pw + w - full_w, 0), max(ph + h - full_h, 0), 0, 0)
-    view = G.ggml_view_4d(ctx, full, w, h, 1, c * n, full.contents.nb[1], full.contents.nb[2], full.contents.nb[3],
-                          (ph * full.contents.nb[1]) + pw * full.contents.nb[0])
+    taps = kh * kw
+    per_tap = G.ggml_cont(ctx, G.ggml_permute(ctx, ggml_reshape(ctx, columns, (n, oh * ow, c, taps)), 1, 2, 0, 3))
+    nb = per_tap.contents.nb
+    canvas_w, canvas_h = max(w + 2 * pw, (kw - 1) * dw + ow * sw), max(h + 2 * ph, (kh - 1) * dh + oh * sh)
+    total = None
+    for tap in range(taps):
+        y, x = divmod(tap, kw)
+        image = G.ggml_cont(ctx, G.ggml_view_4d(ctx, per_tap, oh * ow, 1, c, n, nb[1], nb[2], nb[3], tap * nb[1]))
+        image = _spread(ctx, G.ggml_reshape_4d(ctx, image, ow, oh, c, n), sh, sw)
+        left, top = x * dw, y * dh
+        placed = G.ggml_pad_ext(ctx, image, left, canvas_w - left - ow * sw, top, canvas_h - top - oh * sh, 0, 0, 0, 0)
+        total = placed if total is None else G.ggml_add(ctx, total, placed)
+    nb = total.contents.nb
+    view = G.ggml_view_4d(ctx, total, w, h, c, n, nb[1], nb[2], nb[3], ph * nb[1] + pw * nb[0])
     return ggml_reshape(ctx, G.ggml_cont(ctx, view), node.shape)
 
 
 def _spread(ctx, image, by_h: int, by_w: int):
-    """`image` with by - 1 zeros after each of its rows / columns (strides that differ
-    are the transposed convolution's common one times these)."""
+    """`image` with by - 1 zeros after each of its rows / columns (a stride's spacing)."""
     cols, rows, planes, batch = (image.contents.ne[i] for i in range(4))
     if by_w > 1:
         image = G.ggml_pad(ctx, G.ggml_reshape_4d(ctx, image, 1, cols, rows, planes * batch), by_w - 1, 0, 0, 0)
