@@ -189,15 +189,32 @@ def _batched(x: Tensor, spatial: int, what: str) -> tuple[Tensor, bool]:
     return x, False
 
 
+def _operands(input, weight, what: str, layout: str) -> tuple[Tensor, Tensor, bool]:
+    """A 2-d convolution's input (batched) and 4-d weight, checked; and whether the input
+    came unbatched."""
+    x, weight = _float(_as_tensor(input), what), _float(_as_tensor(weight), what)
+    x, unbatched = _batched(x, 2, what)
+    if weight.ndim != 4:
+        raise ValueError(f"{what} needs a 4-d weight {layout}, got shape {weight.shape}")
+    if x.dtype is not weight.dtype:
+        raise TypeError(f"{what} needs input and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    return x, weight, unbatched
+
+
+def _finish(y: Tensor, bias, unbatched: bool, what: str) -> Tensor:
+    """y plus a per-channel bias, without the batch axis if the input had none."""
+    if bias is not None:
+        bias = _as_tensor(bias)
+        if bias.shape != (y.shape[1],):
+            raise ValueError(f"{what} needs a bias of shape ({y.shape[1]},), got {bias.shape}")
+        y = y + reshape(bias, (y.shape[1], 1, 1))
+    return reshape(y, y.shape[1:]) if unbatched else y
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight
     (OC, C / groups, KH, KW); padding an int, a pair, "valid" or "same"."""
-    x, weight = _float(_as_tensor(input), "conv2d"), _float(_as_tensor(weight), "conv2d")
-    x, unbatched = _batched(x, 2, "conv2d")
-    if weight.ndim != 4:
-        raise ValueError(f"conv2d needs a 4-d weight (OC, C / groups, KH, KW), got shape {weight.shape}")
-    if x.dtype is not weight.dtype:
-        raise TypeError(f"conv2d needs input and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    x, weight, unbatched = _operands(input, weight, "conv2d", "(OC, C / groups, KH, KW)")
     n, c, _, _ = x.shape
     oc, cg, kh, kw = weight.shape
     if not isinstance(groups, numbers.Integral) or groups < 1 or c != cg * groups or oc % groups:
@@ -209,13 +226,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     columns = _windows(x, (kh, kw), stride, _conv_padding(padding, (kh, kw), dilation, stride), dilation)
     _, oh, ow, width = columns.shape
     y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
-    y = permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2))
-    if bias is not None:
-        bias = _as_tensor(bias)
-        if bias.shape != (oc,):
-            raise ValueError(f"conv2d needs a bias of shape ({oc},), got {bias.shape}")
-        y = y + reshape(bias, (oc, 1, 1))
-    return reshape(y, y.shape[1:]) if unbatched else y
+    return _finish(permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2)), bias, unbatched, "conv2d")
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
@@ -237,12 +248,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
                      dilation=1) -> Tensor:
     """torch.nn.functional.conv_transpose2d: input (N, C, H, W) or (C, H, W), weight
     (C, OC / groups, KH, KW): conv2d's adjoint, the product's columns folded onto the output."""
-    x, weight = _float(_as_tensor(input), "conv_transpose2d"), _float(_as_tensor(weight), "conv_transpose2d")
-    x, unbatched = _batched(x, 2, "conv_transpose2d")
-    if weight.ndim != 4:
-        raise ValueError(f"conv_transpose2d needs a 4-d weight (C, OC / groups, KH, KW), got shape {weight.shape}")
-    if x.dtype is not weight.dtype:
-        raise TypeError(f"conv_transpose2d needs input and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    x, weight, unbatched = _operands(input, weight, "conv_transpose2d", "(C, OC / groups, KH, KW)")
     n, c, h, w = x.shape
     ci, ocg, kh, kw = weight.shape
     if not isinstance(groups, numbers.Integral) or groups < 1 or c != ci or c % groups:
@@ -268,12 +274,7 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
         columns = reshape(permute(matmul_nt(per_group, kernel), (1, 0, 2)), (n * h * w, oc * taps))
     arg = (kh, kw, sh, sw, ph, pw, dh, dw)
     y = _fold(reshape(columns, (n, h, w, oc * taps)), (n, oc, out_h, out_w), arg)
-    if bias is not None:
-        bias = _as_tensor(bias)
-        if bias.shape != (oc,):
-            raise ValueError(f"conv_transpose2d needs a bias of shape ({oc},), got {bias.shape}")
-        y = y + reshape(bias, (oc, 1, 1))
-    return reshape(y, y.shape[1:]) if unbatched else y
+    return _finish(y, bias, unbatched, "conv_transpose2d")
 
 
 # ---- pooling --------------------------------------------------------------------------------

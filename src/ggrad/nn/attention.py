@@ -139,90 +139,85 @@ def _activation(activation):
     raise ValueError(f"activation must be 'relu', 'gelu' or a callable, got {activation!r}")
 
 
-class TransformerEncoderLayer(Module):
+class _TransformerLayer(Module):
+    """What the encoder and decoder layers share, registered in torch's order: attention
+    (over the memory too, for a decoder), the feed-forward block, the norms, dropouts."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float, activation,
+                 layer_norm_eps: float, batch_first: bool, norm_first: bool, bias: bool, blocks: int) -> None:
+        super().__init__()
+        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                            activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                            norm_first=norm_first, bias=bias)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first)
+        if blocks == 3:
+            self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm_first = bool(norm_first)
+        for i in range(1, blocks + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        for i in range(1, blocks + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
+        self.activation = _activation(activation)
+
+    def _attend(self, attention: Module, x: Tensor, source: Tensor, mask, padding, is_causal: bool) -> Tensor:
+        out, _ = attention(x, source, source, attn_mask=mask, key_padding_mask=padding, need_weights=False,
+                           is_causal=is_causal and mask is None)
+        return out
+
+    def _feed_forward(self, x: Tensor, dropout: Module) -> Tensor:
+        return dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+
+class TransformerEncoderLayer(_TransformerLayer):
     """torch.nn.TransformerEncoderLayer: self-attention and a feed-forward block, each with
     a residual and LayerNorm after (or, with norm_first, before)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True) -> None:
-        super().__init__()
-        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                            activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
-                            norm_first=norm_first, bias=bias)
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm_first = bool(norm_first)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
-        self.activation = _activation(activation)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, blocks=2)
 
     def forward(self, src: Tensor, src_mask=None, src_key_padding_mask=None, is_causal: bool = False) -> Tensor:
+        def attend(x):
+            return self.dropout1(self._attend(self.self_attn, x, x, src_mask, src_key_padding_mask, is_causal))
         x = src
         if self.norm_first:
-            x = x + self._attend(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
-            return x + self._feed_forward(self.norm2(x))
-        x = self.norm1(x + self._attend(x, src_mask, src_key_padding_mask, is_causal))
-        return self.norm2(x + self._feed_forward(x))
-
-    def _attend(self, x: Tensor, mask, padding, is_causal: bool) -> Tensor:
-        out, _ = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                                is_causal=is_causal and mask is None)
-        return self.dropout1(out)
-
-    def _feed_forward(self, x: Tensor) -> Tensor:
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+            x = x + attend(self.norm1(x))
+            return x + self._feed_forward(self.norm2(x), self.dropout2)
+        x = self.norm1(x + attend(x))
+        return self.norm2(x + self._feed_forward(x, self.dropout2))
 
 
-class TransformerDecoderLayer(Module):
+class TransformerDecoderLayer(_TransformerLayer):
     """torch.nn.TransformerDecoderLayer: self-attention, attention over the encoder's
     memory, and a feed-forward block, each with a residual and LayerNorm."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
                  norm_first: bool = False, bias: bool = True) -> None:
-        super().__init__()
-        self._config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                            activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
-                            norm_first=norm_first, bias=bias)
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout, bias=bias, batch_first=batch_first)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm_first = bool(norm_first)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-        self.activation = _activation(activation)
+        super().__init__(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, blocks=3)
 
     def forward(self, tgt: Tensor, memory: Tensor, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False) -> Tensor:
+        def attend(x):
+            return self.dropout1(self._attend(self.self_attn, x, x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+
+        def recall(x):
+            return self.dropout2(self._attend(self.multihead_attn, x, memory, memory_mask, memory_key_padding_mask,
+                                              memory_is_causal))
         x = tgt
         if self.norm_first:
-            x = x + self._self_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
-            x = x + self._memory_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
-            return x + self._feed_forward(self.norm3(x))
-        x = self.norm1(x + self._self_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
-        x = self.norm2(x + self._memory_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
-        return self.norm3(x + self._feed_forward(x))
-
-    def _self_block(self, x: Tensor, mask, padding, is_causal: bool) -> Tensor:
-        out, _ = self.self_attn(x, x, x, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                                is_causal=is_causal and mask is None)
-        return self.dropout1(out)
-
-    def _memory_block(self, x: Tensor, memory: Tensor, mask, padding, is_causal: bool) -> Tensor:
-        out, _ = self.multihead_attn(x, memory, memory, attn_mask=mask, key_padding_mask=padding,
-                                     need_weights=False, is_causal=is_causal and mask is None)
-        return self.dropout2(out)
-
-    def _feed_forward(self, x: Tensor) -> Tensor:
-        return self.dropout3(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+            x = x + attend(self.norm1(x))
+            x = x + recall(self.norm2(x))
+            return x + self._feed_forward(self.norm3(x), self.dropout3)
+        x = self.norm1(x + attend(x))
+        x = self.norm2(x + recall(x))
+        return self.norm3(x + self._feed_forward(x, self.dropout3))
 
 
 def _clones(layer: Module, n: int) -> ModuleList:
