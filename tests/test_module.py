@@ -90,3 +90,5 @@ def test_containers():
     heads = nn.ModuleDict({"a": nn.Linear(2, 1)})
     assert "a" in heads and list(heads) == ["a"] and list(heads.values())[0] is heads["a"]
     assert F.relu is not None
+    x = ggrad.tensor(np.ones(3, np.float32))
+    assert nn.Identity(7, any_keyword=1)(x) is x

@@ -4,7 +4,7 @@ from . import init
 from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
                         TransformerEncoder, TransformerEncoderLayer)
 from .conv import Conv1d, Conv2d, ConvTranspose2d
-from .layers import (GELU, Dropout, Embedding, Flatten, LeakyReLU, Linear, ReLU, Sigmoid, SiLU, Tanh, Unflatten,
+from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LeakyReLU, Linear, ReLU, Sigmoid, SiLU, Tanh, Unflatten,
                      Upsample)
 from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss, NLLLoss,
                    SmoothL1Loss)
@@ -14,7 +14,7 @@ from .pooling import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool
 
 __all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
            "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
-           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
+           "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "Identity", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "RMSNorm", "Unflatten", "Upsample",
            "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",
            "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock", "TransformerDecoder",

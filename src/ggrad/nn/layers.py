@@ -47,6 +47,16 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Identity(Module):
+    """Returns its input (a placeholder, as torch.nn.Identity; arguments are ignored)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
 class _Activation(Module):
     fn = staticmethod(F.relu)
 
