@@ -52,6 +52,8 @@ CASES = {
     "adaptive_avg_pool2d_even": (lambda m, x: m.adaptive_avg_pool2d(x, (3, 5)), [X4]),
     "adaptive_avg_pool2d_uneven": (lambda m, x: m.adaptive_avg_pool2d(x, (4, 3)), [X4]),
     "max_pool1d": (lambda m, x: m.max_pool1d(x, 3, 2, 1), [X3]),
+    "unfold": (lambda m, x: m.unfold(x, (2, 3), dilation=(2, 1), padding=1, stride=(1, 2)), [X4]),
+    "fold": (lambda m, c: m.fold(c, (7, 8), (2, 3), dilation=(1, 2), padding=(1, 0), stride=2), [f32(2, 18, 8)]),
     "avg_pool1d": (lambda m, x: m.avg_pool1d(x, 4, 3, ceil_mode=True), [X3]),
 }
 

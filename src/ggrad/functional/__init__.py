@@ -9,8 +9,8 @@ are written with these same operations, so the backward pass is more lazy nodes.
 
 from ._core import broadcast_to, cast, reshape, sum_to
 from .attention import rotary_embedding, scaled_dot_product_attention
-from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, interpolate,
-                   max_pool1d, max_pool2d, unfold_windows)
+from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, fold,
+                   interpolate, max_pool1d, max_pool2d, unfold, unfold_windows)
 from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
                       logical_or, logical_xor, lt, masked_fill, ne, where)
 from .elementwise import (abs, add, affine, ceil, clamp, cos, div, exp, floor, floor_divide, gelu, leaky_relu,
@@ -29,12 +29,12 @@ __all__ = [
     "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat", "cos",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
-    "flatten", "floor", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "huber_loss", "isfinite", "isinf",
+    "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "huber_loss", "isfinite", "isinf",
     "interpolate", "isnan", "kl_div", "l1_loss", "le", "leaky_relu", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
     "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
     "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",
     "reshape", "rotary_embedding", "round", "scale", "scaled_dot_product_attention", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
-    "take_along_last", "tanh", "topk", "transpose", "trunc", "unflatten", "unsqueeze", "var", "where",
+    "take_along_last", "tanh", "topk", "transpose", "trunc", "unflatten", "unfold", "unsqueeze", "var", "where",
 ]

@@ -84,6 +84,31 @@ def _unfold_again(g: Tensor, arg: tuple) -> Tensor:
     return unfold_windows(g, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
 
 
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+    """torch.nn.functional.unfold: (N, C, H, W) -> (N, C*KH*KW, L), L the window count."""
+    x = _as_tensor(input)
+    windows = unfold_windows(x, kernel_size, stride, padding, dilation)  # (N, OH, OW, C*KH*KW)
+    n, oh, ow, width = windows.shape
+    return permute(reshape(windows, (n, oh * ow, width)), (0, 2, 1))
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
+    """torch.nn.functional.fold, unfold's adjoint: (N, C*KH*KW, L) columns summed onto
+    (N, C, H, W), overlaps added."""
+    columns = _float(_as_tensor(input), "fold")
+    (h, w), (kh, kw) = _pair(output_size, "output_size"), _pair(kernel_size, "kernel_size")
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
+    if min(h, w, kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:
+        raise ValueError("fold needs positive sizes, strides and dilations and a non-negative padding")
+    oh, ow = _out_size(h, kh, sh, 2 * ph, dh), _out_size(w, kw, sw, 2 * pw, dw)
+    if columns.ndim != 3 or columns.shape[1] % (kh * kw) or columns.shape[2] != oh * ow or oh < 1 or ow < 1:
+        raise ValueError(f"fold: columns {columns.shape} do not fit output_size {(h, w)} with a {kh}x{kw} kernel "
+                         f"(want (N, C*{kh * kw}, {max(oh, 0) * max(ow, 0)}))")
+    n, width, _ = columns.shape
+    windows = reshape(permute(columns, (0, 2, 1)), (n, oh, ow, width))
+    return _fold(windows, (n, width // (kh * kw), h, w), (kh, kw, sh, sw, ph, pw, dh, dw))
+
+
 def _kernel_shape(ctx, channels: int, kh: int, kw: int):
     """IM2COL reads its kernel's sizes only: a shape, (KW, KH, C, 1) in ggml's order."""
     return template(ctx, (1, channels, kh, kw))
