@@ -10,9 +10,10 @@ from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDi
                    SmoothL1Loss)
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, ParameterList, Sequential
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm2d, LayerNorm, RMSNorm
+from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .pooling import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
 
-__all__ = ["BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
+__all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
            "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "Identity", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "RMSNorm", "Unflatten", "Upsample",
