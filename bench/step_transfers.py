@@ -1,4 +1,5 @@
-"""Crossings and dispatches per training step of a 3-layer MLP and of a small CNN, on every device.
+"""Crossings and dispatches per training step of a 3-layer MLP, a small CNN and a 2-layer
+LSTM, on every device.
 
     GGML_VK_VISIBLE_DEVICES=0 .venv/bin/python bench/step_transfers.py
 
@@ -94,6 +95,19 @@ def cnn():
                          nn.Conv2d(8, 16, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
 
 
+def lstm():
+    from ggrad import nn
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.head = nn.LSTM(12, 16, num_layers=2, batch_first=True), nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.head(self.lstm(x)[0][:, -1])
+    return Tagger()
+
+
 def measure_model(device: str, name: str, make, sample: tuple) -> list[tuple[str, int, int]]:
     """A module trained by a compiled step and by an eager one, the batch already on the device."""
     ggrad.set_device(device)
@@ -132,7 +146,8 @@ def main() -> None:
     print("| device | step | crossings | dispatches |")
     print("| --- | --- | --- | --- |")
     for name in names:
-        for case, crossings, dispatches in measure(name) + measure_model(name, "CNN", cnn, (1, 12, 12)):
+        for case, crossings, dispatches in (measure(name) + measure_model(name, "CNN", cnn, (1, 12, 12))
+                                          + measure_model(name, "2-layer LSTM", lstm, (8, 12))):
             print(f"| {name} | {case} | {crossings} | {dispatches} |")
 
 

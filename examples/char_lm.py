@@ -1,7 +1,8 @@
-"""A small character-level transformer language model, trained on Python's own standard
-library source (it ships with every Python), then sampled.
+"""A small character-level language model (a transformer, or with --arch lstm a 2-layer
+LSTM), trained on Python's own standard library source (it ships with every Python),
+then sampled.
 
-    .venv/bin/python examples/char_lm.py [--steps 600] [--device cpu]
+    .venv/bin/python examples/char_lm.py [--steps 600] [--device cpu] [--arch lstm]
 """
 
 from __future__ import annotations
@@ -45,12 +46,25 @@ class CharLM(nn.Module):
         return self.head(self.norm(x))
 
 
+class CharLSTM(nn.Module):
+    def __init__(self, vocab: int, dim: int = 64, hidden: int = 128, layers: int = 2) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.tokens(ids))
+        return self.head(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=600)  # ~45 s on 2 CPU cores
     ap.add_argument("--device", default="gpu" if ggrad.gpu_available() else "cpu")
     ap.add_argument("--context", type=int, default=32)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--arch", choices=["transformer", "lstm"], default="transformer")
     args = ap.parse_args()
     ggrad.set_device(args.device)
     ggrad.manual_seed(0)
@@ -61,7 +75,7 @@ def main() -> None:
     data = np.array([index[c] for c in text], dtype=np.int32)
     print(f"{len(text)} characters of the standard library's source, {len(chars)} distinct; device {ggrad.get_device()}")
 
-    model = CharLM(len(chars), args.context)
+    model = CharLSTM(len(chars)) if args.arch == "lstm" else CharLM(len(chars), args.context)
     opt = AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2)
     rng = np.random.default_rng(0)
 

@@ -119,8 +119,9 @@ def test_demo_command_exits_zero(tmp_path):
     assert (tmp_path / "curve.png").exists() and (tmp_path / "model.safetensors").exists()
 
 
-def test_the_language_model_example_trains_and_samples():
-    proc = run(["examples/char_lm.py", "--steps", "40", "--device", "cpu"])
+@pytest.mark.parametrize("arch", ["transformer", "lstm"])
+def test_the_language_model_example_trains_and_samples(arch):
+    proc = run(["examples/char_lm.py", "--steps", "40", "--device", "cpu", "--arch", arch])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     losses = [float(line.split("loss")[1].split()[0]) for line in proc.stdout.splitlines() if line.startswith("step")]
     assert losses[-1] < losses[0] - 0.5  # compiled steps keep training
@@ -138,3 +139,10 @@ def test_fit_replays_its_step_after_the_first_calls(fit_steps):
     step = fit_steps[0]
     assert step.captured == 2 and step.reason is None  # 16 rows, and the last 4
     assert step.traces <= 4, step.traces  # of 4 epochs x 7 batches
+
+
+def test_the_cnn_example_reaches_its_accuracy():
+    proc = run(["examples/cnn_digits.py", "--epochs", "8", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(proc.stdout.split("test accuracy")[1].split(";")[0])
+    assert accuracy >= 0.97, proc.stdout
