@@ -15,7 +15,7 @@ from .functional import (abs, all, amax, amin, any, argmax, argmin, argsort, cat
                          tanh, topk, transpose, unsqueeze, var, where)
 from .gradcheck import gradcheck
 from .io import export_gguf, load, save
-from .random import manual_seed
+from .random import get_rng_state, manual_seed, set_rng_state
 from .runtime import count_transfers, device, devices, get_device, gpu_available, set_device
 from .tensor import (Tensor, from_dlpack, from_numpy, full, full_like, ones, ones_like, param, realize, tensor,
                      zeros, zeros_like)
@@ -35,7 +35,7 @@ __all__ = [
     "float", "float16", "float32", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge",
     "get_device", "gpu_available", "grad_tape", "gradcheck", "gt", "half", "int", "int32", "int64",
     "is_anomaly_enabled", "isfinite", "isinf", "isnan", "le", "linspace", "load", "log", "logical_and", "logical_not",
-    "logical_or", "logical_xor", "long", "lt", "manual_seed", "masked_fill", "matmul", "maximum", "mean",
+    "logical_or", "logical_xor", "long", "lt", "manual_seed", "get_rng_state", "set_rng_state", "masked_fill", "matmul", "maximum", "mean",
     "minimum", "movedim", "narrow", "ne", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "rand",
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "reshape", "result_type",
     "runtime", "save", "set_detect_anomaly", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",

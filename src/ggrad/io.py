@@ -132,15 +132,63 @@ def _unflatten_optimizer(tensors: dict[str, np.ndarray], scalars: dict) -> dict:
             "micro_steps": scalars["micro_steps"]}
 
 
+def _encode(value, tensors: dict[str, np.ndarray]):
+    """A JSON-able copy of `value` with every tensor or array replaced by a reference to
+    its entry in `tensors`; tuples and dicts with non-string keys are tagged so that
+    `_decode` gives them back as they were."""
+    if isinstance(value, (Tensor, np.ndarray)):
+        name = f"t{len(tensors)}"
+        tensors[name] = _host(value)
+        return {"__tensor__": name}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: _encode(v, tensors) for k, v in value.items()}
+        return {"__items__": [[_encode(k, tensors), _encode(v, tensors)] for k, v in value.items()]}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, tensors) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, tensors) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"save cannot store a {type(value).__name__} (tensors, arrays, numbers, strings, lists, "
+                    "tuples and dicts only: ggrad never pickles)")
+
+
+def _decode(value, tensors: dict[str, np.ndarray]):
+    if isinstance(value, dict):
+        if "__tensor__" in value:
+            return tensors[value["__tensor__"]]
+        if "__tuple__" in value:
+            return tuple(_decode(v, tensors) for v in value["__tuple__"])
+        if "__items__" in value:
+            return {_decode(k, tensors): _decode(v, tensors) for k, v in value["__items__"]}
+        return {k: _decode(v, tensors) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    return value
+
+
+def _is_flat_state(obj: dict) -> bool:
+    return all(isinstance(v, (Tensor, np.ndarray)) for v in obj.values())
+
+
 def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
-    """Save a state dict (name -> tensor/array), a Module or an Optimizer to `path`."""
+    """Save a state dict (name -> tensor/array), a Module, an Optimizer, or a nested dict of
+    them and Python values (``{"model": m.state_dict(), "optimizer": opt.state_dict(),
+    "scheduler": sched.state_dict(), "epoch": 3, "rng": ggrad.get_rng_state()}``) to
+    `path`: tensors in safetensors, the structure as JSON in its metadata; never pickle."""
     from safetensors.numpy import save_file
 
     from .nn.module import Module
     from .optim.optimizer import Optimizer
 
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
-    if isinstance(obj, Module):
+    if isinstance(obj, dict) and not _is_flat_state(obj):
+        tensors: dict[str, np.ndarray] = {}
+        meta[FORMAT_KEY], meta["ggrad.structure"] = "nested", json.dumps(_encode(obj, tensors))
+    elif isinstance(obj, Module):
         tensors, meta[FORMAT_KEY] = {k: _host(v) for k, v in obj.state_dict().items()}, "state_dict"
         meta["ggrad.module"] = type(obj).__name__
     elif isinstance(obj, Optimizer):
@@ -155,17 +203,39 @@ def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
 
 
 def load(path: str) -> dict:
-    """What `save` wrote: a state dict (name -> numpy array) or an optimizer state dict."""
+    """What `save` wrote: a state dict (name -> numpy array), an optimizer state dict, or
+    the nested dict. A file of another kind (GGUF, a PyTorch checkpoint) is refused saying
+    what it is: nothing is ever unpickled."""
     from safetensors import safe_open
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
+    _check_kind(path)
     with safe_open(os.fspath(path), framework="numpy") as f:
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     if meta.get(FORMAT_KEY) == "optimizer":
         return _unflatten_optimizer(tensors, json.loads(meta["ggrad.optimizer"]))
+    if meta.get(FORMAT_KEY) == "nested":
+        return _decode(json.loads(meta["ggrad.structure"]), tensors)
     return tensors
+
+
+def _check_kind(path: str) -> None:
+    """ValueError naming what the file is, unless it looks like safetensors (an 8-byte
+    little-endian header length, then a JSON object)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    size = os.path.getsize(path)
+    if head[:4] == b"GGUF":
+        raise ValueError(f"{path} is a GGUF file: ggrad.load reads safetensors checkpoints (read GGUF with the "
+                         "gguf package's GGUFReader)")
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        raise ValueError(f"{path} is a PyTorch checkpoint (a {'zip' if head[:1] == b'P' else 'pickle'} file): "
+                         "ggrad never unpickles. Load it with torch.load and pass its state_dict to "
+                         "load_state_dict, or save it with ggrad.save")
+    if len(head) < 9 or int.from_bytes(head[:8], "little") > size - 8 or head[8:9] != b"{":
+        raise ValueError(f"{path} is not a safetensors checkpoint (no safetensors header)")
 
 
 def export_gguf(model, path: str, architecture: str = "ggrad", metadata: dict | None = None) -> str:

@@ -32,3 +32,22 @@ def device_state():
         from .tensor import Tensor
         _device_state = Tensor(np.array([_device_seed], dtype=np.float32))
     return _device_state
+
+
+def get_rng_state() -> dict:
+    """Everything random ggrad draws from: the host generator (initialisation,
+    shuffling) and the device generator (dropout, nn.init), as arrays and JSON-able
+    values that `ggrad.save` stores; `set_rng_state` continues from it exactly."""
+    return {"host": _generator.bit_generator.state, "device_seed": _device_seed,
+            "device": device_state().numpy().copy()}
+
+
+def set_rng_state(state: dict) -> None:
+    global _generator, _device_seed
+    generator = np.random.default_rng()
+    generator.bit_generator.state = state["host"]
+    _generator, _device_seed = generator, float(state["device_seed"])
+    device = np.asarray(state["device"], dtype=np.float32).reshape(1)
+    from .autograd import no_grad
+    with no_grad():
+        device_state().assign_(device)  # in place: captured steps keep reading the same buffer

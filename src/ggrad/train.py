@@ -113,10 +113,12 @@ class EarlyStopping(Callback):
 
 
 class ModelCheckpoint(Callback):
-    """Save the model's state dict to `path` (safetensors) whenever `monitor` improves."""
+    """Save the model's state dict to `path` (safetensors) whenever `monitor` improves;
+    with `save_optimizer`, one file of {"model", "optimizer", "epoch", "rng"} to resume
+    from (`ggrad.load(path)["model"]`...)."""
 
-    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min") -> None:
-        self.path, self.monitor, self.mode = str(path), monitor, mode
+    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min", save_optimizer: bool = False) -> None:
+        self.path, self.monitor, self.mode, self.save_optimizer = str(path), monitor, mode, bool(save_optimizer)
         self.best = math.inf if mode == "min" else -math.inf
         self.best_epoch: int | None = None
 
@@ -127,7 +129,12 @@ class ModelCheckpoint(Callback):
             raise KeyError(f"ModelCheckpoint monitors {self.monitor!r}, the loop logs {sorted(logs)}")
         if _improved(value, self.best, self.mode, 0.0):
             self.best, self.best_epoch = value, epoch
-            save(model, self.path)
+            if self.save_optimizer:
+                from .random import get_rng_state
+                save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                      "rng": get_rng_state()}, self.path)
+            else:
+                save(model, self.path)
         return False
 
 

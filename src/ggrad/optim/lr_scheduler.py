@@ -10,7 +10,21 @@ import math
 from .optimizer import Optimizer
 
 
-class LRScheduler:
+class _Scheduler:
+    """What every scheduler has: the current rates, and its state (every attribute but
+    the optimizer: plain numbers, saved by ggrad.save) to resume from."""
+
+    def get_last_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+
+class LRScheduler(_Scheduler):
     """Calls to `step()` advance `last_epoch` and set every group's lr from `lr_at`."""
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
@@ -31,14 +45,6 @@ class LRScheduler:
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = self.lr_at(self.last_epoch, base)
 
-    def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
-
-    def state_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
 
 
 class StepLR(LRScheduler):
@@ -151,7 +157,7 @@ class LinearWarmupCosine(LRScheduler):
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * t / (self.total - self.warmup))) / 2
 
 
-class ReduceLROnPlateau:
+class ReduceLROnPlateau(_Scheduler):
     """Multiply lr by `factor` once the metric has not improved for `patience` epochs."""
 
     def __init__(self, optimizer: Optimizer, mode: str = "min", factor: float = 0.1, patience: int = 10,
@@ -195,5 +201,3 @@ class ReduceLROnPlateau:
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
 
-    def get_last_lr(self) -> list[float]:
-        return [g["lr"] for g in self.optimizer.param_groups]
