@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
-from conftest import assert_close  # noqa: E402
+from conftest import assert_close, assert_resident_training  # noqa: E402
 
 TF = torch.nn.functional
 rng = np.random.default_rng(0)
@@ -84,31 +84,11 @@ def test_a_conv_net_step_is_one_dispatch_and_crosses_nothing(dev):
     """Conv, pool and linear layers trained by a compiled step: after the warm-up, a step
     with the batch already on the device is one graph and moves nothing."""
     from ggrad import nn
-    from ggrad.optim import Adam
     ggrad.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 8, 3),
                           nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3))
-    opt = Adam(model.parameters(), lr=1e-2)
-
-    @ggrad.compile
-    def step(x, y):
-        with ggrad.grad_tape():
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    x, y = ggrad.tensor(f32(8, 1, 10, 10)), ggrad.tensor(rng.integers(0, 3, 8))
-    first = step(x, y).item()
-    for _ in range(3):
-        step(x, y)
-    ggrad.realize()
-    with ggrad.count_transfers() as t:
-        step(x, y)
-        ggrad.realize()
-    assert t.crossings == 0 and t.dispatches == 1, t
-    assert step(x, y).item() < first
+    assert_resident_training(model, model.parameters(), ggrad.tensor(f32(8, 1, 10, 10)),
+                             ggrad.tensor(rng.integers(0, 3, 8)))
 
 
 @pytest.mark.parametrize("call, message", [
