@@ -457,6 +457,13 @@ for _name in TORCH_MODULES:
                         {"linear": "linear", "attention": "attention"}.get(_name, "norm"),
                         "shape" if _name == "attention" else "values")
 
+# convolution and pooling (issue 12)
+OPS["conv2d"] = OpSpec("conv2d", "nn", lambda L, x, w, s, p, d, g: L.conv2d(x, w, None, s, p, d, g), "conv")
+OPS["max_pool2d"] = OpSpec("max_pool2d", "nn", lambda L, x, k, s, p, c: L.max_pool2d(x, k, s, p, ceil_mode=c),
+                           "pool")
+OPS["avg_pool2d"] = OpSpec("avg_pool2d", "nn", lambda L, x, k, s, p, c: L.avg_pool2d(x, k, s, p, ceil_mode=c),
+                           "pool")
+
 GROUPS = ("elementwise", "reduce", "layout", "index", "loss", "nn", "chain", "device_index")
 
 
@@ -876,6 +883,22 @@ def strategies():
 
     def d_norm(b, x):
         return module_weights(b, x, False)
+
+    def image(b, channels):
+        shape = (b.draw(sizes), channels, b.draw(st.integers(1, 7)), b.draw(st.integers(1, 7)))
+        return b.input(shape if b.draw(st.integers(0, 5)) else b.shape(), "float32")
+
+    def d_conv(b, x):
+        channels, groups = b.draw(st.sampled_from([1, 2, 4])), b.draw(st.sampled_from([1, 1, 2]))
+        weight = b.input((b.draw(st.sampled_from([1, 2, 4])), max(channels // groups, 1), b.draw(st.integers(1, 4)),
+                          b.draw(st.integers(1, 4))), "float32", where="host")
+        padding = b.draw(st.sampled_from([0, 1, 2, (1, 0), "same", "valid"]))
+        return (image(b, channels), weight, b.draw(st.integers(1, 3)), padding, b.draw(st.integers(1, 2)), groups), {}
+
+    def d_pool(b, x):
+        kernel = b.draw(st.integers(1, 4))
+        return (image(b, b.draw(sizes)), kernel, b.draw(st.sampled_from([None, 1, 2, 3])),
+                b.draw(st.integers(0, 2)), b.draw(st.booleans())), {}
 
     def d_rand_like(b, x):
         return (x, b.draw(st.sampled_from([1, 2, 10, 12]))), {}

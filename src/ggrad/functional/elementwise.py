@@ -187,7 +187,8 @@ def remainder(a, b) -> Tensor:
 
 
 def _zero_rule(ctx, g):
-    return tuple(sum_to(affine(g, 0.0), p.shape) if p.requires_grad else None for p in ctx.parents)
+    """Exact zeros (0 * g would be NaN where g is inf or NaN; torch's are zeros)."""
+    return tuple(full_like(p, 0.0, g.dtype) if p.requires_grad else None for p in ctx.parents)
 
 
 def _remainder_rule(ctx, g):
@@ -257,7 +258,7 @@ def abs(x) -> Tensor:
 
 
 def sign(x) -> Tensor:
-    return _same_type("sgn", x, None)
+    return _same_type("sgn", x, _zero_rule)  # torch's: a zero gradient, not none
 
 
 def _rounding(op: str):

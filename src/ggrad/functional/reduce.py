@@ -12,7 +12,7 @@ from .. import autograd, dtypes, ops
 from ..ops import compute
 from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, cast, full_like, reshape
 from .elementwise import _with_rule, affine, exp, log
-from .layout import matmul, permute, transpose
+from .layout import permute, transpose
 
 
 # ---- reductions (torch's dim=/keepdim=, numpy's axis=/keepdims= alike) ---------------------
@@ -187,9 +187,12 @@ def _one_hot(index: Tensor, n: int) -> Tensor:
 
 
 def _to_index_rule(ctx, g):
-    """torch's max(dim) gradient: all of it to the element the index points at."""
+    """torch's max(dim) gradient: all of it to the element the index points at, and
+    exact zeros elsewhere (a product with the one-hot row spread a NaN g over the row)."""
+    from .compare import where
     rows, index = ctx.parents
-    return cast(_one_hot(reshape(index, (rows.shape[0],)), rows.shape[1]), g.dtype) * g, None
+    hot = cast(_one_hot(reshape(index, (rows.shape[0],)), rows.shape[1]), dtypes.bool_)
+    return where(hot, g, 0.0), None
 
 
 def _shared_rule(nan_ties: bool):
@@ -361,11 +364,13 @@ def _take_last(x: Tensor, index: Tensor) -> Tensor:
     rows = int(np.prod(x.shape[:-1], dtype=np.int64))
 
     def rule(ctx, g):
+        """Each pick's gradient to its element, exact zeros elsewhere (a product with the
+        one-hot rows spread a NaN over the whole row; torch scatters)."""
+        from .compare import where
         src, ix = ctx.parents
-        hot = _one_hot(ix, src.shape[-1])  # (..., k, n)
-        g_rows = reshape(g, (rows, 1, g.shape[-1]))
-        spread = reshape(matmul(g_rows, reshape(cast(hot, g.dtype), (rows,) + hot.shape[-2:])), src.shape)
-        return spread, None
+        k, n = g.shape[-1], src.shape[-1]
+        hot = reshape(cast(_one_hot(ix, n), dtypes.bool_), (rows, k, n))
+        return reshape(sum(where(hot, reshape(g, (rows, k, 1)), 0.0), -2), src.shape), None
     return _apply("take_rows", (x, index), index.shape, rule, dtype=x.dtype)
 
 
