@@ -1,0 +1,154 @@
+"""DataLoader: batches as ggrad tensors, from arrays (the fast path) or a dataset."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..random import generator as _global_generator
+from ..tensor import Tensor, tensor
+from .collate import _Fetcher, _to_tensors, default_collate
+from .datasets import Dataset, IterableDataset, _host, _rng
+from .samplers import BatchSampler, RandomSampler, SequentialSampler
+from .workers import _Workers
+
+
+class DataLoader:
+    """Batches as ggrad tensors, from arrays or from a dataset.
+
+    `DataLoader(x, y, ..., batch_size=32, shuffle=False, drop_last=False, seed=None)`:
+    the fast path, when the first argument is array-like (numpy, a ggrad or torch tensor,
+    a list): tuples of row slices, every epoch a new permutation from `seed` (or ggrad's
+    generator). Samplers, workers and collate_fn need a dataset (`TensorDataset(x, y)`).
+
+    `DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None,
+    num_workers=0, collate_fn=None, drop_last=False, timeout=0, worker_init_fn=None,
+    multiprocessing_context=None, generator=None, prefetch_factor=2, persistent_workers=
+    False, seed=None)`: as torch's (only `batch_size` may also be positional), over any
+    object with `__getitem__` and `__len__`, or an IterableDataset. `collate_fn` makes
+    numpy batches (default_collate), turned into tensors here. With `num_workers > 0`
+    batches are made in worker processes (Python's default start method, or
+    `multiprocessing_context`), batch k by worker k mod num_workers, and yielded in
+    order; a worker's exception is raised here with its traceback in the message.
+    Workers stop when the iteration ends or is dropped (with `persistent_workers`, when
+    the loader is garbage collected). Automatic batching cannot be turned off:
+    `batch_size=None` means the default.
+    """
+
+    def __init__(self, *data, batch_size: int | None = None, shuffle: bool = False, sampler=None,
+                 batch_sampler=None, num_workers: int = 0, collate_fn: Callable | None = None,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn: Callable | None = None,
+                 multiprocessing_context=None, generator: np.random.Generator | None = None,
+                 prefetch_factor: int = 2, persistent_workers: bool = False, seed: int | None = None) -> None:
+        if not data:
+            raise ValueError("DataLoader needs arrays or a dataset")
+        self.dataset = data[0] if _is_dataset(data[0]) else None
+        if self.dataset is not None:
+            if len(data) > 2 or (len(data) == 2 and batch_size is not None):
+                raise TypeError("DataLoader(dataset, batch_size, ...) takes the rest as keywords")
+            batch_size = data[1] if len(data) == 2 else (1 if batch_size is None else batch_size)
+            self.arrays = None
+        else:
+            batch_size = 32 if batch_size is None else batch_size
+            self.arrays = [_host(a) for a in data]
+            n = len(self.arrays[0])
+            if any(len(a) != n for a in self.arrays):
+                raise ValueError(f"DataLoader arrays differ in length: {[len(a) for a in self.arrays]}")
+            if n == 0:
+                raise ValueError("DataLoader got empty arrays")
+        if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(num_workers, numbers.Integral) or num_workers < 0:
+            raise ValueError(f"num_workers must be a non-negative int, got {num_workers!r}")
+        if not isinstance(prefetch_factor, numbers.Integral) or prefetch_factor < 1:
+            raise ValueError(f"prefetch_factor must be a positive int, got {prefetch_factor!r}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be non-negative, got {timeout!r}")
+        if persistent_workers and not num_workers:
+            raise ValueError("persistent_workers needs num_workers > 0")
+        if (sampler is not None or batch_sampler is not None) and shuffle:
+            raise ValueError("shuffle cannot be combined with a sampler or batch_sampler")
+        if batch_sampler is not None and (batch_size != 1 or drop_last or sampler is not None):
+            raise ValueError("batch_sampler excludes batch_size, drop_last and sampler")
+        if self.arrays is not None and (sampler is not None or batch_sampler is not None or num_workers
+                                        or collate_fn is not None):
+            raise ValueError("samplers, workers and collate_fn need a dataset (wrap arrays in a TensorDataset)")
+        if isinstance(self.dataset, IterableDataset) and (shuffle or sampler is not None or batch_sampler is not None):
+            raise ValueError("an IterableDataset is read in its own order: no shuffle or sampler")
+        self.batch_size, self.shuffle, self.drop_last = int(batch_size), bool(shuffle), bool(drop_last)
+        self.num_workers, self.prefetch_factor, self.timeout = int(num_workers), int(prefetch_factor), timeout
+        self.collate_fn = collate_fn or default_collate
+        self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
+        self.persistent_workers = bool(persistent_workers)
+        self.generator = _rng(generator, seed)
+        self._workers: _Workers | None = None
+        if self.dataset is not None and not isinstance(self.dataset, IterableDataset) and batch_sampler is None:
+            if sampler is None:
+                sampler = RandomSampler(self.dataset, generator=self.generator) if shuffle \
+                    else SequentialSampler(self.dataset)
+            batch_sampler = BatchSampler(sampler, self.batch_size, self.drop_last)
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+
+    def __len__(self) -> int:
+        """Batches per epoch; for an IterableDataset, from its `len` (TypeError without one)."""
+        if self.arrays is not None:
+            n = len(self.arrays[0])
+        elif self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        else:
+            n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator:
+        if self.arrays is not None:
+            return self._array_batches()
+        return self._worker_batches() if self.num_workers else self._batches()
+
+    def _array_batches(self) -> Iterator[tuple[Tensor, ...]]:
+        n = len(self.arrays[0])
+        order = (self.generator or _global_generator()).permutation(n) if self.shuffle else np.arange(n)
+        for i in range(len(self)):
+            rows = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield tuple(tensor(a[rows]) for a in self.arrays)
+
+    def _fetcher(self) -> _Fetcher:
+        return _Fetcher(self.dataset, self.collate_fn, self.batch_size, self.drop_last)
+
+    def _tasks(self) -> Iterator:
+        """Per batch, its indices; None (the next samples) for an IterableDataset."""
+        return iter(self.batch_sampler) if self.batch_sampler is not None else itertools.repeat(None)
+
+    def _batches(self) -> Iterator:
+        fetch = self._fetcher()
+        fetch.restart()
+        for indices in self._tasks():
+            try:
+                batch = fetch(indices)
+            except StopIteration:
+                return
+            yield _to_tensors(batch)
+
+    def _worker_batches(self) -> Iterator:
+        workers = self._workers or _Workers(self)
+        if self.persistent_workers:
+            self._workers = workers
+        try:
+            for batch in workers.batches(self._tasks()):
+                yield _to_tensors(batch)
+        finally:
+            if not self.persistent_workers:
+                workers.close()
+
+
+def _is_dataset(obj) -> bool:
+    """A dataset is indexable and sized but not array-like (numpy and torch tensors, ggrad
+    Tensors and lists are the arrays of the fast path)."""
+    if isinstance(obj, Dataset):
+        return True
+    if isinstance(obj, (list, tuple, numbers.Number)) or hasattr(obj, "__array__"):
+        return False
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
