@@ -1,5 +1,11 @@
 """Checkpoints: state dicts, models and optimizer state in safetensors; GGUF export.
 
+One file holds a whole training state: `save` takes a nested dict of state dicts and
+Python values, stores its tensors in safetensors under their flattened paths
+("model.0.weight", "optimizer.state.0.exp_avg") and the structure as JSON in the
+header's metadata. Nothing is pickled, and `load` refuses a pickle (a PyTorch .pt),
+a GGUF file or anything else that is not safetensors, saying what it is.
+
 Writes are atomic and durable: the file is written beside its destination under a
 temporary name (``.ggrad-<host>-<pid>-*.tmp``), flushed to disk (fsync), renamed over
 the destination and the folder's entry flushed too, so a crash or power loss mid-save
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import socket
 import tempfile
@@ -132,28 +139,54 @@ def _unflatten_optimizer(tensors: dict[str, np.ndarray], scalars: dict) -> dict:
             "micro_steps": scalars["micro_steps"]}
 
 
-def _encode(value, tensors: dict[str, np.ndarray]):
-    """A JSON-able copy of `value` with every tensor or array replaced by a reference to
-    its entry in `tensors`; tuples and dicts with non-string keys are tagged so that
-    `_decode` gives them back as they were."""
+_TAGS = ("__tensor__", "__tuple__", "__items__", "__float__")
+
+
+def _tensor_name(path: tuple, tensors: dict) -> str:
+    """The tensor's place in the structure, joined by dots ("model.0.weight",
+    "optimizer.state.0.exp_avg"); a name taken already (a key with a dot in it) gets a
+    "#n" suffix. The structure refers to tensors by name, so names need only be unique."""
+    base = ".".join(path) or "tensor"
+    name, n = base, 1
+    while name in tensors:
+        name, n = f"{base}#{n}", n + 1
+    return name
+
+
+def _encode(value, tensors: dict[str, np.ndarray], path: tuple = ()):
+    """A strict-JSON copy of `value`, every tensor or array replaced by a reference to its
+    entry in `tensors` (named by its path); tuples, dicts with non-string keys (or keys
+    that look like tags) and non-finite floats are tagged so `_decode` gives them back as
+    they were. An object with a `state_dict()` (module, optimizer, scheduler) is stored
+    as its state dict."""
     if isinstance(value, (Tensor, np.ndarray)):
-        name = f"t{len(tensors)}"
-        tensors[name] = _host(value)
+        array = _host(value)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"save cannot store the {array.dtype} array at {'.'.join(path) or 'the top'} "
+                            "(numbers and booleans only)")
+        name = _tensor_name(path, tensors)
+        tensors[name] = array
         return {"__tensor__": name}
+    if callable(getattr(value, "state_dict", None)):
+        return _encode(value.state_dict(), tensors, path)
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"__float__": repr(value)}  # "inf", "-inf", "nan": JSON has none of them
     if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value):
-            return {k: _encode(v, tensors) for k, v in value.items()}
-        return {"__items__": [[_encode(k, tensors), _encode(v, tensors)] for k, v in value.items()]}
+        if all(isinstance(k, str) for k in value) and not any(k in _TAGS for k in value):
+            return {k: _encode(v, tensors, path + (k,)) for k, v in value.items()}
+        return {"__items__": [[_encode(k, tensors, path + ("key",)), _encode(v, tensors, path + (str(k),))]
+                              for k, v in value.items()]}
     if isinstance(value, tuple):
-        return {"__tuple__": [_encode(v, tensors) for v in value]}
+        return {"__tuple__": [_encode(v, tensors, path + (str(i),)) for i, v in enumerate(value)]}
     if isinstance(value, list):
-        return [_encode(v, tensors) for v in value]
+        return [_encode(v, tensors, path + (str(i),)) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TypeError(f"save cannot store a {type(value).__name__} (tensors, arrays, numbers, strings, lists, "
-                    "tuples and dicts only: ggrad never pickles)")
+    raise TypeError(f"save cannot store a {type(value).__name__} (at {'.'.join(path) or 'the top'}: tensors, "
+                    "arrays, numbers, strings, lists, tuples, dicts and objects with a state_dict only: "
+                    "ggrad never pickles)")
 
 
 def _decode(value, tensors: dict[str, np.ndarray]):
@@ -164,6 +197,8 @@ def _decode(value, tensors: dict[str, np.ndarray]):
             return tuple(_decode(v, tensors) for v in value["__tuple__"])
         if "__items__" in value:
             return {_decode(k, tensors): _decode(v, tensors) for k, v in value["__items__"]}
+        if "__float__" in value:
+            return float(value["__float__"])
         return {k: _decode(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
         return [_decode(v, tensors) for v in value]
@@ -187,7 +222,8 @@ def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
     if isinstance(obj, dict) and not _is_flat_state(obj):
         tensors: dict[str, np.ndarray] = {}
-        meta[FORMAT_KEY], meta["ggrad.structure"] = "nested", json.dumps(_encode(obj, tensors))
+        structure = json.dumps(_encode(obj, tensors), allow_nan=False)
+        meta[FORMAT_KEY], meta["ggrad.structure"] = "nested", structure
     elif isinstance(obj, Module):
         tensors, meta[FORMAT_KEY] = {k: _host(v) for k, v in obj.state_dict().items()}, "state_dict"
         meta["ggrad.module"] = type(obj).__name__
@@ -197,28 +233,58 @@ def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
         meta["ggrad.optimizer_class"] = type(obj).__name__
     elif isinstance(obj, dict):
         tensors, meta[FORMAT_KEY] = {str(k): _host(v) for k, v in obj.items()}, "state_dict"
+    elif callable(getattr(obj, "state_dict", None)):  # a scheduler: load gives back its state dict
+        return save(obj.state_dict(), path, metadata)
     else:
-        raise TypeError(f"save takes a state dict, a Module or an Optimizer, got {type(obj).__name__}")
+        raise TypeError(f"save takes a state dict, a Module, an Optimizer or a dict of them and Python values, "
+                        f"got {type(obj).__name__}")
     return _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def load(path: str) -> dict:
     """What `save` wrote: a state dict (name -> numpy array), an optimizer state dict, or
-    the nested dict. A file of another kind (GGUF, a PyTorch checkpoint) is refused saying
-    what it is: nothing is ever unpickled."""
-    from safetensors import safe_open
+    the nested dict (its tensors as numpy arrays, its optimizer state dicts as
+    `load_state_dict` takes them). A file of another kind (GGUF, a PyTorch checkpoint,
+    numpy's) is refused with a ValueError saying what it is: nothing is ever unpickled."""
+    from safetensors import SafetensorError, safe_open
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     _check_kind(path)
-    with safe_open(os.fspath(path), framework="numpy") as f:
-        meta = f.metadata() or {}
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    if meta.get(FORMAT_KEY) == "optimizer":
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+    kind = meta.get(FORMAT_KEY, "state_dict")  # a safetensors file from elsewhere: its tensors
+    if kind == "optimizer":
         return _unflatten_optimizer(tensors, json.loads(meta["ggrad.optimizer"]))
-    if meta.get(FORMAT_KEY) == "nested":
+    if kind == "nested":
         return _decode(json.loads(meta["ggrad.structure"]), tensors)
+    if kind != "state_dict":
+        raise ValueError(f"{path} is a ggrad checkpoint of kind {kind!r}, which this ggrad does not know "
+                         "(written by a newer version?)")
     return tensors
+
+
+_TORCH_ADVICE = ("ggrad never unpickles: convert it with torch.load + ggrad.save, or load its state_dict into "
+                 "the module (model.load_state_dict(torch.load(path)))")
+
+
+def _zip_kind(path: str) -> str:
+    """What a zip archive holds, from its list of names (nothing in it is read)."""
+    import zipfile
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except zipfile.BadZipFile:
+        return f"{path} is a damaged zip archive, not a safetensors checkpoint"
+    if any(n.endswith("data.pkl") for n in names):
+        return f"{path} is a PyTorch pickle/zip checkpoint (torch.save's zip format); {_TORCH_ADVICE}"
+    if names and all(n.endswith(".npy") for n in names):
+        return f"{path} is a numpy .npz archive, not a safetensors checkpoint: read it with np.load(path)"
+    return f"{path} is a zip archive, not a safetensors checkpoint"
 
 
 def _check_kind(path: str) -> None:
@@ -227,15 +293,24 @@ def _check_kind(path: str) -> None:
     with open(path, "rb") as f:
         head = f.read(9)
     size = os.path.getsize(path)
+    if len(head) == 9 and int.from_bytes(head[:8], "little") <= size - 8 and head[8:9] == b"{":
+        return  # first: a header length can start with a magic byte (0x80 is a pickle's)
     if head[:4] == b"GGUF":
-        raise ValueError(f"{path} is a GGUF file: ggrad.load reads safetensors checkpoints (read GGUF with the "
-                         "gguf package's GGUFReader)")
-    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
-        raise ValueError(f"{path} is a PyTorch checkpoint (a {'zip' if head[:1] == b'P' else 'pickle'} file): "
-                         "ggrad never unpickles. Load it with torch.load and pass its state_dict to "
-                         "load_state_dict, or save it with ggrad.save")
-    if len(head) < 9 or int.from_bytes(head[:8], "little") > size - 8 or head[8:9] != b"{":
-        raise ValueError(f"{path} is not a safetensors checkpoint (no safetensors header)")
+        raise ValueError(f"{path}: this is a GGUF file: ggrad.load reads safetensors checkpoints; read GGUF with "
+                         "the gguf package's GGUFReader (ggrad.export_gguf writes GGUF for llama.cpp's tools)")
+    if head[:4] == b"PK\x03\x04":
+        raise ValueError(_zip_kind(path))
+    if head[:1] == b"\x80" and head[1:2] and 2 <= head[1] <= 5:  # the PROTO opcode of pickle protocols 2-5
+        raise ValueError(f"{path} is a PyTorch pickle/zip checkpoint (a pickle: torch.save's legacy format, or "
+                         f"another pickle); {_TORCH_ADVICE}")
+    if head[:6] == b"\x93NUMPY":
+        raise ValueError(f"{path} is a numpy .npy file, not a safetensors checkpoint: read it with np.load(path)")
+    if head[:8] == b"\x89HDF\r\n\x1a\n":
+        raise ValueError(f"{path} is an HDF5 file (a Keras .h5 model?), not a safetensors checkpoint")
+    if size == 0:
+        raise ValueError(f"{path} is empty, not a safetensors checkpoint")
+    raise ValueError(f"{path} is not a safetensors checkpoint (no safetensors header: it starts with "
+                     f"{head[:8]!r}); ggrad.load reads what ggrad.save writes")
 
 
 def export_gguf(model, path: str, architecture: str = "ggrad", metadata: dict | None = None) -> str:

@@ -113,12 +113,26 @@ class EarlyStopping(Callback):
 
 
 class ModelCheckpoint(Callback):
-    """Save the model's state dict to `path` (safetensors) whenever `monitor` improves;
-    with `save_optimizer`, one file of {"model", "optimizer", "epoch", "rng"} to resume
-    from (`ggrad.load(path)["model"]`...)."""
+    """Save the model's state dict to `path` (safetensors) whenever `monitor` improves.
 
-    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min", save_optimizer: bool = False) -> None:
+    With `save_optimizer`, one file to resume training from instead: {"model",
+    "optimizer", "epoch" (epochs completed), "rng" (`ggrad.get_rng_state()`), and
+    "scheduler" when `scheduler` is given (fit does not hand its scheduler to callbacks)}.
+    To resume: ``ckpt = ggrad.load(path)``; ``model.load_state_dict(ckpt["model"])``,
+    ``optimizer.load_state_dict(ckpt["optimizer"])``, ``scheduler.load_state_dict(
+    ckpt["scheduler"])``, ``ggrad.set_rng_state(ckpt["rng"])``, then fit the epochs left."""
+
+    def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min", save_optimizer: bool = False,
+                 scheduler=None) -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if scheduler is not None and not callable(getattr(scheduler, "state_dict", None)):
+            raise TypeError(f"scheduler must be an lr scheduler (with state_dict), got {type(scheduler).__name__}")
+        if scheduler is not None and not save_optimizer:
+            raise ValueError("ModelCheckpoint saves a scheduler only in the resumable checkpoint: "
+                             "pass save_optimizer=True too")
         self.path, self.monitor, self.mode, self.save_optimizer = str(path), monitor, mode, bool(save_optimizer)
+        self.scheduler = scheduler
         self.best = math.inf if mode == "min" else -math.inf
         self.best_epoch: int | None = None
 
@@ -131,8 +145,11 @@ class ModelCheckpoint(Callback):
             self.best, self.best_epoch = value, epoch
             if self.save_optimizer:
                 from .random import get_rng_state
-                save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                      "rng": get_rng_state()}, self.path)
+                ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                        "rng": get_rng_state()}
+                if self.scheduler is not None:
+                    ckpt["scheduler"] = self.scheduler.state_dict()
+                save(ckpt, self.path)
             else:
                 save(model, self.path)
         return False

@@ -5,23 +5,32 @@ Setting an lr costs one 4-byte upload at the next optimizer step, and only when 
 
 from __future__ import annotations
 
+import copy
 import math
 
 from .optimizer import Optimizer
 
 
 class _Scheduler:
-    """What every scheduler has: the current rates, and its state (every attribute but
-    the optimizer: plain numbers, saved by ggrad.save) to resume from."""
+    """What every scheduler has: the current rates, and its state to resume from, as
+    PyTorch's: every attribute but the optimizer (plain numbers, lists and tuples, which
+    ggrad.save stores). The rates themselves are in the optimizer's param_groups: restore
+    the optimizer's state dict too."""
 
     def get_last_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "optimizer"})
 
     def load_state_dict(self, state: dict) -> None:
-        self.__dict__.update(state)
+        if not isinstance(state, dict):
+            raise TypeError(f"{type(self).__name__}.load_state_dict takes a dict, got {type(state).__name__}")
+        unknown = set(state) - set(self.__dict__) | ({"optimizer"} & set(state))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}.load_state_dict: unknown keys {sorted(unknown)} "
+                             "(the state of another kind of scheduler?)")
+        self.__dict__.update(copy.deepcopy(state))  # copies: two schedulers never share a list
 
 
 class LRScheduler(_Scheduler):
@@ -44,7 +53,6 @@ class LRScheduler(_Scheduler):
         self.last_epoch += 1
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = self.lr_at(self.last_epoch, base)
-
 
 
 class StepLR(LRScheduler):
