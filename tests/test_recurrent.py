@@ -64,16 +64,40 @@ def test_recurrent_equals_torch(dev, name):
     for k, (g, t) in enumerate(zip(g_out, t_out)):
         assert_close(dev, g.numpy(), t.detach().numpy(), err_msg=f"output {k}")
     for k, (g, t) in enumerate(zip(g_in, t_in)):
-        assert_close(dev, g.grad.numpy(), t.grad.numpy(), rtol=1e-4, err_msg=f"input {k}")
+        assert_close(dev, g.grad.numpy(), t.grad.numpy(), err_msg=f"input {k}")
     t_params = dict(t_module.named_parameters())
     for key, p in g_module.named_parameters():
-        assert_close(dev, p.grad.numpy(), t_params[key].grad.numpy(), rtol=1e-4, err_msg=key)
+        assert_close(dev, p.grad.numpy(), t_params[key].grad.numpy(), err_msg=key)
 
 
 def test_default_initialisation_is_torch_law():
     ggrad.manual_seed(0)
     values = np.concatenate([p.numpy().ravel() for p in nn.LSTM(8, 16, 2).parameters()])
     assert np.abs(values).max() <= 0.25 and np.abs(values).max() > 0.24  # U(-1/sqrt(16), 1/sqrt(16))
+
+
+def test_dropout_is_between_layers_and_only_in_training(dev):
+    """Eval mode is torch's eval output; in training the first layer's final state is
+    untouched (dropout only feeds the next layer) while the output changes."""
+    t_module = torch.nn.LSTM(4, 16, num_layers=2, dropout=0.5).eval()
+    g_module = nn.LSTM(4, 16, num_layers=2, dropout=0.5)
+    g_module.load_state_dict(t_module.state_dict(), strict=True)
+    x = f32(5, 3, 4)
+    expected, (h_expected, _) = t_module(torch.tensor(x))
+    out, (h_n, _) = g_module.eval()(ggrad.tensor(x))
+    assert_close(dev, out.numpy(), expected.detach().numpy())
+    ggrad.manual_seed(0)
+    out, (h_n, _) = g_module.train()(ggrad.tensor(x))
+    assert_close(dev, h_n.numpy()[0], h_expected.detach().numpy()[0])
+    assert not np.allclose(out.numpy(), expected.detach().numpy(), atol=1e-3)
+
+
+def test_numpy_inputs_are_taken_as_tensors():
+    lstm = nn.LSTM(4, 5, batch_first=True)
+    x, h, c = f32(2, 3, 4), f32(1, 2, 5), f32(1, 2, 5)
+    out, (h_n, c_n) = lstm(x, (h, c))
+    np.testing.assert_allclose(out.numpy(), lstm(ggrad.tensor(x), (ggrad.tensor(h), ggrad.tensor(c)))[0].numpy())
+    assert nn.GRUCell(4, 5)(f32(2, 4), f32(2, 5)).shape == (2, 5)
 
 
 def test_a_compiled_lstm_step_is_one_dispatch_and_crosses_nothing(dev):
@@ -89,7 +113,26 @@ def test_a_compiled_lstm_step_is_one_dispatch_and_crosses_nothing(dev):
     (lambda: nn.LSTM(4, 5)(ggrad.tensor(f32(3, 2, 4)), ggrad.tensor(f32(1, 2, 5))), "tuple"),
     (lambda: nn.RNN(4, 5, nonlinearity="sigmoid"), "nonlinearity"),
     (lambda: nn.LSTMCell(4, 5)(ggrad.tensor(f32(2, 4)), (ggrad.tensor(f32(3, 5)), ggrad.tensor(f32(3, 5)))), "shape"),
+    # a bare (2, H) tensor must not be split into h and c along its first axis
+    (lambda: nn.LSTMCell(4, 5)(ggrad.tensor(f32(4)), ggrad.tensor(f32(2, 5))), "tuple"),
+    (lambda: nn.LSTMCell(4, 5)(ggrad.tensor(f32(2, 4)), (ggrad.tensor(f32(2, 5)), None)), "tuple"),
+    (lambda: nn.LSTM(4, 5)(ggrad.tensor(f32(3, 2, 4)), (ggrad.tensor(f32(1, 2, 5)),) * 3), "tuple"),
+    (lambda: nn.GRU(4, 5)(ggrad.tensor(f32(3, 2, 4)), (ggrad.tensor(f32(1, 2, 5)),)), "one tensor"),
+    (lambda: nn.RNN(4, 5)(ggrad.tensor(f32(3, 4)), ggrad.tensor(f32(1, 1, 5))), "h0 must have shape"),
+    (lambda: nn.RNN(4, 5)(ggrad.tensor(f32(3, 2, 4, 1))), "input_size=4"),
+    (lambda: nn.GRUCell(4, 5)(ggrad.tensor(f32(3, 2, 4))), r"\(N, 4\)"),
+    (lambda: nn.LSTM(4, 5, dropout=1.0), "dropout"),
 ])
 def test_bad_arguments_raise(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_what_torch_warns_or_refuses():
+    with pytest.warns(UserWarning, match="num_layers=1"):
+        nn.GRU(4, 5, dropout=0.2)
+    assert nn.LSTM(4, 5, proj_size=0).hidden_size == 5
+    with pytest.raises(NotImplementedError, match="proj_size"):
+        nn.LSTM(4, 5, proj_size=3)
+    with pytest.raises(TypeError, match="Tensor or an array"):
+        nn.RNN(4, 5)([[0.0] * 4] * 3)

@@ -10,10 +10,13 @@ captures a whole training step over it as one dispatch.
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
 
 from .. import functional as F
 from ..random import generator
-from ..tensor import Tensor, full_like, param
+from ..tensor import Tensor, full_like, param, tensor
 from .module import Module
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
@@ -28,6 +31,32 @@ def _rnn_mode(nonlinearity: str) -> str:
 def _uniform(shape, hidden: int) -> Tensor:
     bound = 1.0 / math.sqrt(hidden)
     return param(generator().uniform(-bound, bound, shape).astype("float32"))
+
+
+def _as_input(x, owner: str, what: str) -> Tensor:
+    if isinstance(x, np.ndarray):
+        return tensor(x)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{owner}: {what} must be a Tensor or an array, got {type(x).__name__}")
+    return x
+
+
+def _given_state(mode: str, hx, owner: str) -> tuple[Tensor, Tensor | None]:
+    """(h, c) from an LSTM's (h, c) pair, or (h, None) from another layer's h; a bare
+    tensor given to an LSTM is refused (unpacking it would split its first axis)."""
+    if mode != "LSTM":
+        if isinstance(hx, (tuple, list)):
+            raise ValueError(f"{owner} takes its initial state as one tensor h, not a {type(hx).__name__}")
+        return _as_input(hx, owner, "h"), None
+    if not isinstance(hx, (tuple, list)) or len(hx) != 2 or any(s is None for s in hx):
+        raise ValueError(f"{owner} takes its initial state as a tuple (h, c) of two tensors")
+    return _as_input(hx[0], owner, "h"), _as_input(hx[1], owner, "c")
+
+
+def _check_state(h: Tensor, c: Tensor | None, want: tuple, owner: str, names=("h0", "c0")) -> None:
+    for label, s in zip(names, (h, c)):
+        if s is not None and s.shape != want:
+            raise ValueError(f"{owner}: {label} must have shape {want}, got {s.shape}")
 
 
 def _zeros(rows: Tensor, hidden: int) -> Tensor:
@@ -64,6 +93,9 @@ class _RNNBase(Module):
                              f"hidden_size={hidden_size}, num_layers={num_layers}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if dropout and num_layers == 1:
+            warnings.warn(f"dropout={dropout} has no effect with num_layers=1: it is applied between layers, "
+                          "not after the last (as torch)", stacklevel=3)
         self.mode, self.input_size, self.hidden_size = mode, int(input_size), int(hidden_size)
         self.num_layers, self.bias, self.batch_first = int(num_layers), bool(bias), bool(batch_first)
         self.dropout, self.bidirectional = float(dropout), bool(bidirectional)
@@ -84,6 +116,7 @@ class _RNNBase(Module):
 
     def forward(self, input: Tensor, hx=None):
         name, directions = type(self).__name__, 2 if self.bidirectional else 1
+        input = _as_input(input, name, "input")
         unbatched = input.ndim == 2
         if input.ndim not in (2, 3) or input.shape[-1] != self.input_size:
             raise ValueError(f"{name}(input_size={self.input_size}) needs (L, N, {self.input_size}) (or batch_first, "
@@ -126,12 +159,8 @@ class _RNNBase(Module):
         if hx is None:
             zero = _zeros(like[:, 0], self.hidden_size)
             return [(zero, zero if self.mode == "LSTM" else None)] * count
-        h0, c0 = (hx if isinstance(hx, tuple) else (hx, None)) if self.mode == "LSTM" else (hx, None)
-        if self.mode == "LSTM" and c0 is None:
-            raise ValueError("LSTM takes its initial state as a tuple (h0, c0)")
-        for label, s in (("h0", h0), ("c0", c0)):
-            if s is not None and s.shape != want:
-                raise ValueError(f"{type(self).__name__}: {label} must have shape {want}, got {s.shape}")
+        h0, c0 = _given_state(self.mode, hx, type(self).__name__)
+        _check_state(h0, c0, want, type(self).__name__)
         if unbatched:
             h0 = F.unsqueeze(h0, 1)
             c0 = F.unsqueeze(c0, 1) if c0 is not None else None
@@ -161,10 +190,14 @@ class RNN(_RNNBase):
 
 
 class LSTM(_RNNBase):
-    """Long short-term memory, torch's gates (i, f, g, o); returns (output, (h_n, c_n))."""
+    """Long short-term memory, torch's gates (i, f, g, o); returns (output, (h_n, c_n)).
+    `proj_size` (torch's projected LSTM) is accepted only as 0."""
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False) -> None:
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0) -> None:
+        if proj_size:
+            raise NotImplementedError("LSTM(proj_size=...) is not supported")
         super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
 
 
@@ -191,6 +224,7 @@ class _CellBase(Module):
         self.bias_hh = _uniform((gates,), hidden_size) if bias else None
 
     def forward(self, input: Tensor, hx=None):
+        input = _as_input(input, type(self).__name__, "input")
         unbatched = input.ndim == 1
         if input.ndim not in (1, 2) or input.shape[-1] != self.input_size:
             raise ValueError(f"{type(self).__name__}({self.input_size}) needs (N, {self.input_size}) or "
@@ -201,10 +235,8 @@ class _CellBase(Module):
             h = _zeros(x, self.hidden_size)
             c = h if self.mode == "LSTM" else None
         else:
-            h, c = hx if self.mode == "LSTM" else (hx, None)
-            for label, s in (("h", h), ("c", c)):
-                if s is not None and s.shape != want:
-                    raise ValueError(f"{type(self).__name__}: {label} must have shape {want}, got {s.shape}")
+            h, c = _given_state(self.mode, hx, type(self).__name__)
+            _check_state(h, c, want, type(self).__name__, ("h", "c"))
             if unbatched:
                 h, c = F.unsqueeze(h, 0), (F.unsqueeze(c, 0) if c is not None else None)
         projected = x @ self.weight_ih.T
