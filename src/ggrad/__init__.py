@@ -1,6 +1,7 @@
 """ggrad: PyTorch-style autograd and device-resident training on ggml backends."""
 
-from . import data, dtypes, functional, nn, optim, runtime
+from . import amp, data, dtypes, functional, nn, optim, runtime
+from .amp import autocast
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .autograd import backward, grad_tape, no_grad
 from .capture import compile
@@ -17,6 +18,7 @@ from .gradcheck import gradcheck
 from .io import export_gguf, load, save
 from .random import get_rng_state, manual_seed, set_rng_state
 from .runtime import count_transfers, device, devices, get_device, gpu_available, set_device
+from .runtime.precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .tensor import (Tensor, from_dlpack, from_numpy, full, full_like, ones, ones_like, param, realize, tensor,
                      zeros, zeros_like)
 from .train import EarlyStopping, History, ModelCheckpoint, evaluate, fit
@@ -27,7 +29,8 @@ float, half, long, int = float32, float16, int64, int32  # torch's aliases  # no
 clip = clamp
 
 __all__ = [
-    "DataLoader", "EarlyStopping", "History", "ModelCheckpoint", "Tensor", "abs", "all", "amax", "amin", "any",
+    "DataLoader", "EarlyStopping", "amp", "autocast", "get_float32_matmul_precision",
+    "set_float32_matmul_precision", "History", "ModelCheckpoint", "Tensor", "abs", "all", "amax", "amin", "any",
     "arange",
     "argmax", "argmin", "argsort", "backward", "bfloat16", "bool", "cat", "chunk", "clamp", "clip",
     "compile", "concat", "count_transfers", "cumsum", "data", "div", "device", "devices", "dtype", "dtypes",

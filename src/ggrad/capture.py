@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import autograd, dtypes, lazy, runtime
+from .runtime import precision
 from .runtime.critical import critical
 from .tensor import Tensor, _host_array
 
@@ -51,7 +52,8 @@ class _Trace:
         self.runs: list[lazy.Run] = []
         self.final = False  # set just before the closing realize
         self.early = 0  # graphs run before the closing realize
-        self.checks: list[Callable[[], bool]] = []
+        ambient = precision.snapshot()  # a replay computes products as the trace did
+        self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
         self.advances: list[Callable[[], None]] = []
         self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
         self.refusal: str | None = None

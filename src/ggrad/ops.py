@@ -161,17 +161,41 @@ def _softmax_back(ctx, s, node):
     return G.ggml_soft_max_ext_back(ctx, grad, y, 1.0, 0.0)
 
 
+def _product(ctx, src0, src1, arg):
+    """ggml's mul_mat(src0, src1) as `arg` = (matmul precision, autocast storage type or
+    None) asks. Under autocast both operands are stored in the low type and the sums are
+    float32; where the backend has no such product, the operands are rounded to the low
+    type and multiplied in float32: the same values, without the speed. "highest" marks
+    float32 products GGML_PREC_F32, which a ggml-cuda built by `make cuda` runs without
+    TF32 (runtime/precision.py)."""
+    precision, low = arg
+    if low is not None:
+        src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
+        fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
+        if fast is not None:
+            return fast
+        src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
+    product = G.ggml_mul_mat(ctx, src0, src1)
+    return _precise(product) if precision == "highest" or low is not None else product
+
+
+def _precise(product):
+    """Mark a product GGML_PREC_F32 (op_params[0]: ggml_mul_mat_set_prec, which OUT_PROD
+    lacks)."""
+    product.contents.op_params[0] = G.GGML_PREC_F32
+    return product
+
+
 @compute("matmul_nt")
 def _matmul_nt(ctx, s, node):
     """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes. b's
     batch dims may be smaller (broadcast); where the backend does not broadcast them
     (Vulkan: not the outermost), b is repeated to a's batch first."""
     a, b = s
-    product = _supported(G.ggml_mul_mat(ctx, b, a))
-    if product is None:
-        ne_a, ne_b = a.contents.ne, b.contents.ne
-        product = G.ggml_mul_mat(ctx, G.ggml_repeat_4d(ctx, b, ne_b[0], ne_b[1], ne_a[2], ne_a[3]), a)
-    return reshape(ctx, product, node.shape)
+    ne_a, ne_b = a.contents.ne, b.contents.ne
+    if tuple(ne_b[2:]) != tuple(ne_a[2:]) and _supported(G.ggml_mul_mat(ctx, b, a)) is None:
+        b = G.ggml_repeat_4d(ctx, b, ne_b[0], ne_b[1], ne_a[2], ne_a[3])
+    return reshape(ctx, _product(ctx, b, a, node.arg), node.shape)
 
 
 @builder("permute")
@@ -479,13 +503,14 @@ def _matmul_tn(ctx, s, node):
     from . import runtime
     kind = runtime.current().backend.info.kind
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
-    if kind in OUT_PROD_BACKENDS or (kind == "cpu" and small):
+    precision, low = node.arg
+    if low is None and (kind in OUT_PROD_BACKENDS or (kind == "cpu" and small)):
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
-            return reshape(ctx, product, node.shape)
+            return reshape(ctx, _precise(product) if precision == "highest" else product, node.shape)
     yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
     xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))
-    return reshape(ctx, G.ggml_mul_mat(ctx, yt, xt), node.shape)
+    return reshape(ctx, _product(ctx, yt, xt, node.arg), node.shape)
 
 
 # ---- comparisons and selection (bool results are float32 0/1) -------------------------

@@ -19,8 +19,8 @@ from . import functional as F
 from .autograd import grad_tape, no_grad
 from .capture import compile
 from .data import DataLoader
+from .optim import guard
 from .optim.lr_scheduler import ReduceLROnPlateau
-from .functional.elementwise import choose
 from .tensor import Tensor, realize, zeros_like
 
 
@@ -291,9 +291,8 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     metrics = tuple(metrics)
     if on_nonfinite not in ("raise", "skip"):
         raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-    if on_nonfinite == "skip" and any(g.get("fused") and not g.get("amsgrad") for g in optimizer.param_groups):
-        raise ValueError("on_nonfinite='skip' cannot undo ggml's fused Adam step (fused=True writes the "
-                         "weights in place); use fused=False")
+    if on_nonfinite == "skip":
+        guard.refuse_fused(optimizer, "on_nonfinite='skip'")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if scheduler_interval not in ("epoch", "step"):
@@ -344,45 +343,14 @@ def _train_step(model, loss_fn, optimizer, totals: _Totals, skip: bool = False):
         ok = None
         if skip:
             with no_grad():
-                ok, before = _finite_step(loss, optimizer), _updated(optimizer)
+                ok, before = guard.finite_flag(optimizer, loss), guard.snapshot(optimizer)
         optimizer.step()
         if skip:
             with no_grad():
-                _keep_unless(ok, before, optimizer)
+                guard.keep_unless(ok, before, optimizer)
         optimizer.zero_grad()
         totals.add(out, y, loss, ok)
     return compile(train_step)
-
-
-def _finite_step(loss: Tensor, optimizer) -> Tensor:
-    """A bool on the device: the loss and every gradient are finite (g * 0 is 0 for a
-    finite g, NaN for inf and NaN, so the sum is finite exactly when all are)."""
-    total = loss.detach().reshape(())
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                total = total + F.affine(p.grad, 0.0).sum().float()
-    return F.isfinite(total)
-
-
-def _updated(optimizer) -> dict[int, tuple[Tensor, Tensor]]:
-    """What a step may change, by id: each parameter and optimizer state tensor, with a
-    handle on its value now."""
-    tensors = [p for group in optimizer.param_groups for p in group["params"]]
-    tensors += [v for s in [*optimizer.state.values(), *optimizer.group_state] for v in s.values()
-                if isinstance(v, Tensor)]
-    return {id(t): (t, t.detach()) for t in tensors}
-
-
-def _keep_unless(ok: Tensor, before: dict, optimizer) -> None:
-    """Undo the step just recorded unless `ok`: every tensor it changed gets back its old
-    value (a state tensor it made gets zeros), chosen on the device."""
-    for t, _ in _updated(optimizer).values():
-        old = before.get(id(t))
-        if old is None:
-            t._assign(choose(ok, t, zeros_like(t)))
-        elif t.node is not old[1].node:
-            t._assign(choose(ok, t, old[1]))
 
 
 def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show, label) -> dict:

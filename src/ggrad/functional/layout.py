@@ -6,13 +6,22 @@ import numbers
 
 import numpy as np
 
-from ._core import (Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, full_like, reshape, result_type,
+from ..runtime import precision
+from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, full_like, reshape, result_type,
                     sum_to)
 
 
 # ---- matrices and layout -----------------------------------------------------------------
 def matmul_nt(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b^T over the last two axes (ggml's native product: no transpose is built)."""
+    """a @ b^T over the last two axes (ggml's native product: no transpose is built).
+    Under autocast float operands of two dtypes meet in float32 first, as torch's do."""
+    if precision.autocast_dtype() is not None and a.dtype is not b.dtype and a.dtype.is_floating_point \
+            and b.dtype.is_floating_point:
+        a, b = cast(a, F32), cast(b, F32)
+    return _matmul_nt(a, b, _product_arg(a.dtype))
+
+
+def _matmul_nt(a: Tensor, b: Tensor, arg: tuple) -> Tensor:
     _float(a, "matmul"), _float(b, "matmul")
     if a.dtype is not b.dtype:
         raise TypeError(f"matmul needs operands of one dtype, got {a.dtype} and {b.dtype}")
@@ -29,19 +38,29 @@ def matmul_nt(a: Tensor, b: Tensor) -> Tensor:
         a = broadcast_to(a, batch + a.shape[-2:])
     if not all(n % m == 0 for n, m in zip(reversed(batch), reversed(batch_b))):
         b = broadcast_to(b, batch + b.shape[-2:])
-    return _apply("matmul_nt", (a, b), batch + (a.shape[-2], b.shape[-2]), _matmul_nt_rule, dtype=a.dtype)
+    return _apply("matmul_nt", (a, b), batch + (a.shape[-2], b.shape[-2]), _matmul_nt_rule, arg, a.dtype)
+
+
+def _product_arg(dtype) -> tuple:
+    """How a product is computed (ops._product): the matmul precision now, and under
+    autocast the low dtype's storage for float32 operands. The result stays float32: ggml's
+    products write float32 (torch's autocast rounds it to the low dtype)."""
+    low = precision.autocast_dtype()
+    return precision.matmul_precision(), (low.storage if low is not None and dtype is F32 else None)
 
 
 def _matmul_nt_rule(ctx, g):
+    """The gradients' products are computed as the forward one was (autocast included)."""
     a, b = ctx.parents
-    ga = sum_to(matmul_nt(g, transpose(b.detach())), a.shape) if a.requires_grad else None
-    gb = sum_to(_matmul_tn(g, a.detach()), b.shape) if b.requires_grad else None
+    arg = ctx.saved["arg"]
+    ga = sum_to(_matmul_nt(g, transpose(b.detach()), arg), a.shape) if a.requires_grad else None
+    gb = sum_to(_matmul_tn(g, a.detach(), arg), b.shape) if b.requires_grad else None
     return ga, gb
 
 
-def _matmul_tn(x: Tensor, y: Tensor) -> Tensor:
+def _matmul_tn(x: Tensor, y: Tensor, arg: tuple) -> Tensor:
     """x^T @ y over the last two axes, for equal batch dims (a product's weight gradient)."""
-    return _apply("matmul_tn", (x, y), x.shape[:-2] + (x.shape[-1], y.shape[-1]), dtype=x.dtype)
+    return _apply("matmul_tn", (x, y), x.shape[:-2] + (x.shape[-1], y.shape[-1]), dtype=x.dtype, arg=arg)
 
 
 def matmul(a, b) -> Tensor:

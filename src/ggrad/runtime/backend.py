@@ -10,9 +10,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 
 from ggml import ggml as G
+
+from . import precision
 
 # ggml's own messages (the Vulkan backend's device banner, warnings) go to this logger,
 # not to stderr: importing ggrad and starting a device print nothing; warnings and
@@ -39,7 +42,7 @@ _SOFTWARE_VULKAN = ("llvmpipe", "lavapipe", "swiftshader")
 
 _BUILD_HINT = (
     "ggrad found no GPU backend in this ggml build. Build ggml-python with one: "
-    "`make vulkan` (Vulkan) or `bash bench/gpu/build_cuda.sh` (CUDA); see the README."
+    "`make vulkan` (Vulkan) or `make cuda` (CUDA); see the README."
 )
 
 
@@ -76,12 +79,16 @@ class Backend:
         self.info = info
         self.name = info.name
         self._dev = dev
+        if info.kind == "vulkan":
+            _set_vulkan_float16(info.name)
         handle = G.ggml_backend_dev_init(dev, None)
         if not handle:
             raise RuntimeError(f"ggml could not start device {info.name!r} ({info.description})")
         self.handle = handle
         if info.kind == "cpu":
             G.ggml_backend_cpu_set_n_threads(handle, _threads())
+        if info.kind == "cuda":
+            _check_cuda_precision()
         # NOTE: ggml_backend_vk_buffer_type and friends return pointers cut to 32 bits
         # in ggml-python 0.0.45; the device's buffer type is bound correctly.
         self.buft = G.ggml_backend_dev_buffer_type(dev)
@@ -106,13 +113,41 @@ class Backend:
             self.handle = None
 
 
+def _set_vulkan_float16(name: str) -> None:
+    """Turn ggml-vulkan's float16 shaders on or off for a device about to start."""
+    if _USER_VK_F16 is None:
+        if precision.vulkan_float16_allowed():
+            os.environ.pop("GGML_VK_DISABLE_F16", None)
+        else:
+            os.environ["GGML_VK_DISABLE_F16"] = "1"
+    precision.vulkan_started(name, "GGML_VK_DISABLE_F16" not in os.environ)
+
+
+def cuda_honours_precision() -> bool:
+    """Whether the loaded ggml-cuda runs GGML_PREC_F32 products in float32 (a build by
+    `make cuda`; scripts/patch_ggml_cuda.py)."""
+    import ggml
+    path = os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cuda.so")
+    try:
+        return hasattr(ctypes.CDLL(path), "ggml_backend_cuda_ggrad_f32_precision")
+    except OSError:
+        return False
+
+
+def _check_cuda_precision() -> None:
+    if precision.matmul_precision() == "highest" and not cuda_honours_precision():
+        warnings.warn("this ggml-cuda build runs float32 matmuls in TF32 whatever the matmul precision; "
+                      "build it with `make cuda` for float32 ('highest')", RuntimeWarning, stacklevel=2)
+
+
 _registry: dict[str, tuple[DeviceInfo, int]] | None = None
 
 # ggml-vulkan reads these when it creates a device; the user's own settings win.
+# GGML_VK_DISABLE_F16 follows the matmul precision (precision.py) unless the user set it:
+# ggml's f16 paths round f32 matmul operands to f16 (~1e-3 relative error seen on batched
+# products, inf past 65504).
+_USER_VK_F16 = os.environ.get("GGML_VK_DISABLE_F16")
 _VULKAN_DEFAULTS = {
-    # Its f16 paths round f32 matmul operands to f16 (~1e-3 relative error seen on
-    # batched products); training in f32 must compute in f32.
-    "GGML_VK_DISABLE_F16": "1",
     # Its graph optimizer reorders nodes by their sources, but cannot see that an in-place
     # store into a weight must wait for every read of the old weight (lazy.py).
     "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1",

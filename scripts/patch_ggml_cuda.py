@@ -1,0 +1,71 @@
+"""Make ggml-cuda honour float32 matmul precision per product (ggrad issue 13).
+
+ggml-cuda runs every float32 product in TF32: it sets CUBLAS_TF32_TENSOR_OP_MATH on its
+cuBLAS handles and its own small-batch kernels (mmf) use TF32 tensor-core instructions.
+PyTorch's default ("highest") is full float32. After this patch a MUL_MAT or OUT_PROD
+node whose op_params[0] is GGML_PREC_F32 runs in float32 (cuBLAS's default math, no
+mmf for float32 sources); GGML_PREC_DEFAULT keeps ggml's TF32. The precision is a node
+parameter, so ggml's CUDA-graph reuse recaptures when it changes. The library exports
+`ggml_backend_cuda_ggrad_f32_precision` so ggrad can tell a patched build.
+
+    python scripts/patch_ggml_cuda.py SOURCE_TREE   (ggml-python's sdist, unpacked)
+
+Idempotent; fails loudly when ggml's source no longer matches what it rewrites.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+MARK = "ggrad: float32 precision"
+MATH = ("CUBLAS_CHECK(cublasSetMathMode({handle}, dst->op_params[0] == GGML_PREC_F32 ? "
+        "CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH)); /* " + MARK + " */")
+MARKER_FUNCTION = f"""
+/* {MARK}: tells ggrad this build honours GGML_PREC_F32 on float32 products */
+extern "C" __attribute__((visibility("default"))) int ggml_backend_cuda_ggrad_f32_precision(void) {{ return 1; }}
+"""
+
+
+def _set_math_after_streams(text: str, pattern: str, expected: int, where: str) -> str:
+    """After each cublasSetStream, set the handle's math mode from the node's precision."""
+    def add(match: re.Match) -> str:
+        return match.group(0) + "\n        " + MATH.format(handle=match.group("handle"))
+    text, count = re.subn(pattern, add, text)
+    if count != expected:
+        raise SystemExit(f"{where}: expected {expected} cublasSetStream calls, found {count}")
+    return text
+
+
+def _replace_once(text: str, old: str, new: str, where: str) -> str:
+    if text.count(old) != 1:
+        raise SystemExit(f"{where}: expected one {old!r}, found {text.count(old)}")
+    return text.replace(old, new)
+
+
+def patch(tree: Path) -> None:
+    cuda = next(tree.glob("**/ggml-cuda/ggml-cuda.cu"), None)
+    if cuda is None:
+        raise SystemExit(f"no ggml-cuda/ggml-cuda.cu under {tree}")
+    out_prod = cuda.parent / "out-prod.cu"
+    main, outer = cuda.read_text(), out_prod.read_text()
+    if MARK in main:
+        return
+    main = _set_math_after_streams(
+        main, r"CUBLAS_CHECK\(cublasSetStream\((?P<handle>ctx\.cublas_handle\([^)]*\)), [^)]*\)\);", 4, cuda.name)
+    main = _replace_once(
+        main, "bool use_mul_mat_f     = !ggml_is_quantized(src0->type)",
+        "bool use_mul_mat_f     = !ggml_is_quantized(src0->type)"
+        " && !(src0->type == GGML_TYPE_F32 && dst->op_params[0] == GGML_PREC_F32)", cuda.name)
+    main += MARKER_FUNCTION
+    outer = _set_math_after_streams(
+        outer, r"CUBLAS_CHECK\(cublasSetStream\((?P<handle>handle), stream\)\);", 1, out_prod.name)
+    cuda.write_text(main)
+    out_prod.write_text(outer)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    patch(Path(sys.argv[1]))

@@ -1,0 +1,50 @@
+"""A step kept or undone on the device: the update is recorded whole, then every tensor it
+changed gets its old value back unless a device flag says the step was good. Nothing is
+read on the host (fit's on_nonfinite="skip", amp.GradScaler)."""
+
+from __future__ import annotations
+
+from .. import functional as F
+from ..functional.elementwise import choose
+from ..tensor import Tensor, zeros, zeros_like
+
+
+def finite_flag(optimizer, *extra: Tensor) -> Tensor:
+    """A bool on the device: `extra` and every gradient are finite (g * 0 is 0 for a
+    finite g, NaN for inf and NaN, so the sum is finite exactly when all are)."""
+    total = None
+    for t in extra:
+        part = F.affine(t.detach(), 0.0).sum().float()
+        total = part if total is None else total + part
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                part = F.affine(p.grad, 0.0).sum().float()
+                total = part if total is None else total + part
+    return F.isfinite(total if total is not None else zeros(()))
+
+
+def refuse_fused(optimizer, who: str) -> None:
+    if any(g.get("fused") and not g.get("amsgrad") for g in optimizer.param_groups):
+        raise ValueError(f"{who} cannot undo ggml's fused Adam step (fused=True writes the "
+                         "weights in place); use fused=False")
+
+
+def snapshot(optimizer) -> dict[int, tuple[Tensor, Tensor]]:
+    """What a step may change, by id: each parameter and optimizer state tensor, with a
+    handle on its value now."""
+    tensors = [p for group in optimizer.param_groups for p in group["params"]]
+    tensors += [v for s in [*optimizer.state.values(), *optimizer.group_state] for v in s.values()
+                if isinstance(v, Tensor)]
+    return {id(t): (t, t.detach()) for t in tensors}
+
+
+def keep_unless(ok: Tensor, before: dict, optimizer) -> None:
+    """Undo the step just recorded unless `ok`: every tensor it changed gets back its old
+    value (a state tensor it made gets zeros), chosen on the device."""
+    for t, _ in snapshot(optimizer).values():
+        old = before.get(id(t))
+        if old is None:
+            t._assign(choose(ok, t, zeros_like(t)))
+        elif t.node is not old[1].node:
+            t._assign(choose(ok, t, old[1]))
