@@ -87,11 +87,17 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"device tests passed per device -- {counts}")
 
 
+def tf32(dev: str) -> bool:
+    """Whether float32 products on `dev` may run in TF32 now (CUDA at matmul precision
+    "high" or "medium"; "highest", the default, is float32 everywhere)."""
+    return dev.startswith("cuda") and ggrad.get_float32_matmul_precision() != "highest"
+
+
 def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e-5, err_msg: str = "") -> None:
-    """np.testing.assert_allclose; on CUDA, where ggml multiplies float32 matrices in TF32
-    (~1e-3 of the operands' size, not of each result), within 5e-3 of the largest |desired|."""
+    """np.testing.assert_allclose; where products run in TF32 (`tf32`: ~1e-3 of the
+    operands' size, not of each result), within 5e-3 of the largest |desired|."""
     desired = np.asarray(desired)
-    if dev.startswith("cuda"):
+    if tf32(dev):
         scale = float(np.nanmax(np.abs(desired))) if desired.size else 1.0
         np.testing.assert_allclose(actual, desired, rtol=0, atol=5e-3 * max(scale, 1e-6), err_msg=err_msg)
     else:

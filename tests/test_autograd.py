@@ -6,7 +6,7 @@ import pytest
 import ggrad
 import ggrad.functional as F
 from ggrad import runtime as rt
-from conftest import run_in_child
+from conftest import run_in_child, tf32
 
 rng = np.random.default_rng(3)
 
@@ -50,8 +50,8 @@ def test_gradients_equal_a_float64_reference(dev):
     with ggrad.grad_tape():
         F.mse_loss(W @ ggrad.tensor(x), ggrad.tensor(y)).backward()
     expected = 2 * (w @ x - y) @ x.T / y.size
-    tf32 = dev.startswith("cuda")  # ggml-cuda multiplies float32 matrices in TF32
-    np.testing.assert_allclose(W.grad.numpy(), expected, rtol=3e-3 if tf32 else 1e-5, atol=3e-3 if tf32 else 1e-6)
+    reduced = tf32(dev)
+    np.testing.assert_allclose(W.grad.numpy(), expected, rtol=3e-3 if reduced else 1e-5, atol=3e-3 if reduced else 1e-6)
 
 
 def test_gradient_descent_converges(dev):
@@ -228,7 +228,7 @@ def test_a_reused_graph_reads_and_writes_this_calls_buffers(dev):
         return (a[1:3].reshape(4, 2) @ b.T).sum(axis=0)
 
     arrays = [(rng.standard_normal((4, 4)), rng.standard_normal((3, 2))) for _ in range(3)]
-    tol = dict(rtol=3e-3, atol=3e-3) if dev.startswith("cuda") else dict(rtol=1e-4, atol=1e-5)  # TF32
+    tol = dict(rtol=3e-3, atol=3e-3) if tf32(dev) else dict(rtol=1e-4, atol=1e-5)
     with ggrad.count_transfers() as t:
         for a, b in arrays:
             got = f(ggrad.tensor(a), ggrad.tensor(b)).numpy()

@@ -171,12 +171,21 @@ def _product(ctx, src0, src1, arg):
     precision, low = arg
     if low is not None:
         src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
+        if DTYPES[low] == G.GGML_TYPE_BF16 and _backend_kind() == "vulkan":
+            # ggml-vulkan asserts on a BF16 src1 in its vector kernels (supports_op says
+            # yes): it gets the rounded values in float32, which it converts exactly
+            src1 = as_type(ctx, src1, F32)
         fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
     product = G.ggml_mul_mat(ctx, src0, src1)
     return _precise(product) if precision == "highest" or low is not None else product
+
+
+def _backend_kind() -> str:
+    from . import runtime
+    return runtime.current().backend.info.kind
 
 
 def _precise(product):
@@ -500,8 +509,7 @@ def _matmul_tn(ctx, s, node):
     """x^T @ y over the last two axes (the weight gradient of a product): ggml's OUT_PROD
     where it is used, else both operands transposed into mul_mat."""
     x, y = s
-    from . import runtime
-    kind = runtime.current().backend.info.kind
+    kind = _backend_kind()
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
     precision, low = node.arg
     if low is None and (kind in OUT_PROD_BACKENDS or (kind == "cpu" and small)):
