@@ -1,14 +1,28 @@
 """One training step, ggrad against PyTorch in the same process: same model, same data,
-Adam, fp32. Prints a table of median step times and the ratio ggrad / PyTorch.
+Adam, fp32 or mixed precision. Prints a table of median step times and the ratio ggrad /
+PyTorch.
 
     .venv/bin/python bench/train_step.py --device cpu --models mlp-small mlp-mnist
-    python3 bench/train_step.py --device cuda --torch-device cuda      (GPU host)
+    .venv/bin/python bench/train_step.py --device cpu --models block --block-batch 2 --block-seq 16 --amp bf16
+    python3 bench/train_step.py --device cuda --torch-device cuda --cuda-graph --precision high   (GPU host)
 
-Each step feeds a fresh batch from host memory (a data loader), runs forward, backward
-and Adam (fused on both sides), and does not read the loss. ggrad's step is
+Each step feeds a batch, runs forward, backward and Adam (fused on both sides), and does
+not read the loss. The MLPs and the CNN take a fresh batch from host memory each step (a
+data loader); the transformer block's activations (batch x seq x 512 float32: 16 MiB at
+the default size) are put on the device once (`--data` chooses). ggrad's step is
 `ggrad.compile`d (captured once, replayed); `--eager` also times it without. Times are
 medians of blocks of steps after a warm-up, ggrad's and PyTorch's blocks alternating (a
 noisy machine slows both alike); GPU work is synchronised at the end of each block.
+
+`--amp bf16|f16` runs the forward and the loss under autocast on both sides
+(`ggrad.autocast` and `torch.autocast`) with float32 weights and Adam; f16 adds a
+GradScaler on both sides (ggrad's refuses ggml's fused Adam, so ggrad's Adam is then
+unfused; torch's fused Adam takes the scaler's inf check). `--precision` sets
+`set_float32_matmul_precision` on both sides (CUDA: "high" allows TF32). Each row says
+which amp and precision it ran with. After the table, the losses of the first three steps
+(same weights, same batches) of each ggrad runner and of PyTorch eager, and their largest
+relative difference: torch's autocast rounds each product to the low dtype where ggrad keeps it
+float32, so they agree to about 1e-2 under amp, about 1e-5 without (CPU, "highest").
 """
 
 from __future__ import annotations
@@ -32,19 +46,38 @@ def cnn(nn):
                          nn.Flatten(), nn.Linear(64 * 12 * 12, 10))
 
 
-# name: (model of a torch.nn-like namespace, input shape of one sample, classes, batch)
+def block(nn, dim=512, heads=8):
+    """One pre-norm transformer encoder layer, torch.nn's (ggrad's has its parameter names):
+    self-attention and a ReLU MLP of 4x width, no dropout, (batch, seq, dim) in and out."""
+    return nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True,
+                                      norm_first=True)
+
+
+# name: (model of a torch.nn-like namespace, input shape of one sample, classes (None: the
+# loss is the mean square of the output, no labels), batch)
 MODELS = {
     "mlp-small": (lambda nn: mlp(nn, [64, 64, 64, 10]), (64,), 10, 64),
     "mlp-mnist": (lambda nn: mlp(nn, [784, 512, 512, 10]), (784,), 10, 128),
     "mlp-large": (lambda nn: mlp(nn, [1024, 4096, 4096, 1024]), (1024,), 1024, 512),
     "cnn": (cnn, (1, 28, 28), 10, 128),
+    "block": (block, (256, 512), None, 32),
 }
+HEAVY = ("mlp-large", "cnn", "block")  # half the steps per block
+AMP = {"none": None, "bf16": "bfloat16", "f16": "float16"}
+CHECKED = 3  # steps whose losses are compared (forward, gradients and Adam) before the timing
 
 
 def batches(sample, classes, batch, n=8, seed=0):
+    """n batches: (x, labels) for a classifier, (x,) for the block."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((batch,) + sample).astype(np.float32),
-             rng.integers(0, classes, batch).astype(np.int64)) for _ in range(n)]
+    return [(rng.standard_normal((batch,) + sample).astype(np.float32),)
+            + (() if classes is None else (rng.integers(0, classes, batch).astype(np.int64),)) for _ in range(n)]
+
+
+def loss_of(F, out, batch):
+    """Cross-entropy against the labels, or the mean square of the output (same on both
+    sides: `F` is ggrad.functional or torch.nn.functional)."""
+    return F.cross_entropy(out, batch[1]) if len(batch) > 1 else (out * out).mean()
 
 
 def torch_model(name, seed=0):
@@ -72,71 +105,94 @@ def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dic
     return {label: statistics.median(t) for label, t in times.items()}
 
 
-def ggrad_step_fn(name, data, device, fused, compiled=True):
+def ggrad_step_fn(name, data, device, fused, compiled=True, amp="none", resident=False):
+    """(step, sync): step(i) trains on batch i and returns the loss (not read)."""
     import ggrad
     import ggrad.functional as F
     from ggrad import nn
+    from ggrad.amp import GradScaler
     from ggrad.optim import Adam
 
     ggrad.set_device(device)
     model = MODELS[name][0](nn)
     model.load_state_dict(torch_model(name).state_dict())
-    opt = Adam(model.parameters(), lr=1e-3, fused=fused)
+    low = getattr(ggrad, AMP[amp]) if AMP[amp] else None
+    scaler = GradScaler(enabled=amp == "f16")
+    opt = Adam(model.parameters(), lr=1e-3, fused=fused and not scaler.is_enabled())  # the scaler refuses fused
+    if resident:
+        data = [tuple(ggrad.tensor(a) for a in batch) for batch in data]
+        ggrad.realize(*[t for batch in data for t in batch])
 
-    def train(x, y):
+    def train(*batch):
         with ggrad.grad_tape():
-            F.cross_entropy(model(x), y).backward()
-        opt.step()
+            with ggrad.autocast(dtype=low or ggrad.bfloat16, enabled=low is not None):
+                loss = loss_of(F, model(batch[0]), batch)
+            scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         opt.zero_grad()
+        return loss
 
     run = ggrad.compile(train) if compiled else train
 
     def step(i):
-        x_np, y_np = data[i % len(data)]
-        run(x_np, y_np) if compiled else run(ggrad.tensor(x_np), ggrad.tensor(y_np))
+        batch = data[i % len(data)]
+        return run(*batch) if compiled or resident else run(*(ggrad.tensor(a) for a in batch))
 
     return step, ggrad.realize
 
 
-def torch_step_fn(name, data, device, fused, cuda_graph=False):
+def torch_step_fn(name, data, device, fused, cuda_graph=False, amp="none", resident=False):
+    """(step, sync) as ggrad_step_fn's; with cuda_graph the whole step (autocast, scaler
+    and Adam included) is captured once and replayed (its loss is the latest replay's)."""
     import torch
 
     model = torch_model(name).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None, capturable=cuda_graph)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    low = getattr(torch, AMP[amp]) if AMP[amp] else None
+    scaler = torch.amp.GradScaler(kind, enabled=amp == "f16")
+    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
+    if resident:
+        data = [tuple(torch.from_numpy(a).to(device) for a in batch) for batch in data]
+
+    def upload(batch):
+        return batch if resident else tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in batch)
+
+    def train(batch):  # no zero_grad: a captured step writes fresh gradients at each replay
+        with torch.autocast(kind, dtype=low or torch.bfloat16, enabled=low is not None,
+                            cache_enabled=False if cuda_graph else None):
+            loss = loss_of(torch.nn.functional, model(batch[0]), batch)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
 
     def eager(i):
-        x_np, y_np = data[i % len(data)]
-        x = torch.from_numpy(x_np).to(device, non_blocking=True)
-        y = torch.from_numpy(y_np).to(device, non_blocking=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=False if cuda_graph else True)
+        loss = train(upload(data[i % len(data)]))
+        opt.zero_grad(set_to_none=True)
+        return loss
 
     if not cuda_graph:
         return eager, sync
-    static_x = torch.from_numpy(data[0][0]).to(device)
-    static_y = torch.from_numpy(data[0][1]).to(device)
+    static = tuple(torch.as_tensor(a).to(device).clone() for a in data[0])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
             opt.zero_grad(set_to_none=True)
-            loss_fn(model(static_x), static_y).backward()
-            opt.step()
+            train(static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     opt.zero_grad(set_to_none=True)
     with torch.cuda.graph(graph):
-        loss_fn(model(static_x), static_y).backward()
-        opt.step()
+        static_loss = train(static)
 
     def replay(i):
-        x_np, y_np = data[i % len(data)]
-        static_x.copy_(torch.from_numpy(x_np), non_blocking=True)
-        static_y.copy_(torch.from_numpy(y_np), non_blocking=True)
+        for dst, src in zip(static, data[i % len(data)]):
+            dst.copy_(src if resident else torch.from_numpy(src), non_blocking=True)
         graph.replay()
+        return static_loss
 
     return replay, sync
 
@@ -148,33 +204,85 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["mlp-small", "mlp-mnist"], choices=list(MODELS))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps of each runner first")
     ap.add_argument("--cuda-graph", action="store_true", help="also time PyTorch with a CUDA graph")
     ap.add_argument("--eager", action="store_true", help="also time ggrad without ggrad.compile")
+    ap.add_argument("--amp", default="none", choices=list(AMP),
+                    help="autocast dtype of the forward on both sides (f16 adds a GradScaler on both)")
+    ap.add_argument("--precision", default="highest", choices=["highest", "high", "medium"],
+                    help="set_float32_matmul_precision on both sides (CUDA: high allows TF32)")
+    ap.add_argument("--data", default="auto", choices=["auto", "host", "device"],
+                    help="batches uploaded at each step (host) or put on the device once; auto: the block's "
+                         "on the device, the others' from the host")
+    ap.add_argument("--block-batch", type=int, default=MODELS["block"][3])
+    ap.add_argument("--block-seq", type=int, default=MODELS["block"][1][0])
     args = ap.parse_args()
 
     import torch  # before ggml's CUDA: importing torch after it aborted (seen on the H200)
     if args.torch_device == "cpu":
         import os
         torch.set_num_threads(len(os.sched_getaffinity(0)))
-    print(f"| model | ggrad {args.device} | ms | PyTorch {args.torch_device} | ms | ratio |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    import ggrad
+    torch.set_float32_matmul_precision(args.precision)
+    ggrad.set_float32_matmul_precision(args.precision)  # before a device starts (Vulkan fixes it then)
+    amp_note = {"none": "float32", "bf16": "autocast bfloat16",
+                "f16": "autocast float16 + GradScaler (ggrad's Adam unfused: its scaler refuses the fused one)"}
+    print(f"train_step: ggrad {args.device} vs PyTorch {torch.__version__} {args.torch_device}; amp: "
+          f"{amp_note[args.amp]}; float32 matmul precision: ggrad {ggrad.get_float32_matmul_precision()}, "
+          f"PyTorch {torch.get_float32_matmul_precision()}; Adam lr 1e-3\n")
+    print(f"| model | amp | precision | ggrad {args.device} | ms | PyTorch {args.torch_device} | ms | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    amp_column = "f16 + GradScaler (ggrad Adam unfused)" if args.amp == "f16" else args.amp
+    notes = []
     for name in args.models:
         _, sample, classes, batch = MODELS[name]
-        data = batches(sample, classes, batch)
-        steps = max(3, args.steps if name not in ("mlp-large", "cnn") else args.steps // 2)
+        label = name
+        if name == "block":
+            sample, batch = (args.block_seq, sample[1]), args.block_batch
+            label = f"block {batch}x{sample[0]}x{sample[1]}"
+        resident = args.data == "device" or (args.data == "auto" and name == "block")
+        if resident:
+            label += " (data on device)"
+        data = batches(sample, classes, batch, n=4 if name == "block" else 8)
+        steps = max(3, args.steps if name not in HEAVY else args.steps // 2)
         ours = [("compiled", True)] + ([("eager", False)] if args.eager else [])
         theirs = [("eager", False)] + ([("CUDA graph", True)] if args.cuda_graph else [])
-        runners = {("ggrad", label): ggrad_step_fn(name, data, args.device, True, compiled)
-                   for label, compiled in ours}
-        runners.update({("torch", label): torch_step_fn(name, data, args.torch_device, True, graph)
-                        for label, graph in theirs})
-        ms = time_interleaved(runners, steps, args.blocks, 5)
-        for their_label, _ in theirs:
-            t = ms[("torch", their_label)]
-            for label, _ in ours:
-                g = ms[("ggrad", label)]
-                print(f"| {name} | {label} | {g * 1e3:.3f} | {their_label} | {t * 1e3:.3f} | {g / t:.2f} |",
-                      flush=True)
+        runners = {("ggrad", tag): ggrad_step_fn(name, data, args.device, True, compiled, args.amp, resident)
+                   for tag, compiled in ours}
+        # the losses of each runner's first steps (same weights, same batches), before any timing
+        first = {key: [float(step(i).item()) for i in range(CHECKED)] for key, (step, _) in runners.items()}
+        for tag, graph in theirs:
+            try:
+                runners[("torch", tag)] = torch_step_fn(name, data, args.torch_device, True, graph, args.amp, resident)
+            except Exception as e:  # noqa: BLE001 (a step torch cannot capture: said in the table)
+                if not graph:
+                    raise
+                notes.append(f"{label}, {args.amp}: PyTorch's CUDA graph capture failed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:160]}); that row is PyTorch eager")
+                runners[("torch", "eager (graph capture failed)")] = torch_step_fn(
+                    name, data, args.torch_device, True, False, args.amp, resident)
+            if not graph:
+                first[("torch", tag)] = [float(runners[("torch", tag)][0](i).item()) for i in range(CHECKED)]
+        reference = np.array(first[("torch", "eager")])
+        tol = 2e-2 if args.amp != "none" else 1e-4 if args.precision == "highest" else 1e-2
+        for tag, _ in ours:
+            rel = float(np.max(np.abs(np.array(first[("ggrad", tag)]) - reference) / np.abs(reference)))
+            notes.append(f"{label}, amp {args.amp}, precision {args.precision}: losses of steps 1-{CHECKED} "
+                         f"ggrad {tag} {', '.join(f'{v:.7g}' for v in first[('ggrad', tag)])}; PyTorch eager "
+                         f"{', '.join(f'{v:.7g}' for v in reference)}; largest relative difference {rel:.1e} "
+                         f"({'ok' if rel <= tol else 'MISMATCH'}: tolerance {tol:g})")
+        ms = time_interleaved(runners, steps, args.blocks, args.warmup)
+        for (side, their_tag) in runners:
+            if side != "torch":
+                continue
+            t = ms[("torch", their_tag)]
+            for tag, _ in ours:
+                g = ms[("ggrad", tag)]
+                print(f"| {label} | {amp_column} | {args.precision} | {tag} | {g * 1e3:.3f} | {their_tag} | "
+                      f"{t * 1e3:.3f} | {g / t:.2f} |", flush=True)
+    print()
+    for note in notes:
+        print(f"- {note}")
 
 if __name__ == "__main__":
     main()
