@@ -1,10 +1,11 @@
 # ggrad: `make demo` trains on the default device, `make test` runs the suite.
 # Both set everything up first (scripts/bootstrap.sh): .venv, packages, and the
-# Vulkan build of ggml where this machine can have it (cached in ~/.cache/ggrad).
+# CUDA or Vulkan build of ggml where this machine can have it (cached in ~/.cache/ggrad).
+# `make cuda`, `make vulkan`, `make cpu` switch builds; so does GGRAD_BACKEND=cuda make test.
 PY := .venv/bin/python
 RUN := . scripts/env.sh && $(PY)
 
-.PHONY: setup test demo vulkan cpu bench clean
+.PHONY: setup test demo cuda vulkan cpu bench clean
 
 setup:
 	bash scripts/bootstrap.sh
@@ -17,6 +18,9 @@ demo: setup
 
 bench: setup
 	$(RUN) bench/step_transfers.py
+
+cuda:
+	GGRAD_BACKEND=cuda bash scripts/bootstrap.sh
 
 vulkan:
 	GGRAD_BACKEND=vulkan bash scripts/bootstrap.sh

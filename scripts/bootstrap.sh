@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Set up .venv with ggml-python (Vulkan backend where this machine can have it)
+# Set up .venv with ggml-python (CUDA or Vulkan backend where this machine can have it)
 # and ggrad installed editable. Idempotent: a second run does nothing costly.
 #
-#   GGRAD_BACKEND=auto|vulkan|cpu   (auto: vulkan when apt-get can install as root)
+#   GGRAD_BACKEND=auto|cuda|vulkan|cpu   auto: the backend installed last; on a fresh .venv,
+#                                        cuda when nvcc and an NVIDIA GPU are found, else
+#                                        vulkan when apt-get can install as root, else cpu
 #   GGRAD_CACHE=~/.cache/ggrad      built wheels and the header work-around live here
+#   GGRAD_CUDA_ARCH=90              cuda: the compute capability to build for (default:
+#                                   the first GPU's, from nvidia-smi)
+#   GGML_NO_BUILD_ISOLATION=1       cuda: build with pip's --no-build-isolation (see
+#                                   scripts/build_cuda.sh)
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -20,11 +26,20 @@ log() { echo "[bootstrap] $*" >&2; }
 
 can_apt() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 
+# nvcc's path (PATH, else CUDA's default prefix), or nothing
+find_nvcc() {
+  local p; for p in "$(command -v nvcc || true)" /usr/local/cuda/bin/nvcc; do
+    [ -n "$p" ] && [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; return; }
+  done; return 0
+}
+has_nvidia_gpu() { nvidia-smi -L 2>/dev/null | grep -q '^GPU'; }
+
 if [ "$BACKEND" = auto ]; then
   for stamp in "$VENV"/.ggrad-*; do [ -e "$stamp" ] && BACKEND="${stamp##*/.ggrad-}" && BACKEND="${BACKEND%%-*}"; done
 fi
 if [ "$BACKEND" = auto ]; then
-  if can_apt; then BACKEND=vulkan; else BACKEND=cpu; fi
+  if [ -n "$(find_nvcc)" ] && has_nvidia_gpu; then BACKEND=cuda
+  elif can_apt; then BACKEND=vulkan; else BACKEND=cpu; fi
 fi
 
 apt_install() {
@@ -116,9 +131,54 @@ build_wheel() {
   echo "$out"
 }
 
+# The CUDA wheel: ggml-cuda patched so that float32 products follow
+# ggrad.set_float32_matmul_precision (scripts/patch_ggml_cuda.py), CUDA graphs on, built
+# for one GPU architecture (scripts/build_cuda.sh). Bump CUDA_SUFFIX when the patch
+# changes, so that a wheel cached before is not reused.
+CUDA_SUFFIX="prec"
+
+no_nvcc() {
+  log "GGRAD_BACKEND=cuda builds ggml with nvcc, which is neither in PATH nor in /usr/local/cuda/bin."
+  log "Install NVIDIA's CUDA toolkit (nvcc and cuBLAS: the cuda-toolkit package from"
+  log "https://developer.nvidia.com/cuda-downloads, or Debian's nvidia-cuda-toolkit) and the"
+  log "NVIDIA driver, or use GGRAD_BACKEND=vulkan or cpu. Nothing was changed."
+  exit 1
+}
+
+build_cuda_wheel() {
+  local flavor="$1" arch="$2" nvcc="$3"
+  local out="$CACHE/wheels/$flavor"
+  if ls "$out"/ggml_python-$GGML_PYTHON_VERSION-*.whl >/dev/null 2>&1; then
+    echo "$out"; return
+  fi
+  [ -n "$nvcc" ] || no_nvcc
+  log "building ggml-python $GGML_PYTHON_VERSION ($flavor) with $nvcc: several minutes"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp/sdist"
+  "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$out.tmp/sdist" \
+    "ggml-python==$GGML_PYTHON_VERSION" >&2
+  PYTHON="$VENV/bin/python" PATH="$(dirname "$nvcc"):$PATH" bash "$ROOT/scripts/build_cuda.sh" \
+    "$out.tmp/sdist/ggml_python-$GGML_PYTHON_VERSION.tar.gz" "$out.tmp" "$arch" >&2
+  rm -rf "$out.tmp/sdist" "$out"; mv "$out.tmp" "$out"
+  echo "$out"
+}
+
+if [ "$BACKEND" = cuda ]; then
+  # before anything else: without nvcc and no wheel cached, fail having changed nothing
+  nvcc="$(find_nvcc)"
+  arch="${GGRAD_CUDA_ARCH:-}"
+  if [ -z "$arch" ]; then
+    if [ -n "$nvcc" ] || has_nvidia_gpu; then arch="$(bash "$ROOT/scripts/build_cuda.sh" --detect-arch)"; else arch=90; fi
+  fi
+  flavor="cuda-sm$arch-$CUDA_SUFFIX"
+  if [ -z "$nvcc" ] && ! ls "$CACHE/wheels/$flavor"/ggml_python-*.whl >/dev/null 2>&1; then no_nvcc; fi
+fi
+
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PYTHON" -m venv "$VENV"; }
 
 case "$BACKEND" in
+  cuda)
+    wheels="$(build_cuda_wheel "$flavor" "$arch" "$nvcc")"
+    ;;
   vulkan)
     apt_install glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools
     inc="$(vulkan_include_dir)"
@@ -130,14 +190,21 @@ case "$BACKEND" in
     flavor="cpu-native-$FLAVOR_SUFFIX"
     wheels="$(build_wheel "$flavor" "$CPU_ARGS")"
     ;;
-  *) log "unknown GGRAD_BACKEND=$BACKEND (auto, vulkan or cpu)"; exit 2 ;;
+  *) log "unknown GGRAD_BACKEND=$BACKEND (auto, cuda, vulkan or cpu)"; exit 2 ;;
 esac
 
 stamp="$VENV/.ggrad-$flavor"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   log "installing ggml-python ($BACKEND) and ggrad[$EXTRAS] into $VENV"
+  rm -f "$VENV"/.ggrad-*
   "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheels"/ggml_python-*.whl
   "$VENV/bin/pip" install -q --find-links "$wheels" -e "$ROOT[$EXTRAS]"
-  rm -f "$VENV"/.ggrad-*; touch "$stamp"
+  if [ "$BACKEND" = cuda ] && ! "$VENV/bin/python" -c "import ggml" >/dev/null; then
+    log "ggml's CUDA build does not load (above); its libraries need the CUDA toolkit's runtime"
+    log "libraries (libcudart, libcublas) where the loader finds them: an ldconfig entry, or"
+    log "LD_LIBRARY_PATH (for a toolkit in /usr/local/cuda: /usr/local/cuda/lib64)"
+    exit 1
+  fi
+  touch "$stamp"
 fi
 log "ready: backend $BACKEND"

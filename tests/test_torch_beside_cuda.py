@@ -2,7 +2,7 @@
 
 With ggml-python's CUDA build, `import ggrad; import torch` aborted the process
 (`free(): invalid pointer`, exit 134) before any device was used: ggml's libraries carried
-and exported their own copy of libstdc++ (bench/gpu/build_cuda.sh now builds them with a
+and exported their own copy of libstdc++ (scripts/build_cuda.sh now builds them with a
 version script). One child process runs just that import order; another runs it around one
 Adam step on CUDA, torch's own CUDA work, then ggrad again.
 Skipped where this ggml build has no CUDA device (CI) or torch is missing or has no CUDA;

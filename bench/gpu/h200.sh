@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What ran on the H200 host for docs/performance.md (device tool; no registry there).
 #   bash bench/gpu/h200.sh vulkan   # tests + benchmarks on ggml's Vulkan backend
-#   bash bench/gpu/h200.sh cuda     # build the CUDA wheel there, tests + benchmarks
+#   bash bench/gpu/h200.sh cuda     # build the CUDA wheel (scripts/build_cuda.sh), tests + benchmarks
 #   (a second argument `tests-only` stops after the tests, `bench-only` skips them)
 # Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
 # .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
@@ -19,9 +19,11 @@ case "$mode" in
     ;;
   cuda)
     t0=$(date +%s)
-    ls /tmp/cudawheel/ggml_python-*.whl >/dev/null 2>&1 || bash bench/gpu/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz /tmp/cudawheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    # no registry here: pip builds with the host's scikit-build-core and cmake
+    wheel=/tmp/cudawheel-prec   # patched (scripts/patch_ggml_cuda.py); a warm host may hold an older /tmp/cudawheel
+    ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda /tmp/cudawheel/ggml_python-*.whl
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     ;;
 esac
 export PYTHONPATH=/tmp/ggml-$mode:/tmp/site:src

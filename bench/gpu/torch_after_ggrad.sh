@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 11 on the GPU host: `import ggrad; import torch` aborts with ggml-python's CUDA build.
-# Found 2026-12-03: the libraries exported a static copy of libstdc++ (fixed in build_cuda.sh
+# Found 2026-12-03: the libraries exported a static copy of libstdc++ (fixed in scripts/build_cuda.sh
 # by a version script; this probe builds without it, then relinks with it).
 # Builds the CUDA wheel, bisects the import in subprocesses (torch_after_ggml.py), records
 # which libraries bind where (LD_DEBUG) and a native backtrace (cuda-gdb), tries a relinked
 # variant that exports only ggml's API, and runs the test suite with the candidate fix.
 #   bash bench/gpu/torch_after_ggrad.sh ROOT
 # ROOT (a stable copy of the repo, e.g. .cuda-probe/) holds src/, src-fixed/ (ggrad with the
-# candidate fix), tests/, probe/step.py, bench/gpu/ and sdist/ggml_python-0.0.45.tar.gz.
+# candidate fix), tests/, probe/step.py, bench/gpu/, scripts/ and sdist/ggml_python-0.0.45.tar.gz.
 set -uo pipefail
 ROOT="$(cd "${1:-.cuda-probe}" && pwd)"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -20,8 +20,9 @@ python3 -c "import torch, numpy, ml_dtypes; print('torch', torch.__version__, 'c
 ldconfig -p | grep -E "libcudart.so|libcublas.so|libcublasLt.so|libgomp.so|libstdc\+\+.so" | sed 's/^\s*/  /'
 
 el "build as before the fix (GGML_EXPORT_ALL=1; build tree kept in /tmp/gbuild)"
-rm -rf /tmp/gpsrc && mkdir -p /tmp/gpsrc && tar xzf sdist/ggml_python-0.0.45.tar.gz -C /tmp/gpsrc --strip-components=1
-GGML_EXPORT_ALL=1 GGML_BUILD_DIR=/tmp/gbuild SHIM_DIR=/tmp/gshim bash bench/gpu/build_cuda.sh /tmp/gpsrc /tmp/cudawheel > "$OUT/build.log" 2>&1 \
+rm -rf /tmp/gpsrc
+GGML_NO_BUILD_ISOLATION=1 GGML_EXPORT_ALL=1 GGML_BUILD_DIR=/tmp/gbuild GGML_SRC_DIR=/tmp/gpsrc SHIM_DIR=/tmp/gshim \
+  bash scripts/build_cuda.sh sdist/ggml_python-0.0.45.tar.gz /tmp/cudawheel > "$OUT/build.log" 2>&1 \
   || { tail -40 "$OUT/build.log"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/ggml-cuda /tmp/cudawheel/ggml_python-*.whl
 L=/tmp/ggml-cuda/ggml/lib
