@@ -258,30 +258,31 @@ def test_fit_raises_at_a_nonfinite_loss_naming_the_step(dev):
                   epochs=3, verbose=0)
 
 
-def test_fit_skip_leaves_the_weights_as_training_without_that_batch(dev, fit_steps):
+@pytest.mark.parametrize("fused", [False, True])  # True: ggml's AdamW kernel, which writes in place
+def test_fit_skip_leaves_the_weights_as_training_without_that_batch(dev, fit_steps, fused):
     x, y = _data()
     model = _model()
-    history = ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), lr=1e-2),
+    history = ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), lr=1e-2, fused=fused),
                         ggrad.DataLoader(x, y, batch_size=16), epochs=3, verbose=0, metrics=("loss", "accuracy"),
                         on_nonfinite="skip")
     assert history["skipped"] == [1, 1, 1] and all(math.isfinite(v) for v in history["loss"])
     assert fit_steps[0].captured and fit_steps[0].reason is None  # the select is part of the replayed step
     keep = np.r_[0:16, 32:64]
     reference = _model()
-    expected = ggrad.fit(reference, F.cross_entropy, Adam(reference.parameters(), lr=1e-2),
+    expected = ggrad.fit(reference, F.cross_entropy, Adam(reference.parameters(), lr=1e-2, fused=fused),
                          ggrad.DataLoader(x[keep], y[keep], batch_size=16), epochs=3, verbose=0,
                          metrics=("loss", "accuracy"))
     for a, b in zip(model.parameters(), reference.parameters()):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
+        if fused:  # a guarded step computes the kernel's formula from elementwise ops: float32 rounding apart
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
     np.testing.assert_allclose(history["loss"], expected["loss"], rtol=1e-6)
     assert history["accuracy"] == expected["accuracy"]
 
 
-def test_fit_skip_refuses_what_it_cannot_undo_and_bad_modes():
+def test_fit_refuses_bad_nonfinite_modes():
     x, y = _data()
     model = _model()
-    with pytest.raises(ValueError, match="fused"):
-        ggrad.fit(model, F.cross_entropy, Adam(model.parameters(), fused=True), (x, y), epochs=1,
-                  on_nonfinite="skip")
     with pytest.raises(ValueError, match="on_nonfinite"):
         ggrad.fit(model, F.cross_entropy, Adam(model.parameters()), (x, y), epochs=1, on_nonfinite="ignore")

@@ -91,10 +91,9 @@ def _device_scalar(value: float) -> Tensor:
 class GradScaler:
     """torch.amp.GradScaler: ``scaler.scale(loss).backward(); scaler.step(opt);
     scaler.update()``. `device` is accepted for torch's signature; the scale lives on the
-    current device. Differences: a skipped step is undone on the device rather than not
+    current device. Difference: a skipped step is undone on the device rather than not
     run (the optimizer's host step count still advances; its bias corrections, on the
-    device, do not), and ggml's fused Adam (fused=True) is refused because its in-place
-    kernel cannot be undone."""
+    device, do not)."""
 
     def __init__(self, device: str | None = None, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True) -> None:
@@ -165,11 +164,11 @@ class GradScaler:
         state = self._per_optimizer.setdefault(id(optimizer), {})
         if state.get("stepped"):
             raise RuntimeError("step() has already been called since the last update().")
-        guard.refuse_fused(optimizer, "GradScaler")
         if "ok" not in state:
             self.unscale_(optimizer)
         before = guard.snapshot(optimizer)
-        optimizer.step()
+        with guard.out_of_place(optimizer):
+            optimizer.step()
         with no_grad():
             guard.keep_unless(state["ok"], before, optimizer)
         state["stepped"] = True

@@ -285,14 +285,11 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
         zeros; the optimizer's own step count still counts it), and its rows leave the
         epoch's mean loss and accuracy. `history["skipped"]` counts the skipped steps of
         each epoch (one extra 8-byte read per epoch); an epoch with every step skipped
-        raises. ggml's fused Adam kernel (`fused=True`) writes in place and cannot be
-        undone: refused.
+        raises. Guarding a step costs a copy of the parameters and optimizer state.
     """
     metrics = tuple(metrics)
     if on_nonfinite not in ("raise", "skip"):
         raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-    if on_nonfinite == "skip":
-        guard.refuse_fused(optimizer, "on_nonfinite='skip'")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if scheduler_interval not in ("epoch", "step"):
@@ -344,10 +341,13 @@ def _train_step(model, loss_fn, optimizer, totals: _Totals, skip: bool = False):
         if skip:
             with no_grad():
                 ok, before = guard.finite_flag(optimizer, loss), guard.snapshot(optimizer)
-        optimizer.step()
         if skip:
+            with guard.out_of_place(optimizer):
+                optimizer.step()
             with no_grad():
                 guard.keep_unless(ok, before, optimizer)
+        else:
+            optimizer.step()
         optimizer.zero_grad()
         totals.add(out, y, loss, ok)
     return compile(train_step)

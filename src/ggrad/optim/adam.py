@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import capture
 from .. import functional as F
+from ..runtime import backend
 from ..tensor import Tensor, inplace
 from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like
 
@@ -45,24 +46,48 @@ def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
     return out
 
 
+def kernel_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, hyper: Tensor, beta1: float) -> dict[str, Tensor]:
+    """What ggml's AdamW kernel computes from `hyper` (9 elements: the exact form of
+    scripts/patch_ggml_adamw.py; 7: ggml's own), from elementwise ops: a step that must
+    not write in place (optim/guard.py) gets the kernel's numbers over the same state."""
+    h = [hyper[i:i + 1] for i in range(hyper.shape[0])]
+    lr, b1, b2, eps, wd = h[:5]
+    p = p * (1.0 - lr * wd)
+    if len(h) == 9:
+        step_size, c2_sqrt, w1, w2 = h[5:]
+        m = m + w1 * (g - m) if 1.0 - beta1 < 0.5 else g - (g - m) * (1.0 - w1)  # torch's lerp
+        v = v * b2 + w2 * g * g
+        return {"m": m, "v": v, "p": p - step_size * (m / (F.sqrt(v) / c2_sqrt + eps))}
+    c1_inv, c2_inv = h[5:]
+    m = m * b1 + g * (1.0 - b1)
+    v = v * b2 + g * g * (1.0 - b2)
+    return {"m": m, "v": v, "p": p - lr * (m * c1_inv) / (F.sqrt(v * c2_inv) + eps)}
+
+
 def _count_step(shared: dict) -> None:
     shared["step"] += 1
 
 
 class Adam(Optimizer):
-    """Adam. The default composes the update from elementwise ops, as exact as float32
-    allows (PyTorch's formula to ~1e-7 per step). `fused=True` runs ggml's AdamW kernel
-    instead: one pass over p, g, m, v per parameter, the fast choice for large models;
-    that kernel forms 1 - beta2 from a float32 beta2, so v's increment is off by up to
-    ~1.3e-5 relative for beta2 = 0.999 (about 6e-6 relative in each update)."""
+    """Adam. One ggml AdamW kernel per parameter: a single pass over p, g, m, v.
+
+    `fused` picks how (PyTorch's argument, default None):
+    - None: the kernel where ggml's is exact (built by ggrad's bootstrap with
+      scripts/patch_ggml_adamw.py: PyTorch's formula to float32 rounding), else the update
+      composed from elementwise ops (as exact, ~20 nodes per parameter).
+    - True: the kernel always; an unpatched ggml's forms 1 - beta2 from a float32 beta2,
+      so v's increment is off by up to ~1.3e-5 relative for beta2 = 0.999.
+    - False: the composed update.
+    amsgrad (which ggml's kernel lacks) is always composed."""
 
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
-                 fused: bool = False, accumulate_steps: int = 1, average: bool = True) -> None:
+                 fused: bool | None = None, accumulate_steps: int = 1, average: bool = True) -> None:
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                      amsgrad=bool(amsgrad), fused=bool(fused)), accumulate_steps, average)
+                                      amsgrad=bool(amsgrad), fused=None if fused is None else bool(fused)),
+                         accumulate_steps, average)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
@@ -72,36 +97,63 @@ class Adam(Optimizer):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
 
+    @staticmethod
+    def _kernel(group: dict) -> bool:
+        """Whether the group is updated by ggml's AdamW kernel (see the class docstring)."""
+        if group["amsgrad"] or group["fused"] is False:
+            return False
+        return group["fused"] or backend.adamw_exact()
+
     def _update_group(self, index, group, items, lr) -> None:
-        """ggml's fused AdamW kernel, one per parameter, in place. The bias corrections are
-        shared by the group and advance on the device; amsgrad (which ggml's kernel lacks)
-        and a parameter that skipped steps (its own t) take the composed update."""
-        if group["amsgrad"] or not group["fused"]:
+        """ggml's AdamW kernel, one per parameter, in place. The bias corrections are
+        shared by the group and advance on the device; a parameter that skipped steps
+        uses host constants for its own t."""
+        if not self._kernel(group):
             return super()._update_group(index, group, items, lr)
         shared = self.group_state[index]
         beta1, beta2 = group["betas"]
-        decay = group["weight_decay"] if self.decoupled else 0.0
-        constants = (beta1, beta2, group["eps"], decay)
-        if shared.get("constants_of") != constants:
-            shared["constants"] = Tensor(np.array(constants, dtype=np.float32))
-            shared["betas"] = Tensor(np.array([beta1, beta2], dtype=np.float32))
-            shared["inflow"] = Tensor(np.array([1 - beta1, 1 - beta2], dtype=np.float32))
-            shared["constants_of"] = constants
-        if "corrections" not in shared:
-            shared["corrections"], shared["step"] = Tensor(np.zeros(2, dtype=np.float32)), 0
+        self._init_group(index, group)  # no-op unless the hyperparameters or the state were replaced
+        constants = shared["constants_of"]
         shared["step"] += 1
         capture.on_replay(advance=functools.partial(_count_step, shared))
         # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
         shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"])
-        hyper = F.concat([lr, shared["constants"], shared["corrections"] ** -1])
+        exact = backend.adamw_exact()
+        corrections = shared["corrections"]
+        if exact:  # lr, beta1, beta2, eps, wd, lr / c1, sqrt(c2), 1 - beta1, 1 - beta2
+            hyper = F.concat([lr, shared["constants"], lr / corrections[:1], F.sqrt(corrections[1:]),
+                              shared["inflow"]])
+        else:  # lr, beta1, beta2, eps, wd, 1 / c1, 1 / c2
+            hyper = F.concat([lr, shared["constants"], corrections ** -1])
         for p, g, state in items:
             if state["step"] != shared["step"]:
                 capture.refuse("a parameter skipped steps: its Adam step uses host constants")
                 t = state["step"]
-                own = np.array([group["lr"], *constants, 1 / (1 - beta1 ** t), 1 / (1 - beta2 ** t)])
-                self._fused(p, g, state, group, Tensor(own))
+                c1, c2 = 1 - beta1 ** t, 1 - beta2 ** t
+                own = [group["lr"], *constants] + ([group["lr"] / c1, c2 ** 0.5, 1 - beta1, 1 - beta2] if exact
+                                                   else [1 / c1, 1 / c2])
+                self._fused(p, g, state, group, Tensor(np.array(own, dtype=np.float32)))
             else:
                 self._fused(p, g, state, group, hyper)
+
+    def _init_group(self, index: int, group: dict) -> list[Tensor]:
+        """The kernel's per-group tensors: its constants and the shared bias corrections,
+        made when the group is added (not inside a step, where a guarded step that failed
+        would zero what it made: optim/guard.py)."""
+        if not self._kernel(group):
+            return []
+        shared, made = self.group_state[index], []
+        beta1, beta2 = group["betas"]
+        constants = (beta1, beta2, group["eps"], group["weight_decay"] if self.decoupled else 0.0)
+        if shared.get("constants_of") != constants:
+            made += [Tensor(np.array(constants, dtype=np.float32)), Tensor(np.array([beta1, beta2], dtype=np.float32)),
+                     Tensor(np.array([1 - beta1, 1 - beta2], dtype=np.float32))]
+            shared["constants"], shared["betas"], shared["inflow"] = made
+            shared["constants_of"] = constants
+        if "corrections" not in shared:
+            shared["corrections"], shared["step"] = device_zeros_like(shared["betas"]), 0
+            made.append(shared["corrections"])
+        return made
 
     def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
         """Zero moments (and bias corrections) on the device, in the persistent pool."""
@@ -109,7 +161,7 @@ class Adam(Optimizer):
         made = {}
         if "m" not in state:
             made["m"], made["v"] = device_zeros_like(p), device_zeros_like(p)
-        composed = group["amsgrad"] or not group["fused"]  # the fused kernel shares them per group
+        composed = not self._kernel(group)  # the kernel shares them per group
         if composed and "correction1" not in state:
             made["correction1"], made["correction2"] = device_scalar(0.0), device_scalar(0.0)
         if group["amsgrad"] and "v_max" not in state:
@@ -121,7 +173,13 @@ class Adam(Optimizer):
         self._init_state(p, group)  # no-op unless the state was replaced
         if group["weight_decay"] and not self.decoupled:
             g = g + F.affine(p, group["weight_decay"])
-        inplace("adamw", (p, g, state["m"], state["v"], hyper), (p, state["m"], state["v"]))
+        if self.in_place:
+            inplace("adamw", (p, g, state["m"], state["v"], hyper), (p, state["m"], state["v"]))
+            return
+        new = kernel_update(p, g, state["m"], state["v"], hyper, group["betas"][0])
+        state["m"]._assign(new["m"])
+        state["v"]._assign(new["v"])
+        p._assign(new["p"])
 
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)  # no-op unless the state was replaced or fused switched off
@@ -141,5 +199,5 @@ class AdamW(Adam):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False,
-                 fused: bool = False, accumulate_steps: int = 1, average: bool = True) -> None:
+                 fused: bool | None = None, accumulate_steps: int = 1, average: bool = True) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, fused, accumulate_steps, average)

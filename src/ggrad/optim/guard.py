@@ -1,8 +1,12 @@
 """A step kept or undone on the device: the update is recorded whole, then every tensor it
 changed gets its old value back unless a device flag says the step was good. Nothing is
-read on the host (fit's on_nonfinite="skip", amp.GradScaler)."""
+read on the host (fit's on_nonfinite="skip", amp.GradScaler). A guarded step writes
+nothing in place: an optimizer whose kernel would (ggml's AdamW) records the kernel's
+formula from elementwise ops instead, over the same state."""
 
 from __future__ import annotations
+
+import contextlib
 
 from .. import functional as F
 from ..functional.elementwise import choose
@@ -24,12 +28,6 @@ def finite_flag(optimizer, *extra: Tensor) -> Tensor:
     return F.isfinite(total if total is not None else zeros(()))
 
 
-def refuse_fused(optimizer, who: str) -> None:
-    if any(g.get("fused") and not g.get("amsgrad") for g in optimizer.param_groups):
-        raise ValueError(f"{who} cannot undo ggml's fused Adam step (fused=True writes the "
-                         "weights in place); use fused=False")
-
-
 def snapshot(optimizer) -> dict[int, tuple[Tensor, Tensor]]:
     """What a step may change, by id: each parameter and optimizer state tensor, with a
     handle on its value now."""
@@ -48,3 +46,13 @@ def keep_unless(ok: Tensor, before: dict, optimizer) -> None:
             t._assign(choose(ok, t, zeros_like(t)))
         elif t.node is not old[1].node:
             t._assign(choose(ok, t, old[1]))
+
+
+@contextlib.contextmanager
+def out_of_place(optimizer):
+    """Inside: the optimizer's steps write nothing in place (so `keep_unless` can undo them)."""
+    previous, optimizer.in_place = optimizer.in_place, False
+    try:
+        yield
+    finally:
+        optimizer.in_place = previous

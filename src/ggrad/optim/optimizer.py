@@ -56,6 +56,7 @@ class Optimizer:
         self.state: dict[Tensor, dict[str, Any]] = {}
         self.group_state: list[dict[str, Any]] = []  # state shared by a group's parameters
         self._micro_steps = 0
+        self.in_place = True  # False while a guarded step runs (guard.out_of_place)
         self._lr_tensors: list[tuple[Tensor, float]] = []
         for group in self._groups(params):
             self.add_param_group(group)
@@ -104,11 +105,17 @@ class Optimizer:
         self.param_groups.append(full)
         self.group_state.append({})
         self._lr_tensors.append((lr, float(full["lr"])))
-        made = [t for p in kept for t in self._init_state(p, full)]
+        made = self._init_group(len(self.param_groups) - 1, full)
+        made += [t for p in kept for t in self._init_state(p, full)]
         if made:
             realize(*made)
         capture.invalidate()  # a kept step graph does not update the new group
         capture.track(self)
+
+    def _init_group(self, index: int, group: dict) -> list[Tensor]:
+        """State shared by group `index` that an optimizer makes when the group is added;
+        returns the tensors made. The base class makes none."""
+        return []
 
     def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
         """State an optimizer makes for `p` when it is added (PyTorch makes it at the first

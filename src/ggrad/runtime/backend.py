@@ -126,12 +126,26 @@ def _set_vulkan_float16(name: str) -> None:
 def cuda_honours_precision() -> bool:
     """Whether the loaded ggml-cuda runs GGML_PREC_F32 products in float32 (a build by
     `make cuda`; scripts/patch_ggml_cuda.py)."""
+    return hasattr(_ggml_library("libggml-cuda.so"), "ggml_backend_cuda_ggrad_f32_precision")
+
+
+def _ggml_library(name: str):
     import ggml
-    path = os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cuda.so")
     try:
-        return hasattr(ctypes.CDLL(path), "ggml_backend_cuda_ggrad_f32_precision")
+        return ctypes.CDLL(os.path.join(os.path.dirname(ggml.__file__), "lib", name))
     except OSError:
-        return False
+        return None
+
+
+def adamw_exact() -> bool:
+    """Whether ggml's AdamW kernel takes the 9-element form that computes PyTorch's exact
+    update (scripts/patch_ggml_adamw.py, applied by ggrad's bootstrap)."""
+    if _adamw_exact[0] is None:
+        _adamw_exact[0] = hasattr(_ggml_library("libggml-base.so"), "ggml_ggrad_adamw_exact")
+    return _adamw_exact[0]
+
+
+_adamw_exact: list[bool | None] = [None]
 
 
 def _check_cuda_precision() -> None:
