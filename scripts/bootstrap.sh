@@ -116,6 +116,11 @@ private_lavapipe() {
 CPU_ARGS="-DGGML_LLAMAFILE=ON;-DCMAKE_C_FLAGS=-fno-math-errno;-DCMAKE_CXX_FLAGS=-fno-math-errno"
 FLAVOR_SUFFIX="llamafile-noerrno"
 
+# Every wheel is built from ggml-python's sdist patched by scripts/patch_ggml_adamw.py
+# (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam); the suffix
+# names the patches, so a wheel cached before them is not reused.
+PATCH_SUFFIX="adamw"
+
 build_wheel() {
   local flavor="$1" args="$2"
   local out="$CACHE/wheels/$flavor"
@@ -123,11 +128,14 @@ build_wheel() {
     echo "$out"; return
   fi
   log "building ggml-python $GGML_PYTHON_VERSION ($flavor): a few minutes"
-  mkdir -p "$out.tmp"
-  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/pip" wheel -q --no-deps --no-binary ggml-python \
-    --no-cache-dir -w "$out.tmp" "ggml-python==$GGML_PYTHON_VERSION" \
-    --config-settings=cmake.args="$args" >&2
-  rm -rf "$out"; mv "$out.tmp" "$out"
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp/sdist" "$out.tmp/src"
+  "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$out.tmp/sdist" \
+    "ggml-python==$GGML_PYTHON_VERSION" >&2
+  tar xzf "$out.tmp/sdist/ggml_python-$GGML_PYTHON_VERSION.tar.gz" -C "$out.tmp/src" --strip-components=1
+  "$VENV/bin/python" "$ROOT/scripts/patch_ggml_adamw.py" "$out.tmp/src"
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/pip" wheel -q --no-deps --no-cache-dir -w "$out.tmp" \
+    "$out.tmp/src" --config-settings=cmake.args="$args" >&2
+  rm -rf "$out.tmp/sdist" "$out.tmp/src" "$out"; mv "$out.tmp" "$out"
   echo "$out"
 }
 
@@ -135,7 +143,7 @@ build_wheel() {
 # ggrad.set_float32_matmul_precision (scripts/patch_ggml_cuda.py), CUDA graphs on, built
 # for one GPU architecture (scripts/build_cuda.sh). Bump CUDA_SUFFIX when the patch
 # changes, so that a wheel cached before is not reused.
-CUDA_SUFFIX="prec"
+CUDA_SUFFIX="prec-$PATCH_SUFFIX"
 
 no_nvcc() {
   log "GGRAD_BACKEND=cuda builds ggml with nvcc, which is neither in PATH nor in /usr/local/cuda/bin."
@@ -183,11 +191,11 @@ case "$BACKEND" in
     apt_install glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools
     inc="$(vulkan_include_dir)"
     private_lavapipe
-    flavor="vulkan-native-$FLAVOR_SUFFIX"
+    flavor="vulkan-native-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
     wheels="$(build_wheel "$flavor" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc;$CPU_ARGS")"
     ;;
   cpu)
-    flavor="cpu-native-$FLAVOR_SUFFIX"
+    flavor="cpu-native-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
     wheels="$(build_wheel "$flavor" "$CPU_ARGS")"
     ;;
   *) log "unknown GGRAD_BACKEND=$BACKEND (auto, cuda, vulkan or cpu)"; exit 2 ;;

@@ -4,7 +4,8 @@
 #   bash scripts/build_cuda.sh SDIST OUT_DIR [CUDA_ARCH]
 #   bash scripts/build_cuda.sh --detect-arch      # print the CUDA_ARCH it would use
 # SDIST: the .tar.gz, or an unpacked source folder (left untouched: it is copied). It is
-# unpacked into a temporary folder and patched there by patch_ggml_cuda.py (float32
+# unpacked into a temporary folder and patched there by patch_ggml_adamw.py (the exact
+# AdamW kernel) and patch_ggml_cuda.py (float32
 # products honour the node's precision, issue 13) before building.
 # CUDA_ARCH: one compute capability (90, 89, 120, 90a...); by default the first GPU's, from
 # nvidia-smi, else 90 with a warning. nvcc: from PATH, else /usr/local/cuda/bin.
@@ -72,6 +73,7 @@ if [ -z "$(ls -A "$SRC")" ]; then
   else tar xzf "$SDIST" -C "$SRC" --strip-components=1; fi
 fi
 "$PYTHON" "$HERE/patch_ggml_cuda.py" "$SRC"
+"$PYTHON" "$HERE/patch_ggml_adamw.py" "$SRC"
 
 if [ -n "${SHIM_DIR:-}" ]; then SHIM="$SHIM_DIR"; mkdir -p "$SHIM"; else temp; SHIM="$TMP"; fi
 cat >"$SHIM/allreduce_shim.c" <<'C'
@@ -110,4 +112,7 @@ done
 # the precision patch is in (ggrad looks for this symbol)
 if ! grep -q ggml_backend_cuda_ggrad_f32_precision <<<"$(nm -D --defined-only "$CHECK"/ggml/lib/libggml-cuda.so)"; then
   warn "libggml-cuda.so lacks ggml_backend_cuda_ggrad_f32_precision: patch_ggml_cuda.py did not take"; exit 1
+fi
+if ! grep -q ggml_ggrad_adamw_exact <<<"$(nm -D --defined-only "$CHECK"/ggml/lib/libggml-base.so)"; then
+  warn "libggml-base.so lacks ggml_ggrad_adamw_exact: patch_ggml_adamw.py did not take"; exit 1
 fi

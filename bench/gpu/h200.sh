@@ -31,11 +31,24 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
 # scikit-learn is not on the GPU host: its tests and the digits run stay on the CPU machines
 skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_sklearn.py --ignore=tests/test_train.py")
+# TESTS: the test files to run (default: all); each step is time-boxed so that a device
+# call's 10 minutes always bring back the build, the tests and the benchmarks that ran
 if [ "${1:-}" != bench-only ]; then
-  python3 -m pytest -q -p no:cacheprovider $skip tests -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
+  timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider $skip ${TESTS:-tests} \
+    -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
 fi
 [ "${1:-}" = tests-only ] && exit 0
-python3 bench/step_transfers.py 2>&1 | tee "$OUT/transfers-$mode.txt"
-python3 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large --eager \
-  $( [ "$mode" = cuda ] && echo --cuda-graph ) 2>&1 | grep -v "graph warmup" | tee "$OUT/train-$mode.txt"
-python3 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e7 1e8 2>&1 | tee "$OUT/adam-$mode.txt"
+bench() { local name="$1" seconds="$2"; shift 2
+  timeout "$seconds" python3 "$@" 2>&1 | grep -v "graph warmup" | tee "$OUT/$name-$mode.txt"; }
+graph=$( [ "$mode" = cuda ] && echo --cuda-graph )
+# issue 13's rows: ggrad "high" (TF32 allowed) against PyTorch with TF32, bf16 autocast on
+# both sides, the transformer block, Adam's bandwidth
+bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high \
+  --models mlp-small mlp-mnist mlp-large $graph
+bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
+  --models block $graph
+bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
+  --models mlp-mnist mlp-large $graph
+bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
+bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
+  --eager $graph
