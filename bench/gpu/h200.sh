@@ -34,21 +34,22 @@ skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_skle
 # TESTS: the test files to run (default: all); each step is time-boxed so that a device
 # call's 10 minutes always bring back the build, the tests and the benchmarks that ran
 if [ "${1:-}" != bench-only ]; then
-  timeout "${TEST_SECONDS:-300}" python3 -m pytest -q -p no:cacheprovider $skip ${TESTS:-tests} \
+  timeout "${TEST_SECONDS:-300}" python3 -m pytest -v -p no:cacheprovider $skip ${TESTS:-tests} \
     -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
 fi
 [ "${1:-}" = tests-only ] && exit 0
 bench() { local name="$1" seconds="$2"; shift 2
   timeout "$seconds" python3 "$@" 2>&1 | grep -v "graph warmup" | tee "$OUT/$name-$mode.txt"; }
+blocks="--blocks ${BLOCKS:-15}"  # timed blocks of train_step.py (fewer: a shorter run)
 graph=$( [ "$mode" = cuda ] && echo --cuda-graph )
 # issue 13's rows: ggrad "high" (TF32 allowed) against PyTorch with TF32, bf16 autocast on
 # both sides, the transformer block, Adam's bandwidth
 bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high \
-  --models mlp-small mlp-mnist mlp-large $graph
+  --models mlp-small mlp-mnist mlp-large $graph $blocks
 bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
-  --models block $graph
+  --models block $graph $blocks
 bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
-  --models mlp-mnist mlp-large $graph
+  --models mlp-mnist mlp-large $graph $blocks
 bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
 bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
-  --eager $graph
+  --eager $graph $blocks
