@@ -210,8 +210,10 @@ def test_autocast_mlp_training_tracks_float32(dev, low):
     reference, _ = _loss_curve(make, batches, None, 60, 1e-2)
     curve, scaler = _loss_curve(make, batches, LOW[low][0], 60, 1e-2)
     assert reference[-1] < 0.3 * reference[0]
-    # within 3% of the float32 loss at every step (measured: under 1% on cpu and lavapipe)
-    assert np.abs(curve - reference).max() <= 0.03 * reference.max(), np.abs(curve - reference).max()
+    # within 1% of the largest float32 loss at every step (measured on cpu and lavapipe:
+    # 0.07% bf16, 0.01% f16); not equal, so the low-precision products did run
+    deviation = np.abs(curve - reference).max()
+    assert 0 < deviation <= 0.01 * reference.max(), deviation
     assert scaler.skipped_steps == 0
 
 
@@ -235,7 +237,9 @@ def test_autocast_char_lm_training_tracks_float32(dev, low):
     reference, _ = _loss_curve(TinyLM, batches, None, 30, 3e-3)
     curve, _ = _loss_curve(TinyLM, batches, LOW[low][0], 30, 3e-3)
     assert reference[-1] < 0.8 * reference[0]
-    assert np.abs(curve - reference).max() <= 0.03 * reference.max(), np.abs(curve - reference).max()
+    # within 0.5% (measured on cpu and lavapipe: 0.01% bf16, under 0.005% f16), not equal
+    deviation = np.abs(curve - reference).max()
+    assert 0 < deviation <= 0.005 * reference.max(), deviation
 
 
 # ---- GradScaler ------------------------------------------------------------------------
