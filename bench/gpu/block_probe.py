@@ -9,31 +9,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
 from ggrad import nn  # noqa: E402
-
-
-def timed(fn, args, steps=20, blocks=5) -> float:
-    for _ in range(3):
-        fn(*args)
-    ggrad.realize()
-    times = []
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            fn(*args)
-        ggrad.realize()
-        times.append((time.perf_counter() - t0) / steps)
-    return statistics.median(times) * 1e3
+from step_probe import timed  # noqa: E402
 
 
 def main() -> None:
@@ -84,7 +70,8 @@ def main() -> None:
     print("| piece | ms |")
     print("| --- | --- |")
     for label, (f, inputs) in pieces.items():
-        print(f"| {label} | {timed(grad_step(f), inputs):.3f} |", flush=True)
+        step = grad_step(f)
+        print(f"| {label} | {timed(lambda i: step(*inputs), ggrad.realize, 20, 5):.3f} |", flush=True)
 
 
 if __name__ == "__main__":
