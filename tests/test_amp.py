@@ -360,3 +360,32 @@ def test_grad_scaler_arguments_and_misuse():
     off = GradScaler(enabled=False)
     loss = w.sum()
     assert off.scale(loss) is loss and off.state_dict() == {} and off.get_scale() == 1.0
+
+
+def test_grad_scaler_after_eps_changes_and_with_a_float16_loss(dev):
+    """State the step would make (new Adam constants after eps changed) is made before the
+    guarded step, so an inf step keeps it; a float16 loss is scaled in float32 (torch's
+    scale is float32: 2**16 in float16 is inf)."""
+    torch = pytest.importorskip("torch")
+    grads = [np.array([1.0, -2.0, 0.5], np.float32)] * 2 + [np.array([np.inf, 1, 1], np.float32),
+                                                             np.array([0.5, 0.25, -1.0], np.float32)]
+    w = ggrad.param(np.ones(3, np.float32))
+    opt, scaler = Adam([w], lr=0.1), GradScaler()
+    t_w = torch.ones(3, requires_grad=True)
+    t_opt, t_scaler = torch.optim.Adam([t_w], lr=0.1), torch.amp.GradScaler("cpu")
+    for i, g in enumerate(grads):
+        if i == 2:
+            opt.param_groups[0]["eps"] = t_opt.param_groups[0]["eps"] = 1e-6
+        with ggrad.grad_tape():
+            scaler.scale((w * ggrad.tensor(g)).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        t_scaler.scale((t_w * torch.tensor(g)).sum()).backward()
+        t_scaler.step(t_opt)
+        t_scaler.update()
+        t_opt.zero_grad()
+    np.testing.assert_allclose(w.numpy(), t_w.detach().numpy(), rtol=1e-6)
+    assert scaler.get_scale() == t_scaler.get_scale()
+    half = GradScaler().scale(ggrad.tensor(np.float16(3.0)))
+    assert half.dtype is ggrad.float32 and half.item() == 3.0 * 2 ** 16

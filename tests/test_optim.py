@@ -438,3 +438,35 @@ def test_default_adam_is_torchs_through_ggmls_kernel(dev, cls, kwargs):
         w.grad = torch.tensor(g)
         ref.step()
     np.testing.assert_allclose(p.numpy(), w.detach().numpy(), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("saved_kernel, loaded_kernel", [(True, False), (False, True)])
+def test_adam_state_moves_between_the_kernel_and_the_composed_update(monkeypatch, saved_kernel, loaded_kernel):
+    """A state saved by one Adam form (the exact kernel's shared bias corrections, or the
+    composed update's per-parameter ones) and loaded by the other continues torch's run:
+    the missing corrections are made for the steps already taken."""
+    torch = pytest.importorskip("torch")
+    if not backend.adamw_exact():  # an unpatched ggml asserts on the kernel's 9-element form
+        pytest.skip("this ggml build's AdamW kernel is not the exact one (scripts/patch_ggml_adamw.py)")
+    grads = np.random.default_rng(3).standard_normal((10, 4)).astype(np.float32)
+    p0 = np.random.default_rng(4).standard_normal(4).astype(np.float32)
+    w = torch.tensor(p0, requires_grad=True)
+    ref = torch.optim.Adam([w], lr=0.05)
+    for g in grads:
+        w.grad = torch.tensor(g)
+        ref.step()
+    monkeypatch.setattr(backend, "_adamw_exact", [saved_kernel])
+    p = ggrad.param(p0)
+    opt = Adam([p], lr=0.05)
+    for g in grads[:5]:
+        p.grad = g
+        opt.step()
+    saved, weights = opt.state_dict(), p.numpy().copy()
+    monkeypatch.setattr(backend, "_adamw_exact", [loaded_kernel])
+    q = ggrad.param(weights)
+    resumed = Adam([q], lr=0.05)
+    resumed.load_state_dict(saved)
+    for g in grads[5:]:
+        q.grad = g
+        resumed.step()
+    np.testing.assert_allclose(q.numpy(), w.detach().numpy(), rtol=1e-6, atol=1e-7)

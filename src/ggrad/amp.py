@@ -131,7 +131,7 @@ class GradScaler:
             return outputs
         self._ensure_state()
         if isinstance(outputs, Tensor):
-            return outputs * F.reshape(self._scale, ()).to(outputs.dtype)
+            return outputs * F.reshape(self._scale, ())  # float32: a float16 loss is promoted, as torch's
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(o) for o in outputs)
         raise TypeError(f"scale() takes a tensor or a list/tuple of tensors, got {type(outputs).__name__}")
@@ -152,7 +152,7 @@ class GradScaler:
             for group in optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        p.grad = p.grad * inverse.to(p.grad.dtype)
+                        p.grad = (p.grad * inverse).to(p.grad.dtype)  # in float32, rounded once
             state["ok"] = guard.finite_flag(optimizer)
 
     def step(self, optimizer) -> None:

@@ -171,11 +171,10 @@ def _product(ctx, src0, src1, arg):
     precision, low = arg
     if low is not None:
         src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
-        if DTYPES[low] == G.GGML_TYPE_BF16 and _backend_kind() == "vulkan":
-            # ggml-vulkan asserts on a BF16 src1 in its vector kernels (supports_op says
-            # yes): it gets the rounded values in float32, which it converts exactly
-            src1 = as_type(ctx, src1, F32)
-        fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
+        # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
+        # lavapipe for a src1 of 5 to 8 columns (bf16 and f16; supports_op says yes to
+        # both): Vulkan takes the rounded operands in float32
+        fast = None if _backend_kind() == "vulkan" else _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)

@@ -150,8 +150,10 @@ class Adam(Optimizer):
                      Tensor(np.array([1 - beta1, 1 - beta2], dtype=np.float32))]
             shared["constants"], shared["betas"], shared["inflow"] = made
             shared["constants_of"] = constants
-        if "corrections" not in shared:
-            shared["corrections"], shared["step"] = device_zeros_like(shared["betas"]), 0
+        if "corrections" not in shared:  # 1 - beta^t for the steps the group's state has taken
+            t = max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
+            shared["corrections"] = Tensor(np.array([1 - beta1 ** t, 1 - beta2 ** t], dtype=np.float32))
+            shared["step"] = t
             made.append(shared["corrections"])
         return made
 
@@ -162,8 +164,10 @@ class Adam(Optimizer):
         if "m" not in state:
             made["m"], made["v"] = device_zeros_like(p), device_zeros_like(p)
         composed = not self._kernel(group)  # the kernel shares them per group
-        if composed and "correction1" not in state:
-            made["correction1"], made["correction2"] = device_scalar(0.0), device_scalar(0.0)
+        if composed and "correction1" not in state:  # 1 - beta^t: a state from the kernel has taken t steps
+            beta1, beta2 = group["betas"]
+            t = state["step"]
+            made["correction1"], made["correction2"] = device_scalar(1 - beta1 ** t), device_scalar(1 - beta2 ** t)
         if group["amsgrad"] and "v_max" not in state:
             made["v_max"] = device_zeros_like(p)
         state.update(made)

@@ -30,7 +30,9 @@ def finite_flag(optimizer, *extra: Tensor) -> Tensor:
 
 def snapshot(optimizer) -> dict[int, tuple[Tensor, Tensor]]:
     """What a step may change, by id: each parameter and optimizer state tensor, with a
-    handle on its value now."""
+    handle on its value now. State the step would make is made first, outside it (a
+    failed step would otherwise keep it as zeros: constants, bias corrections)."""
+    optimizer.make_state()
     tensors = [p for group in optimizer.param_groups for p in group["params"]]
     tensors += [v for s in [*optimizer.state.values(), *optimizer.group_state] for v in s.values()
                 if isinstance(v, Tensor)]

@@ -112,6 +112,17 @@ class Optimizer:
         capture.invalidate()  # a kept step graph does not update the new group
         capture.track(self)
 
+    def make_state(self) -> None:
+        """Make now whatever state the next step would make for its groups and parameters
+        (a guarded step must not make state: optim/guard.py)."""
+        made = []
+        for index, group in enumerate(self.param_groups):
+            made += self._init_group(index, group)
+            made += [t for p in group["params"] for t in self._init_state(p, group)]
+        if made:
+            realize(*made)
+            capture.invalidate()
+
     def _init_group(self, index: int, group: dict) -> list[Tensor]:
         """State shared by group `index` that an optimizer makes when the group is added;
         returns the tensors made. The base class makes none."""
@@ -291,6 +302,7 @@ class Optimizer:
         self.group_state = [{k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
                              for k, v in s.items()} for s in state_dict.get("group_state", [{}] * len(groups))]
         self._micro_steps = int(state_dict.get("micro_steps", 0))
+        self.make_state()  # what this optimizer's update needs and the saved one lacked (another Adam form)
         capture.invalidate()  # the state tensors were replaced
 
     def __repr__(self) -> str:
