@@ -42,7 +42,7 @@ class Context:
         self.parents = parents
         self.saved = saved
         self.generation = _local.tape_generation
-        self.versions = tuple(p._version for p in parents)
+        self.versions = tuple([p._version for p in parents])
 
     def __getattr__(self, name: str):
         try:

@@ -74,7 +74,8 @@ class Node:
         self.owners = 0  # live Tensors wrapping this node: a pending node with owners is wanted
         self.seq = next(_sequence)  # creation order: graphs list their outputs in it
         if op is not None:
-            local.pending.add(self)
+            pending = local.pending
+            pending.add(weakref.ref(self, pending.discard))
 
     @property
     def pending(self) -> bool:
@@ -115,7 +116,9 @@ class _ThreadState(threading.local):
     """What one thread has recorded and not yet run, and how it records."""
 
     def __init__(self) -> None:
-        self.pending: weakref.WeakSet[Node] = weakref.WeakSet()
+        # Weak references to the pending nodes: a node that dies leaves by its reference's
+        # callback (the set's own discard, in C: cheaper per node than a WeakSet's Python).
+        self.pending: set[weakref.ref] = set()
         self.stores: dict[int, tuple[Node, Node]] = {}  # id(target handle) -> (target, value)
         self.effects: list[Effect] = []
         self.recorder: Callable[[Run], None] | None = None  # told of every graph `realize` runs
@@ -167,7 +170,7 @@ def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.
 
 def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None) -> list[Node]:
     """Record an effect writing `targets`' buffers; returns their new versions."""
-    if any(s.op == VERSION for s in srcs):
+    if VERSION in [s.op for s in srcs]:
         realize()
     for target in targets:
         ensure_on_device(target)
@@ -198,21 +201,26 @@ def pending_write(handle) -> bool:
     return id(handle) in local.stores or any(t.handle is handle for e in local.effects for t in e.targets)
 
 
+def _pending_nodes(state: _ThreadState) -> list[Node]:
+    """The live nodes of `state.pending` (a snapshot: a node may die while it is read)."""
+    return [n for n in [ref() for ref in list(state.pending)] if n is not None]
+
+
 def pending_reader(node: Node) -> bool:
     """Whether recorded work not yet run reads `node` (its buffer must not change yet)."""
-    return any(node in n.srcs for n in local.pending if n.pending) or any(
+    return any(node in n.srcs for n in _pending_nodes(local) if n.pending) or any(
         node in e.srcs for e in local.effects)
 
 
 def has_pending_work() -> bool:
     return bool(local.stores) or bool(local.effects) or any(
-        n.pending and n.op not in (VERSION, FAILED) and n.wanted() for n in local.pending)
+        n.pending and n.op not in (VERSION, FAILED) and n.wanted() for n in _pending_nodes(local))
 
 
 def ensure_on_device(node: Node):
     """A live handle on the current device for a leaf node: uploads host data once,
     and moves values that a released device left on the host."""
-    if node.pending:
+    if node.op is not None:  # pending (not the property: this runs for every leaf of every graph)
         realize([node])
         return node.handle
     handle = node.handle
@@ -259,8 +267,9 @@ def _realize(nodes: list[Node]) -> None:
             raise failure(n) from n.arg
     asked = [n for n in nodes if n.pending and n.op != VERSION and id(n) not in skip]
     skip.update(id(n) for n in asked)
-    wanted = [n for n in list(state.pending)
-              if n.pending and n.op not in (VERSION, FAILED) and n.wanted() and id(n) not in skip]
+    # pending and wanted, inlined (not the properties: this looks at every pending node)
+    wanted = [n for n in _pending_nodes(state)
+              if n.owners > 0 and n.op is not None and n.op not in (VERSION, FAILED) and id(n) not in skip]
     outputs = asked + sorted(wanted, key=lambda n: n.seq)  # a set's order would vary the signature
     for n in nodes:  # leaves asked for go to the device too
         if not n.pending:
@@ -306,17 +315,17 @@ def _quarantine(state: _ThreadState, outputs: list[Node]) -> None:
 
 def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[Effect]) -> None:
     """Build (or reuse) and run the graph of `outputs`, `stores` and `effects`."""
-    order = _topological([*outputs, *(value for _, value in stores), *(s for e in effects for s in e.srcs)])
+    order, index, entries = _walk([*outputs, *(value for _, value in stores), *(s for e in effects for s in e.srcs)])
     for node in order:
         if node.op == FAILED:
             raise failure(node) from node.arg
-    leaves = [n for n in order if not n.pending]
+    leaves = [n for n in order if n.op is None]
     for leaf in leaves:
         ensure_on_device(leaf)
     for target, _ in stores:
         ensure_on_device(target)
     dev = runtime.current()
-    key = _signature(order, outputs, stores, effects)
+    key = _signature(entries, index, outputs, stores, effects)
     graph = dev.cached_graph(key)
     fresh = graph is None
     if fresh:
@@ -341,7 +350,7 @@ def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[E
         state.recorder(Run(dev, key, graph, leaves, outputs, stores, effects))
     for node, handle in results:
         node.op, node.srcs, node.arg, node.handle = None, (), None, handle
-        state.pending.discard(node)
+        state.pending.discard(weakref.ref(node))
 
 
 def _first_half(pending: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> list[Node]:
@@ -358,18 +367,15 @@ def _settle(effects: list[Effect]) -> None:
     for effect in effects:
         for target, version in zip(effect.targets, effect.versions):
             version.op, version.srcs, version.arg, version.handle = None, (), None, target.handle
-            local.pending.discard(version)
+            local.pending.discard(weakref.ref(version))
 
 
-def _signature(order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> tuple:
-    """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring."""
-    index = {id(n): i for i, n in enumerate(order)}
-    sig = [(n.op, n.shape, n.dtype, n.arg, tuple(index[id(s)] for s in n.srcs)) if n.pending
-           else (None, n.shape, n.dtype) for n in order]
-    sig.append(tuple(index[id(n)] for n in outputs))
-    sig.append(tuple(index[id(value)] for _, value in stores))
-    sig.append(tuple((e.op, e.arg, tuple(index[id(s)] for s in e.srcs)) for e in effects))
-    return tuple(sig)
+def _signature(entries: list[tuple], index: dict[int, int], outputs: list[Node], stores: list,
+               effects: list[Effect]) -> tuple:
+    """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring (the
+    nodes' `entries` and `index` from `_walk`)."""
+    return (*entries, tuple(index[id(n)] for n in outputs), tuple(index[id(value)] for _, value in stores),
+            tuple((e.op, e.arg, tuple(index[id(s)] for s in e.srcs)) for e in effects))
 
 
 # The most ggml tensors one builder makes (AdamW over a 3e9-element parameter makes ~1000
@@ -425,26 +431,56 @@ def _fill(graph: Graph, order: list[Node], outputs: list[Node], stores: list, ef
 
 
 def topological(roots: list, inputs: Callable) -> list:
-    """Everything reachable from `roots` through `inputs(x)`, inputs first; iterative, so
-    a deep graph cannot hit Python's recursion limit."""
+    """Everything reachable from `roots` through `inputs(x)`, inputs first: depth first,
+    inputs in their order. Iterative (a stack of (item, its inputs not yet looked at)),
+    so a deep graph cannot hit Python's recursion limit."""
     order: list = []
     seen: set[int] = set()
-    stack: list[tuple[object, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        item, expanded = stack.pop()
-        if expanded:
-            order.append(item)
+    for root in roots:
+        if id(root) in seen:
             continue
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        stack.append((item, True))
-        stack.extend((s, False) for s in reversed(inputs(item)) if id(s) not in seen)
+        seen.add(id(root))
+        stack = [(root, iter(inputs(root)))]
+        while stack:
+            item, rest = stack[-1]
+            for s in rest:
+                if id(s) not in seen:
+                    seen.add(id(s))
+                    stack.append((s, iter(inputs(s))))
+                    break
+            else:  # every input placed: place the item
+                stack.pop()
+                order.append(item)
     return order
 
 
-def _topological(roots: list[Node]) -> list[Node]:
-    return topological(roots, lambda node: node.srcs if node.pending else ())
+def _walk(roots: list[Node]) -> tuple[list[Node], dict[int, int], list[tuple]]:
+    """`topological` over the pending graph under `roots` (written out for nodes: it runs
+    at every realize), with each node's position and its signature entry, made as it is
+    placed (its inputs are placed before it): (op, shape, dtype, arg, the inputs'
+    positions), or (None, shape, dtype) for a leaf."""
+    order: list[Node] = []
+    index: dict[int, int] = {}  # id -> position; -1 while the node's inputs are walked
+    entries: list[tuple] = []
+    for root in roots:
+        if id(root) in index:
+            continue
+        index[id(root)] = -1
+        stack = [(root, iter(root.srcs if root.op is not None else ()))]
+        while stack:
+            node, rest = stack[-1]
+            for s in rest:
+                if id(s) not in index:
+                    index[id(s)] = -1
+                    stack.append((s, iter(s.srcs if s.op is not None else ())))
+                    break
+            else:
+                stack.pop()
+                index[id(node)] = len(order)
+                order.append(node)
+                entries.append((node.op, node.shape, node.dtype, node.arg, tuple([index[id(s)] for s in node.srcs]))
+                               if node.op is not None else (None, node.shape, node.dtype))
+    return order, index, entries
 
 
 def _finish_before_release() -> None:

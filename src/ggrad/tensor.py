@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from operator import attrgetter
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -80,20 +81,18 @@ class Tensor:
         if node is not None:
             node.owners -= 1
 
-    @property
-    def node(self) -> lazy.Node:
-        return self._node
-
-    @node.setter
-    def node(self, node: lazy.Node) -> None:
+    def _set_node(self, node: lazy.Node) -> None:
         if self._node is not None:
             self._node.owners -= 1
         node.owners += 1
         self._node = node
 
+    # The getters are attrgetters: read in C, not a Python call each (ops read them often).
+    node = property(attrgetter("_node"), _set_node, doc="The lazy value (`lazy.Node`) this tensor wraps.")
+
     # ---- what a tensor is --------------------------------------------------------
-    shape = property(lambda self: self._node.shape)
-    dtype = property(lambda self: self._node.dtype)
+    shape = property(attrgetter("_node.shape"), doc="The shape, a tuple of ints.")
+    dtype = property(attrgetter("_node.dtype"), doc="The element type, a ggrad dtype.")
     ndim = property(lambda self: len(self._node.shape))
     is_leaf = property(lambda self: self._ctx is None)
 
@@ -623,7 +622,7 @@ def ones_like(t: Tensor, dtype=None) -> Tensor:
 def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], arg=None) -> None:
     """Record an op that writes `targets` (all among `inputs`) in place, like ggml's fused
     optimizer steps; each target then holds its new value (same buffer)."""
-    versions = lazy.inplace(op, tuple(t.node for t in inputs), tuple(t.node for t in targets), arg)
+    versions = lazy.inplace(op, tuple([t._node for t in inputs]), tuple([t._node for t in targets]), arg)
     for t, version in zip(targets, versions):
         t.node = version
         t._version += 1

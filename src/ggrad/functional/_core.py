@@ -16,9 +16,10 @@ F32 = dtypes.float32
 
 
 def _apply(op: str, inputs: tuple, shape, rule=None, arg=None, dtype=F32) -> Tensor:
-    node = lazy.apply(op, tuple(t.node for t in inputs), tuple(shape), dtype, arg)
+    # (lists, not generators, here: a generator is resumed once per item, and every op runs this)
+    node = lazy.apply(op, tuple([t._node for t in inputs]), tuple(shape), dtype, arg)
     out = Tensor._wrap(node)
-    if rule is not None and autograd.is_recording() and any(t.requires_grad for t in inputs):
+    if rule is not None and autograd.is_recording() and any([t.requires_grad for t in inputs]):
         record(out, op, rule, inputs, arg)
     if anomaly.active():  # ggrad.detect_anomaly: run and check every op as it is made
         anomaly.check(op, inputs, out)
