@@ -1,6 +1,6 @@
 """ggrad: PyTorch-style autograd and device-resident training on ggml backends."""
 
-from . import amp, data, dtypes, functional, nn, optim, runtime
+from . import amp, data, distributed, dtypes, functional, nn, optim, runtime
 from .amp import autocast
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .autograd import backward, grad_tape, no_grad
@@ -29,7 +29,7 @@ float, half, long, int = float32, float16, int64, int32  # torch's aliases  # no
 clip = clamp
 
 __all__ = [
-    "DataLoader", "EarlyStopping", "amp", "autocast", "get_float32_matmul_precision",
+    "DataLoader", "EarlyStopping", "amp", "distributed", "autocast", "get_float32_matmul_precision",
     "set_float32_matmul_precision", "History", "ModelCheckpoint", "Tensor", "abs", "all", "amax", "amin", "any",
     "arange",
     "argmax", "argmin", "argsort", "backward", "bfloat16", "bool", "cat", "chunk", "clamp", "clip",

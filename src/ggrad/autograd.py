@@ -140,6 +140,18 @@ def backward(loss, grad=None) -> None:
     for t in order:
         if t._ctx is not None:
             t._ctx = FREED
+    callbacks, _local.after_backward = getattr(_local, "after_backward", []), []
+    for callback in callbacks:
+        callback()
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` once, when this thread's next backward pass has set the gradients
+    (torch's engine queue_callback; DistributedDataParallel averages gradients there)."""
+    if not hasattr(_local, "after_backward"):
+        _local.after_backward = []
+    if callback not in _local.after_backward:
+        _local.after_backward.append(callback)
 
 
 def _check_versions(ctx: Context) -> None:

@@ -1,0 +1,174 @@
+"""Data-parallel training on MPI: N processes started by mpiexec (each test starts them
+and times out instead of hanging) train to the same weights as one process with the
+N-times larger batch; collectives give MPI's values; a failing rank ends them all."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ggrad
+from ggrad.distributed import DistributedSampler
+
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+needs_mpi = pytest.mark.skipif(not os.path.exists(MPIEXEC), reason="no mpiexec beside this Python (pip's mpich)")
+
+
+def mpirun(n: int, source: str, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, "-c", textwrap.dedent(source), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    if check:
+        assert proc.returncode == 0, f"mpiexec exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}"
+    return proc
+
+
+TRAIN = """
+    import sys, numpy as np, ggrad, ggrad.functional as F
+    from ggrad import nn, distributed as dist
+    from ggrad.optim import SGD, Adam
+    device, optimizer, per_rank, steps, accumulate, out = sys.argv[1:7]
+    per_rank, steps, accumulate = int(per_rank), int(steps), int(accumulate)
+    dist.init_process_group()
+    ggrad.set_device(device)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * accumulate * size * per_rank, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    ggrad.manual_seed(rank)  # different initial weights: DDP must broadcast rank 0's
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+    if rank == 0:
+        np.savez(out + "-init.npz", *[p.numpy() for p in model.parameters()])
+    ddp = dist.DistributedDataParallel(model, bucket_mb=0.0002)  # several buckets
+    opt = (SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else Adam(model.parameters(), lr=0.01))
+    for s in range(steps):
+        for a in range(accumulate):
+            start = ((s * accumulate + a) * size + rank) * per_rank
+            xb, yb = x[start:start + per_rank], y[start:start + per_rank]
+            last = a == accumulate - 1
+            with ggrad.grad_tape():
+                if last:
+                    loss = F.cross_entropy(ddp(ggrad.tensor(xb)), ggrad.tensor(yb)) / accumulate
+                    loss.backward()
+                else:
+                    with ddp.no_sync():
+                        loss = F.cross_entropy(ddp(ggrad.tensor(xb)), ggrad.tensor(yb)) / accumulate
+                        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    if rank == 0:
+        np.savez(out + ".npz", *[p.numpy() for p in model.parameters()])
+    dist.destroy_process_group()
+"""
+
+
+def single_process(init, optimizer, per_rank, steps, accumulate, size):
+    """The same run in this process: one batch of size * per_rank per micro-step."""
+    import ggrad.functional as F
+    from ggrad import nn
+    from ggrad.optim import SGD, Adam
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((steps * accumulate * size * per_rank, 6)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+    with ggrad.no_grad():
+        for p, value in zip(model.parameters(), init):
+            p.assign_(value)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else Adam(model.parameters(), lr=0.01)
+    batch = size * per_rank
+    for s in range(steps):
+        for a in range(accumulate):
+            start = (s * accumulate + a) * batch
+            with ggrad.grad_tape():
+                loss = F.cross_entropy(model(ggrad.tensor(x[start:start + batch])),
+                                       ggrad.tensor(y[start:start + batch])) / accumulate
+                loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return [p.numpy() for p in model.parameters()]
+
+
+@needs_mpi
+@pytest.mark.parametrize("size, optimizer, accumulate", [(2, "sgd", 1), (2, "adam", 1), (3, "adam", 1),
+                                                         (2, "sgd", 2), (3, "adam", 2)])
+def test_ddp_equals_one_process_with_the_whole_batch(dev, tmp_path, size, optimizer, accumulate):
+    out = str(tmp_path / "run")
+    mpirun(size, TRAIN, dev, optimizer, "4", "20", str(accumulate), out)
+    init = list(np.load(out + "-init.npz").values())
+    got = list(np.load(out + ".npz").values())
+    expected = single_process(init, optimizer, 4, 20, accumulate, size)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+@needs_mpi
+def test_collectives_equal_mpis_values_and_count_their_staging():
+    proc = mpirun(3, """
+        import numpy as np, ggrad
+        from ggrad import distributed as dist
+        dist.init_process_group()
+        r, n = dist.get_rank(), dist.get_world_size()
+        t = ggrad.tensor(np.array([r, 10 * r, -r], np.float32))
+        with ggrad.count_transfers() as counted:
+            dist.all_reduce(t, op="sum")
+        assert t.numpy().tolist() == [3, 30, -3], t.numpy()
+        assert counted.downloads + counted.uploads >= 1 or ggrad.get_device() == "cpu"
+        m = ggrad.tensor(np.array([r, -r], np.float32)); dist.all_reduce(m, op="mean")
+        assert np.allclose(m.numpy(), [1, -1])
+        x = ggrad.tensor(np.array([r, 2.0], np.float32)); dist.all_reduce(x, op="max")
+        assert x.numpy().tolist() == [2, 2]
+        b = ggrad.tensor(np.full(2, r, np.float32)); dist.broadcast(b, src=2)
+        assert b.numpy().tolist() == [2, 2]
+        parts = [ggrad.zeros(2) for _ in range(n)]; dist.all_gather(parts, ggrad.tensor(np.full(2, r, np.float32)))
+        assert [p.numpy().tolist() for p in parts] == [[0, 0], [1, 1], [2, 2]]
+        out = ggrad.zeros(2)
+        dist.reduce_scatter(out, [ggrad.tensor(np.full(2, 10 * i + r, np.float32)) for i in range(n)])
+        assert out.numpy().tolist() == [30 * r + 3] * 2, out.numpy()
+        dist.barrier()
+        print(f"ok-{r}-{dist.local_rank()}", flush=True)
+    """)
+    import re
+    assert sorted(re.findall(r"ok-(\d)-\d", proc.stdout)) == ["0", "1", "2"], proc.stdout
+
+
+@needs_mpi
+def test_a_rank_that_raises_ends_every_rank():
+    proc = mpirun(2, """
+        import time
+        from ggrad import distributed as dist
+        dist.init_process_group()
+        if dist.get_rank() == 1:
+            raise ValueError("rank 1 fails")
+        dist.barrier()  # rank 0 would wait here forever without the abort
+    """, timeout=60, check=False)
+    assert proc.returncode != 0
+    assert "rank 1 fails" in proc.stdout + proc.stderr
+
+
+def test_distributed_sampler_shards_as_torchs():
+    data = list(range(10))
+    shards = [list(DistributedSampler(data, num_replicas=3, rank=r, shuffle=False)) for r in range(3)]
+    assert shards == [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]  # padded by repetition, as torch's
+    cut = [list(DistributedSampler(data, num_replicas=3, rank=r, shuffle=False, drop_last=True)) for r in range(3)]
+    assert cut == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    samplers = [DistributedSampler(data, num_replicas=2, rank=r, seed=5) for r in range(2)]
+    first = [list(s) for s in samplers]
+    assert sorted(first[0] + first[1]) == data and len(samplers[0]) == 5
+    for s in samplers:
+        s.set_epoch(1)
+    second = [list(s) for s in samplers]
+    assert second != first and sorted(second[0] + second[1]) == data
+    with pytest.raises(ValueError, match="Invalid rank"):
+        DistributedSampler(data, num_replicas=2, rank=2)
+
+
+def test_using_the_group_before_init_is_a_clear_error():
+    from ggrad import distributed as dist
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        dist.get_rank()
+    with pytest.raises(NotImplementedError, match="NCCL"):
+        dist.init_process_group("nccl")
