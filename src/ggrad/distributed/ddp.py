@@ -67,6 +67,8 @@ class DistributedDataParallel(Module):
         `forward` ends with)."""
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
         comm, size = group.comm(), group.get_world_size()
+        if size == 1:  # the average of one: nothing to move
+            return
         with autograd.no_grad():
             for bucket in self._buckets(params):
                 flat = F.cat([p.grad.float().reshape(-1) for p in bucket]) if len(bucket) > 1 else \
