@@ -168,7 +168,7 @@ def _product(ctx, src0, src1, arg):
     type and multiplied in float32: the same values, without the speed. "highest" marks
     float32 products GGML_PREC_F32, which a ggml-cuda built by `make cuda` runs without
     TF32 (runtime/precision.py)."""
-    precision, low = arg
+    low = arg[1]
     if low is not None:
         src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
         # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
@@ -178,8 +178,7 @@ def _product(ctx, src0, src1, arg):
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
-    product = G.ggml_mul_mat(ctx, src0, src1)
-    return _precise(product) if precision == "highest" or low is not None else product
+    return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
 
 
 def _backend_kind() -> str:
@@ -192,6 +191,13 @@ def _precise(product):
     lacks)."""
     product.contents.op_params[0] = G.GGML_PREC_F32
     return product
+
+
+def _marked(product, arg):
+    """`product` marked GGML_PREC_F32 where `arg` asks for float32 sums: "highest", or
+    low-precision operands."""
+    precision, low = arg
+    return _precise(product) if precision == "highest" or low is not None else product
 
 
 @compute("matmul_nt")
@@ -510,11 +516,11 @@ def _matmul_tn(ctx, s, node):
     x, y = s
     kind = _backend_kind()
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
-    precision, low = node.arg
+    low = node.arg[1]
     if low is None and (kind in OUT_PROD_BACKENDS or (kind == "cpu" and small)):
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
-            return reshape(ctx, _precise(product) if precision == "highest" else product, node.shape)
+            return reshape(ctx, _marked(product, node.arg), node.shape)
     yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
     xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))
     return reshape(ctx, _product(ctx, yt, xt, node.arg), node.shape)

@@ -46,7 +46,7 @@ def _product_arg(dtype) -> tuple:
     autocast the low dtype's storage for float32 operands. The result stays float32: ggml's
     products write float32 (torch's autocast rounds it to the low dtype)."""
     low = precision.autocast_dtype()
-    return precision.matmul_precision(), (low.storage if low is not None and dtype is F32 else None)
+    return precision.get_float32_matmul_precision(), (low.storage if low is not None and dtype is F32 else None)
 
 
 def _matmul_nt_rule(ctx, g):

@@ -149,7 +149,7 @@ _adamw_exact: list[bool | None] = [None]
 
 
 def _check_cuda_precision() -> None:
-    if precision.matmul_precision() == "highest" and not cuda_honours_precision():
+    if precision.get_float32_matmul_precision() == "highest" and not cuda_honours_precision():
         warnings.warn("this ggml-cuda build runs float32 matmuls in TF32 whatever the matmul precision; "
                       "build it with `make cuda` for float32 ('highest')", RuntimeWarning, stacklevel=2)
 

@@ -40,10 +40,6 @@ def get_float32_matmul_precision() -> str:
     return _precision[0]
 
 
-def matmul_precision() -> str:
-    return _precision[0]
-
-
 def vulkan_float16_allowed() -> bool:
     """Whether a Vulkan device starting now may use its float16 shaders for float32 data."""
     return _precision[0] == "medium"
