@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, lazy, runtime
+from . import dtypes, runtime
 from . import functional as F
 from .autograd import no_grad
 from .functional.elementwise import choose
 from .optim import guard
+from .optim.optimizer import resident_scalar
 from .runtime import precision
 from .tensor import Tensor
 
@@ -81,13 +82,6 @@ def get_autocast_dtype():
     return precision.autocast_dtype()
 
 
-def _device_scalar(value: float) -> Tensor:
-    """A (1,) float32 tensor resident on the device from the start (written in place)."""
-    t = Tensor(np.array([value], dtype=np.float32))
-    lazy.ensure_on_device(t.node)
-    return t
-
-
 class GradScaler:
     """torch.amp.GradScaler: ``scaler.scale(loss).backward(); scaler.step(opt);
     scaler.update()``. `device` is accepted for torch's signature; the scale lives on the
@@ -117,9 +111,9 @@ class GradScaler:
 
     def _ensure_state(self) -> None:
         if self._scale is None:
-            self._scale = _device_scalar(self._init_scale)
-            self._growth_tracker = _device_scalar(0.0)
-            self._skipped = _device_scalar(0.0)
+            self._scale = resident_scalar(self._init_scale)
+            self._growth_tracker = resident_scalar(0.0)
+            self._skipped = resident_scalar(0.0)
 
     def is_enabled(self) -> bool:
         return self._enabled
@@ -166,11 +160,7 @@ class GradScaler:
             raise RuntimeError("step() has already been called since the last update().")
         if "ok" not in state:
             self.unscale_(optimizer)
-        before = guard.snapshot(optimizer)
-        with guard.out_of_place(optimizer):
-            optimizer.step()
-        with no_grad():
-            guard.keep_unless(state["ok"], before, optimizer)
+        guard.step_unless(state["ok"], optimizer)
         state["stepped"] = True
 
     def update(self, new_scale: float | Tensor | None = None) -> None:

@@ -340,12 +340,8 @@ def _train_step(model, loss_fn, optimizer, totals: _Totals, skip: bool = False):
         ok = None
         if skip:
             with no_grad():
-                ok, before = guard.finite_flag(optimizer, loss), guard.snapshot(optimizer)
-        if skip:
-            with guard.out_of_place(optimizer):
-                optimizer.step()
-            with no_grad():
-                guard.keep_unless(ok, before, optimizer)
+                ok = guard.finite_flag(optimizer, loss)
+            guard.step_unless(ok, optimizer)
         else:
             optimizer.step()
         optimizer.zero_grad()

@@ -43,6 +43,13 @@ def device_scalar(value: float) -> Tensor:
     return Tensor(np.array([value], dtype=np.float32))
 
 
+def resident_scalar(value: float) -> Tensor:
+    """A (1,) float tensor on the device from the start: resident, and written in place."""
+    t = device_scalar(value)
+    lazy.ensure_on_device(t.node)
+    return t
+
+
 class Optimizer:
     """Base class: validates, groups parameters, keeps state, runs the step loop."""
 
@@ -100,13 +107,11 @@ class Optimizer:
             kept.append(p)
         full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept}
         self._validate(full)
-        lr = device_scalar(full["lr"])
-        lazy.ensure_on_device(lr.node)  # on the device from the start: resident, and written in place
+        lr = resident_scalar(full["lr"])
         self.param_groups.append(full)
         self.group_state.append({})
         self._lr_tensors.append((lr, float(full["lr"])))
-        made = self._init_group(len(self.param_groups) - 1, full)
-        made += [t for p in kept for t in self._init_state(p, full)]
+        made = self._make(len(self.param_groups) - 1, full)
         if made:
             realize(*made)
         capture.invalidate()  # a kept step graph does not update the new group
@@ -115,13 +120,14 @@ class Optimizer:
     def make_state(self) -> None:
         """Make now whatever state the next step would make for its groups and parameters
         (a guarded step must not make state: optim/guard.py)."""
-        made = []
-        for index, group in enumerate(self.param_groups):
-            made += self._init_group(index, group)
-            made += [t for p in group["params"] for t in self._init_state(p, group)]
+        made = [t for index, group in enumerate(self.param_groups) for t in self._make(index, group)]
         if made:
             realize(*made)
             capture.invalidate()
+
+    def _make(self, index: int, group: dict) -> list[Tensor]:
+        """The state group `index` and its parameters lack, made (not yet run)."""
+        return self._init_group(index, group) + [t for p in group["params"] for t in self._init_state(p, group)]
 
     def _init_group(self, index: int, group: dict) -> list[Tensor]:
         """State shared by group `index` that an optimizer makes when the group is added;
