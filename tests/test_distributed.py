@@ -148,6 +148,17 @@ def test_a_rank_that_raises_ends_every_rank():
     assert "rank 1 fails" in proc.stdout + proc.stderr
 
 
+@needs_mpi
+def test_the_launcher_starts_n_ranks(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text("from ggrad import distributed as dist\ndist.init_process_group()\n"
+                      "print(f'rank-{dist.get_rank()}-of-{dist.get_world_size()}', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-m", "ggrad.distributed.run", "-n", "2", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(proc.stdout.split()) == ["rank-0-of-2", "rank-1-of-2"]
+
+
 def test_distributed_sampler_shards_as_torchs():
     data = list(range(10))
     shards = [list(DistributedSampler(data, num_replicas=3, rank=r, shuffle=False)) for r in range(3)]

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
-
 from .. import autograd
 from .. import functional as F
 from ..nn.module import Module
 from ..tensor import Tensor
 from . import group
+from .collectives import all_reduce, broadcast
 
 
 class DistributedDataParallel(Module):
@@ -30,12 +29,9 @@ class DistributedDataParallel(Module):
         self.module = module
         self.bucket_bytes = int(bucket_mb * 2 ** 20)
         self._sync = True
-        for t in [*module.parameters(), *module.buffers()]:
-            host = np.ascontiguousarray(t.numpy())
-            group.comm().Bcast(host, root=0)
-            if group.get_rank() != 0:
-                with autograd.no_grad():
-                    t.assign_(host)
+        with autograd.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                broadcast(t, src=0)
 
     def forward(self, *args, **kwargs):
         if self._sync and autograd.is_recording():
@@ -66,19 +62,15 @@ class DistributedDataParallel(Module):
         """Average every parameter's gradient over the ranks (what a backward pass through
         `forward` ends with)."""
         params = [p for p in self.module.parameters() if p.requires_grad and p.grad is not None]
-        comm, size = group.comm(), group.get_world_size()
-        if size == 1:  # the average of one: nothing to move
+        if group.get_world_size() == 1:  # the average of one: nothing to move
             return
         with autograd.no_grad():
             for bucket in self._buckets(params):
                 flat = F.cat([p.grad.float().reshape(-1) for p in bucket]) if len(bucket) > 1 else \
                     bucket[0].grad.float().reshape(-1)
-                host = np.ascontiguousarray(flat.numpy())
-                total = np.empty_like(host)
-                comm.Allreduce(host, total, op=group.mpi().SUM)
-                averaged = Tensor(total / np.float32(size))
+                all_reduce(flat, op="mean")
                 offset = 0
                 for p in bucket:
                     n = p.numel()
-                    p.grad = averaged[offset:offset + n].reshape(p.shape).to(p.grad.dtype)
+                    p.grad = flat[offset:offset + n].reshape(p.shape).to(p.grad.dtype)
                     offset += n
