@@ -29,8 +29,9 @@ def mpirun(n: int, source: str, *args: str, timeout: float = 240, check: bool = 
 TRAIN = """
     import sys, numpy as np, ggrad, ggrad.functional as F
     from ggrad import nn, distributed as dist
+    from ggrad.distributed import collectives
     from ggrad.optim import SGD, Adam
-    device, optimizer, per_rank, steps, accumulate, out = sys.argv[1:7]
+    device, optimizer, per_rank, steps, accumulate, mode, out = sys.argv[1:8]
     per_rank, steps, accumulate = int(per_rank), int(steps), int(accumulate)
     dist.init_process_group()
     ggrad.set_device(device)
@@ -43,12 +44,33 @@ TRAIN = """
     if rank == 0:
         np.savez(out + "-init.npz", *[p.numpy() for p in model.parameters()])
     ddp = dist.DistributedDataParallel(model, bucket_mb=0.0002)  # several buckets
-    opt = (SGD(model.parameters(), lr=0.1, momentum=0.9) if optimizer == "sgd" else Adam(model.parameters(), lr=0.01))
+    # "eager": accumulation by hand under no_sync; "compiled": a compiled step per micro-batch,
+    # the optimizer accumulating (DDP then exchanges only before a step that applies)
+    k = accumulate if mode == "compiled" else 1
+    opt = (SGD(model.parameters(), lr=0.1, momentum=0.9, accumulate_steps=k) if optimizer == "sgd"
+           else Adam(model.parameters(), lr=0.01, accumulate_steps=k))
+    exchanges = []
+    reduce = collectives._reduce
+    collectives._reduce = lambda staged, op: (exchanges.append(len(staged)), reduce(staged, op))
+
+    @ggrad.compile
+    def micro_step(xb, yb):
+        with ggrad.grad_tape():
+            F.cross_entropy(ddp(xb), yb).backward()
+        opt.step()
+        opt.zero_grad()
+
+    crossings = []
     for s in range(steps):
         for a in range(accumulate):
             start = ((s * accumulate + a) * size + rank) * per_rank
             xb, yb = x[start:start + per_rank], y[start:start + per_rank]
             last = a == accumulate - 1
+            if mode == "compiled":
+                with ggrad.count_transfers() as t:
+                    micro_step(xb, yb)
+                crossings.append(t.crossings)
+                continue
             with ggrad.grad_tape():
                 if last:
                     loss = F.cross_entropy(ddp(ggrad.tensor(xb)), ggrad.tensor(yb)) / accumulate
@@ -57,10 +79,15 @@ TRAIN = """
                     with ddp.no_sync():
                         loss = F.cross_entropy(ddp(ggrad.tensor(xb)), ggrad.tensor(yb)) / accumulate
                         loss.backward()
-        opt.step()
-        opt.zero_grad()
+        if mode != "compiled":
+            opt.step()
+            opt.zero_grad()
+    if mode == "compiled":
+        assert micro_step.reason is None, micro_step.reason
+        assert micro_step.traces <= 2 * accumulate, micro_step.traces  # a trace per phase (and the first step)
     if rank == 0:
         np.savez(out + ".npz", *[p.numpy() for p in model.parameters()])
+        np.savez(out + "-counts.npz", exchanges=np.array(exchanges), crossings=np.array(crossings))
     dist.destroy_process_group()
 """
 
@@ -92,16 +119,24 @@ def single_process(init, optimizer, per_rank, steps, accumulate, size):
 
 
 @needs_mpi
-@pytest.mark.parametrize("size, optimizer, accumulate", [(2, "sgd", 1), (2, "adam", 1), (3, "adam", 1),
-                                                         (2, "sgd", 2), (3, "adam", 2)])
-def test_ddp_equals_one_process_with_the_whole_batch(dev, tmp_path, size, optimizer, accumulate):
+@pytest.mark.parametrize("size, optimizer, accumulate, mode", [
+    (2, "sgd", 1, "eager"), (2, "adam", 1, "compiled"), (3, "adam", 1, "eager"), (2, "sgd", 2, "eager"),
+    (3, "adam", 2, "eager"), (2, "sgd", 3, "compiled"), (3, "adam", 2, "compiled")])
+def test_ddp_equals_one_process_with_the_whole_batch(dev, tmp_path, size, optimizer, accumulate, mode):
     out = str(tmp_path / "run")
-    mpirun(size, TRAIN, dev, optimizer, "4", "20", str(accumulate), out)
+    mpirun(size, TRAIN, dev, optimizer, "4", "20", str(accumulate), mode, out)
     init = list(np.load(out + "-init.npz").values())
     got = list(np.load(out + ".npz").values())
     expected = single_process(init, optimizer, 4, 20, accumulate, size)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    counts = np.load(out + "-counts.npz")
+    buckets = 2  # bucket_mb=0.0002 (209 bytes): the first weight alone, then the other three
+    assert counts["exchanges"].tolist() == [buckets] * 20  # one per applied step: none on the others
+    if mode == "compiled" and dev != "cpu":  # the cpu device's memory is the host's: nothing crosses
+        # each micro-step uploads its batch (x, y); an applying one stages each bucket down and up
+        applying = [2 + 2 * buckets if (i + 1) % accumulate == 0 else 2 for i in range(20 * accumulate)]
+        assert counts["crossings"][2 * accumulate:].tolist() == applying[2 * accumulate:]
 
 
 @needs_mpi

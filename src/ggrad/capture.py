@@ -13,7 +13,9 @@ while tracing, as under ``jax.jit``: its control flow and the Python values it c
 over are frozen into the capture. Library code whose Python state changes per step
 (optimizer step counts, the learning rate, train/eval flags) registers here while
 tracing: checks that say whether the capture still holds, and the bookkeeping a replay
-repeats. What cannot be replayed (a value read on the host while tracing, gradients
+repeats. Host work between graphs that a replay must repeat (a collective across processes)
+goes through `boundary`: the step is then captured as several graphs with that work
+between them, replayed in order. What cannot be replayed (a value read on the host while tracing, gradients
 left from an earlier call, a tensor computed inside `fn` that outlives it other than
 through its return value) is not captured: such a call stays an ordinary one, and the
 reason is kept in `Compiled.reason` (and warned about once).
@@ -49,9 +51,12 @@ class _Trace:
     """What a tracing call registered and what it ran."""
 
     def __init__(self) -> None:
-        self.runs: list[lazy.Run] = []
+        self.runs: list[lazy.Run] = []  # the closing realize's graphs
         self.final = False  # set just before the closing realize
-        self.early = 0  # graphs run before the closing realize
+        self.early = 0  # graphs run before the closing realize, not at a boundary
+        self.steps: list[lazy.Run | Callable[[], None]] = []  # boundaries' graphs and host work, in order
+        self.at_boundary = False
+        self.boundary_downloads = 0  # crossings the host work made (a replay repeats them)
         ambient = precision.snapshot()  # a replay computes products as the trace did
         self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
         self.advances: list[Callable[[], None]] = []
@@ -64,8 +69,22 @@ class _Trace:
     def record(self, run: lazy.Run) -> None:
         if self.final:
             self.runs.append(run)
+        elif self.at_boundary:
+            run.dev.take_graph(run.key, run.graph)  # a later graph of the same shape must not reuse it
+            self.steps.append(run)
         else:
             self.early += 1
+
+    def graphs(self) -> list[lazy.Run]:
+        return [s for s in self.steps if isinstance(s, lazy.Run)] + self.runs
+
+    def give_back(self) -> None:
+        """A refused trace: its boundaries' graphs go back to the device's reuse cache."""
+        for run in [s for s in self.steps if isinstance(s, lazy.Run)]:
+            if run.dev.cached_graph(run.key) is None:
+                run.dev.keep_graph(run.key, run.graph)
+            else:
+                run.graph.free()
 
 
 class _ThreadState(threading.local):
@@ -107,6 +126,34 @@ def refuse(reason: str) -> None:
         trace.refusal = reason
 
 
+def boundary(nodes: list[lazy.Node], work: Callable[[list], None]) -> None:
+    """Run the recorded work (at least `nodes`), then host work on their buffers:
+    ``work(handles)``, e.g. a collective across processes that writes them in place.
+
+    While tracing, the graph and the work become steps of the capture, repeated in order
+    at every replay with the same buffers: the values computed up to a boundary land in
+    persistent memory, which the capture keeps."""
+    trace = _local.trace
+    if trace is None:
+        lazy.realize(nodes)
+        work([lazy.ensure_on_device(n) for n in nodes])
+        return
+    state = lazy.local
+    scope, state.default_scope = state.default_scope, "persistent"
+    trace.at_boundary = True
+    try:
+        lazy.realize(nodes)
+        handles = [lazy.ensure_on_device(n) for n in nodes]
+    finally:
+        trace.at_boundary = False
+        state.default_scope = scope
+    step = functools.partial(work, handles)
+    downloads = runtime.transfers()["downloads"]
+    step()
+    trace.boundary_downloads += runtime.transfers()["downloads"] - downloads
+    trace.steps.append(step)
+
+
 _optimizers: weakref.WeakSet = weakref.WeakSet()
 
 
@@ -114,6 +161,11 @@ def track(optimizer) -> None:
     """Watch `optimizer`'s parameters' `.grad`: one set before a call (gradients carried
     over from earlier calls, or set by hand) is Python state a replay would not see."""
     _optimizers.add(optimizer)
+
+
+def optimizers() -> list:
+    """The live optimizers (each registers itself when it gets its parameters)."""
+    return list(_optimizers)
 
 
 def carried_over(grad) -> bool:
@@ -179,22 +231,27 @@ def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
 
 
 class _Capture:
-    """One traced call's graph and how to run it again over new arguments."""
+    """One traced call's graphs (one, or several with host work between them: `boundary`)
+    and how to run them again over new arguments."""
 
-    def __init__(self, run: lazy.Run, trace: _Trace, arrays: dict[int, Tensor],
-                 tensor_args: dict[int, Tensor], returned: list[Tensor], rebuild) -> None:
+    def __init__(self, trace: _Trace, arrays: dict[int, Tensor], tensor_args: dict[int, Tensor],
+                 returned: list[Tensor], rebuild) -> None:
         """`arrays`: the tensors made from numpy arguments; `tensor_args`: what the function
         got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
         gradient), by argument position."""
-        self.dev = run.dev
-        self.graph = run.graph
+        runs = trace.graphs()
+        last = runs[-1]
+        self.dev = last.dev
+        self.graphs = [run.graph for run in runs]
+        self.steps = [s.graph.compute if isinstance(s, lazy.Run) else s for s in [*trace.steps, *trace.runs]]
         self.checks = trace.checks
         self.advances = trace.advances
         self.rebuild = rebuild
-        self.fixed: list[lazy.Node] = []  # leaves read where they are: kept alive with the graph
+        self.fixed: list[lazy.Node] = []  # leaves read where they are, and values between graphs: kept alive
         self.uploads: list[tuple[int, Any, list]] = []  # (argument, handle, checks on its data)
-        self.rebinds: list[tuple[int, int, list]] = []  # (slot, argument, checks): a tensor argument
-        self.buffers: dict[int, Any] = {}  # slot -> where a tensor argument still on the host goes
+        self.rebinds: list[tuple[Any, int, int]] = []  # (graph, slot, argument): a tensor argument
+        self.argument_checks: dict[int, list] = {}  # tensor argument -> checks on its host data
+        self.buffers: dict[int, Any] = {}  # argument -> where a tensor argument still on the host goes
         arg_of_node = {id(t.node): pos for pos, t in arrays.items()}
         tensor_arg_of_node = {id(t.node): pos for pos, t in tensor_args.items()}
         checked = {**tensor_arg_of_node, **arg_of_node}
@@ -202,29 +259,46 @@ class _Capture:
         for node, check in trace.input_checks:
             if id(node) in checked:
                 checks.setdefault(checked[id(node)], []).append(check)
-        for slot, leaf in enumerate(run.leaves):
-            if id(leaf) in arg_of_node:
-                pos = arg_of_node[id(leaf)]
-                self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
-            elif id(leaf) in tensor_arg_of_node:
-                pos = tensor_arg_of_node[id(leaf)]
-                self.rebinds.append((slot, pos, checks.get(pos, [])))
-            elif leaf.handle.scope != "persistent":
-                raise _Refused("the function reads a value computed in an earlier grad tape (pass "
-                               "memory, gone at the next tape); pass it as an argument")
-            else:
-                self.fixed.append(leaf)
-        written = {id(t.handle) for t, _ in run.stores} | {
-            id(t.handle) for e in run.effects for t in e.targets}
-        if written & {id(t.node.handle) for t in [*arrays.values(), *tensor_args.values()]}:
+        uploaded: set[int] = set()
+        for run in runs:
+            for slot, leaf in enumerate(run.leaves):
+                if id(leaf) in arg_of_node:
+                    pos = arg_of_node[id(leaf)]
+                    if pos not in uploaded:  # read by several graphs: one upload
+                        uploaded.add(pos)
+                        self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
+                elif id(leaf) in tensor_arg_of_node:
+                    pos = tensor_arg_of_node[id(leaf)]
+                    self.rebinds.append((run.graph, slot, pos))
+                    self.argument_checks[pos] = checks.get(pos, [])
+                elif leaf.handle.scope != "persistent":
+                    raise _Refused("the function reads a value computed in an earlier grad tape (pass "
+                                   "memory, gone at the next tape); pass it as an argument")
+                else:
+                    self.fixed.append(leaf)
+        arguments = {id(t.node.handle) for t in [*arrays.values(), *tensor_args.values()]}
+        written = {id(t.handle) for run in runs for t, _ in run.stores} | {
+            id(t.handle) for run in runs for e in run.effects for t in e.targets}
+        if written & arguments:
             raise _Refused("the function writes into one of its arguments in place")
+        exchanged = {id(h) for s in trace.steps if isinstance(s, functools.partial) for h in s.args[0]}
+        if exchanged & arguments:
+            raise _Refused("the function exchanges one of its arguments across processes; a replay "
+                           "would exchange the traced call's buffer")
+        # values computed before the last graph stay where they are: nothing outside may hold one
+        for run in runs[:-1]:
+            for node in run.outputs:
+                if node.owners:
+                    raise _Refused(f"a tensor of shape {node.shape} computed before a collective inside "
+                                   "the function is kept outside it; a replay would overwrite it")
+                self.fixed.append(node)
         # outputs: each is a returned tensor's value, nothing else may hold it
         self.outputs: list[tuple[int, tuple, dtypes.dtype, list[int]]] = []  # (slot, shape, dtype, returned)
-        first = len(run.leaves)
+        first = len(last.leaves)
         positions: dict[int, list[int]] = {}
         for i, t in enumerate(returned):
             positions.setdefault(id(t.node), []).append(i)
-        for j, node in enumerate(run.outputs):
+        for j, node in enumerate(last.outputs):
             where = positions.get(id(node), [])
             if node.owners != len({id(returned[i]) for i in where}):
                 raise _Refused(f"a tensor of shape {node.shape} computed inside the function is kept "
@@ -248,23 +322,25 @@ class _Capture:
             for check in checks:
                 check(array)
             data.append((handle, array))
-        for _, pos, checks in self.rebinds:
+        for pos, checks in self.argument_checks.items():
             host = values[pos].node.host  # known on the host: checked as an eager step would
             for check in checks if host is not None else ():
                 check(host)
         for handle, array in data:
             handle.write(array)
-        graph = self.graph
-        for slot, pos, _ in self.rebinds:
-            node = values[pos].node
-            if node.handle is None and not node.pending:  # a batch still on the host
-                buffer = self.buffers.get(slot)
-                if buffer is None:
-                    buffer = self.buffers[slot] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
-                buffer.write(node.host)
-                graph.rebind(slot, buffer)
-            else:
-                graph.rebind(slot, lazy.ensure_on_device(node))
+        bound: dict[int, Any] = {}
+        for graph, slot, pos in self.rebinds:
+            if pos not in bound:
+                node = values[pos].node
+                if node.handle is None and not node.pending:  # a batch still on the host
+                    buffer = self.buffers.get(pos)
+                    if buffer is None:
+                        buffer = self.buffers[pos] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
+                    buffer.write(node.host)
+                    bound[pos] = buffer
+                else:
+                    bound[pos] = lazy.ensure_on_device(node)
+            graph.rebind(slot, bound[pos])
         returned: list[Tensor | None] = [None] * (len(self.static) + sum(len(o[3]) for o in self.outputs))
         nodes = []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
@@ -273,11 +349,12 @@ class _Capture:
                 handle = last.handle  # nobody holds the previous result: reuse its buffer
             else:
                 handle = self.dev.new_handle(shape, dtype.storage, "persistent")
-            graph.rebind(slot, handle)
+            self.graphs[-1].rebind(slot, handle)
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
         for advance in self.advances:  # last before the compute: what can fail has run
             advance()
-        graph.compute()
+        for step in self.steps:
+            step()
         for k, (_, _, _, where) in enumerate(self.outputs):
             self._last[k] = nodes[k]
             for i in where:
@@ -300,9 +377,11 @@ class _Capture:
         return self.rebuild(returned)
 
     def free(self) -> None:
-        if self.graph is not None and not self.dev.released:
-            self.graph.free()
-        self.graph = None
+        if not self.dev.released:
+            for graph in self.graphs:
+                graph.free()
+        self.graphs = []
+        self.steps = []
         self.buffers.clear()
 
 
@@ -365,8 +444,15 @@ class Compiled:
             result = self.fn(*call[:positional], **dict(zip(names, call[positional:])))
             returned: list[Tensor] = []
             rebuild = _flatten(result, returned)
+            if trace.steps:  # a value computed before a boundary is returned as a copy made by the last graph
+                between = {id(n) for s in trace.steps if isinstance(s, lazy.Run) for n in s.outputs}
+                returned = [t.detach().clone() if id(t.node) in between else t for t in returned]
+                result = rebuild(returned)
             trace.final = True
             lazy.realize([t.node for t in returned])
+        except BaseException:
+            trace.give_back()
+            raise
         finally:
             _local.trace = None
             state.recorder = previous
@@ -374,17 +460,20 @@ class Compiled:
         try:
             if trace.refusal:
                 raise _Refused(trace.refusal)
-            if trace.early or runtime.transfers()["downloads"] != downloads:
+            if trace.early or runtime.transfers()["downloads"] - trace.boundary_downloads != downloads:
                 raise _Refused("the function ran device work before its end (it read a value, or "
                                "entered a grad tape with work pending)")
             if not trace.runs:
                 raise _Refused("the function did no device work")
-            run = trace.runs[0]
-            capture = _Capture(run, trace, arrays, tensor_args, returned, rebuild)
+            if len(trace.runs) > 1:
+                raise _Refused("the function's last graph was too large for the device and ran in parts")
+            capture = _Capture(trace, arrays, tensor_args, returned, rebuild)
         except _Refused as why:
+            trace.give_back()
             self._refused(str(why))
             return result
-        run.dev.take_graph(run.key, run.graph)  # the capture owns its graph now
+        run = trace.runs[0]
+        run.dev.take_graph(run.key, run.graph)  # the capture owns its graphs now
         if key not in self._captures and len(self._captures) >= MAX_SIGNATURES:
             for old in self._captures.pop(next(iter(self._captures))):  # the oldest signature
                 old.free()

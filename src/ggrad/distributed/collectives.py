@@ -1,10 +1,17 @@
-"""Collectives on tensors, as torch.distributed's (in place where torch's are). With MPI
-they are staged through host memory: one counted download and one counted upload each."""
+"""Collectives on tensors, as torch.distributed's (in place where torch's are).
+
+Each runs the work recorded so far, then exchanges the tensors' buffers across
+processes: with MPI staged through host memory (one counted download and one counted
+upload per tensor). Under `ggrad.compile` the exchange is a step of the capture
+(`capture.boundary`), repeated at every replay between the step's graphs."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
+from .. import capture, dtypes
 from ..tensor import Tensor
 from . import group
 
@@ -18,28 +25,74 @@ def _mpi_op(op: str):
     return {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}[op]
 
 
-def _host(t: Tensor) -> np.ndarray:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"collectives take ggrad Tensors, got {type(t).__name__}")
-    return np.ascontiguousarray(t.numpy())
+def _tensors(tensors: list) -> list[Tensor]:
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"collectives take ggrad Tensors, got {type(t).__name__}")
+    return tensors
+
+
+class _Staged:
+    """A buffer's values on the host (downloaded when first read), in a type MPI reduces
+    exactly: float16 and bfloat16 widened to float32; `store` writes values back."""
+
+    def __init__(self, handle, dtype: dtypes.dtype) -> None:
+        self.handle, self.dtype = handle, dtype
+        self._values: np.ndarray | None = None
+
+    @property
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            values = dtypes.from_storage(self.handle.numpy(), self.dtype)
+            wide = self.dtype.is_floating_point and values.dtype.itemsize < 4
+            self._values = np.ascontiguousarray(values.astype(np.float32) if wide else values)
+        return self._values
+
+    def store(self, values: np.ndarray) -> None:
+        self.handle.write(np.ascontiguousarray(dtypes.to_storage(values, self.dtype)).reshape(self.handle.shape))
+
+
+def _exchange(tensors: list[Tensor], written: list[Tensor], work: Callable[[list[_Staged]], None]) -> None:
+    """Run the recorded work, then `work` on the tensors' buffers (every rank calls the
+    collectives in the same order); `written` are the tensors it writes in place."""
+    kinds = [t.dtype for t in tensors]
+    capture.boundary([t.node for t in tensors],
+                     lambda handles: work([_Staged(h, d) for h, d in zip(handles, kinds)]))
+    for t in written:
+        t._version += 1
+        t.node.host = None  # an integer tensor's host copy is stale now
+
+
+def _reduce(staged: list[_Staged], op: str) -> None:
+    mpi_op, size = _mpi_op(op), group.get_world_size()
+    for s in staged:
+        out = np.empty_like(s.values)
+        group.comm().Allreduce(s.values, out, op=mpi_op)
+        s.store(out / size if op == "mean" else out)
 
 
 def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
     """Reduce `tensor` over every rank and write the result into it (op: sum, mean, max, min)."""
-    mpi_op = _mpi_op(op)
-    host = _host(tensor)
-    out = np.empty_like(host)
-    group.comm().Allreduce(host, out, op=mpi_op)
-    if op == "mean":
-        out = (out / group.get_world_size()).astype(host.dtype)
-    return tensor.assign_(out)
+    all_reduce_coalesced([tensor], op)
+    return tensor
+
+
+def all_reduce_coalesced(tensors: list[Tensor], op: str = "sum") -> list[Tensor]:
+    """`all_reduce` of several tensors after one graph (DDP's gradient buckets)."""
+    _mpi_op(op)
+    tensors = _tensors(list(tensors))
+    _exchange(tensors, tensors, lambda staged: _reduce(staged, op))
+    return tensors
 
 
 def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
     """Rank `src`'s value into `tensor` on every rank."""
-    host = _host(tensor)
-    group.comm().Bcast(host, root=src)
-    return tensor.assign_(host) if group.get_rank() != src else tensor
+    def work(staged: list[_Staged]) -> None:
+        group.comm().Bcast(staged[0].values, root=src)
+        if group.get_rank() != src:
+            staged[0].store(staged[0].values)
+    _exchange(_tensors([tensor]), [tensor], work)
+    return tensor
 
 
 def all_gather(tensor_list: list, tensor: Tensor) -> list:
@@ -47,11 +100,14 @@ def all_gather(tensor_list: list, tensor: Tensor) -> list:
     size = group.get_world_size()
     if len(tensor_list) != size:
         raise ValueError(f"all_gather needs a list of {size} tensors, got {len(tensor_list)}")
-    host = _host(tensor)
-    out = np.empty((size,) + host.shape, host.dtype)
-    group.comm().Allgather(host, out)
-    for t, part in zip(tensor_list, out):
-        t.assign_(part)
+
+    def work(staged: list[_Staged]) -> None:
+        mine = staged[0].values
+        out = np.empty((size,) + mine.shape, mine.dtype)
+        group.comm().Allgather(mine, out)
+        for s, part in zip(staged[1:], out):
+            s.store(part)
+    _exchange(_tensors([tensor, *tensor_list]), list(tensor_list), work)
     return tensor_list
 
 
@@ -61,9 +117,11 @@ def reduce_scatter(output: Tensor, input_list: list, op: str = "sum") -> Tensor:
     size = group.get_world_size()
     if len(input_list) != size:
         raise ValueError(f"reduce_scatter needs a list of {size} tensors, got {len(input_list)}")
-    host = np.stack([_host(t) for t in input_list])
-    out = np.empty_like(host[0])
-    group.comm().Reduce_scatter_block(host, out, op=mpi_op)
-    if op == "mean":
-        out = (out / size).astype(host.dtype)
-    return output.assign_(out)
+
+    def work(staged: list[_Staged]) -> None:
+        host = np.stack([s.values for s in staged[1:]])
+        out = np.empty_like(host[0])
+        group.comm().Reduce_scatter_block(host, out, op=mpi_op)
+        staged[0].store(out / size if op == "mean" else out)
+    _exchange(_tensors([output, *input_list]), [output], work)
+    return output

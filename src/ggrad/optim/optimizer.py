@@ -213,6 +213,25 @@ class Optimizer:
             capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters()),
                               functools.partial(self._advance, stepped, updated))
 
+    # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
+    @property
+    def next_step_applies(self) -> bool:
+        """Whether the next `step()` updates the parameters (with accumulate_steps=k, every
+        k-th does; the others only add `.grad` into the accumulator)."""
+        return (self._micro_steps + 1) % self.accumulate_steps == 0
+
+    def merge_accumulated(self, params: list[Tensor]) -> None:
+        """Move what the accumulator holds for `params` into their `.grad` (the accumulator
+        is cleared): a reducer that averages gradients across processes calls it before
+        the step that applies them, and then averages the whole sum once."""
+        with autograd.no_grad():
+            for p in params:
+                acc = self.state.get(p, {}).get("accumulator")
+                if acc is None:
+                    continue
+                p.grad = acc.detach() if p.grad is None else acc + p.grad  # detach: kept when acc is cleared
+                acc.zero_()
+
     # ---- replaying a captured step (ggrad.compile) ---------------------------------------
     def _hyperparameters(self) -> list:
         """What a step graph bakes in: the groups' settings but the lr (read on the device),
@@ -223,8 +242,7 @@ class Optimizer:
 
     def _replayable(self, apply: bool, hyperparameters: list) -> bool:
         """Whether the next step does what the captured one did."""
-        next_applies = (self._micro_steps + 1) % self.accumulate_steps == 0
-        return next_applies == apply and self._hyperparameters() == hyperparameters
+        return self.next_step_applies == apply and self._hyperparameters() == hyperparameters
 
     def _advance(self, stepped: list[dict], updated: list[int]) -> None:
         """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
