@@ -213,7 +213,24 @@ def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
     """Save a state dict (name -> tensor/array), a Module, an Optimizer, or a nested dict of
     them and Python values (``{"model": m.state_dict(), "optimizer": opt.state_dict(),
     "scheduler": sched.state_dict(), "epoch": 3, "rng": ggrad.get_rng_state()}``) to
-    `path`: tensors in safetensors, the structure as JSON in its metadata; never pickle."""
+    `path`: tensors in safetensors, the structure as JSON in its metadata; never pickle.
+
+    Under a process group of more than one rank, rank 0 writes (the replicas are equal)
+    and every rank waits at a barrier until it has, so that any rank may `load` the file
+    next: call it on every rank. A failed write raises on rank 0 only (after the barrier)."""
+    from . import distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        try:
+            if dist.get_rank() == 0:
+                _save(obj, path, metadata)
+        finally:
+            dist.barrier()
+        return os.fspath(path)
+    return _save(obj, path, metadata)
+
+
+def _save(obj, path: str, metadata: dict[str, str] | None) -> str:
     from safetensors.numpy import save_file
 
     from .nn.module import Module
@@ -234,7 +251,7 @@ def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
     elif isinstance(obj, dict):
         tensors, meta[FORMAT_KEY] = {str(k): _host(v) for k, v in obj.items()}, "state_dict"
     elif callable(getattr(obj, "state_dict", None)):  # a scheduler: load gives back its state dict
-        return save(obj.state_dict(), path, metadata)
+        return _save(obj.state_dict(), path, metadata)
     else:
         raise TypeError(f"save takes a state dict, a Module, an Optimizer or a dict of them and Python values, "
                         f"got {type(obj).__name__}")

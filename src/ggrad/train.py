@@ -4,6 +4,10 @@ The running loss and accuracy are sums kept on the device; the progress bar read
 once per refresh and the epoch summary once per epoch, so a step itself crosses nothing.
 A non-finite loss is caught there too: the sum turns non-finite with it, and a counter
 on the device says which step it was (read only then).
+
+Under a process group of more than one rank (`ggrad.distributed`), each rank trains on
+its shard and the sums and counts are all-reduced once per epoch (and once per
+evaluation), so every rank logs the same means, those of one process over all the data.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from . import distributed as dist
 from . import functional as F
 from .autograd import grad_tape, no_grad
 from .capture import compile
@@ -120,7 +125,8 @@ class ModelCheckpoint(Callback):
     "scheduler" when `scheduler` is given (fit does not hand its scheduler to callbacks)}.
     To resume: ``ckpt = ggrad.load(path)``; ``model.load_state_dict(ckpt["model"])``,
     ``optimizer.load_state_dict(ckpt["optimizer"])``, ``scheduler.load_state_dict(
-    ckpt["scheduler"])``, ``ggrad.set_rng_state(ckpt["rng"])``, then fit the epochs left."""
+    ckpt["scheduler"])``, ``ggrad.set_rng_state(ckpt["rng"])``, then fit the epochs left.
+    Under a process group, rank 0 writes (through `ggrad.save`) and the others wait for it."""
 
     def __init__(self, path: str, monitor: str = "val_loss", mode: str = "min", save_optimizer: bool = False,
                  scheduler=None) -> None:
@@ -216,6 +222,22 @@ class _Totals:
     def tensors(self) -> list[Tensor]:
         return [t for t in (self.loss, self.correct, self.finite_steps, self.skipped) if t is not None]
 
+    def all_reduce(self) -> None:
+        """Sum the totals over the ranks in place, so that every rank logs the means over
+        all ranks' rows. Skipped steps are the most any rank skipped (DDP averages a
+        non-finite gradient into every rank: all skip the same steps); `finite_steps`
+        stays this rank's, as it names one of its steps."""
+        count = Tensor(np.array(self.count, np.int32))
+        for t in (self.loss, self.correct, count):
+            if t is not None:
+                dist.all_reduce(t)
+        self.count = int(count.item())
+        if self.skipped is not None:
+            rows, steps = (Tensor(np.array(v, np.float32)) for v in self.skipped.numpy())
+            dist.all_reduce(rows)
+            dist.all_reduce(steps, "max")
+            self.skipped.assign_(np.array([rows.item(), steps.item()], np.float32))
+
     def mean_loss(self) -> float:
         return self.loss.item() / self.count
 
@@ -250,9 +272,21 @@ class _Totals:
             "inf, try a lower learning rate, or pass on_nonfinite='skip' to skip such steps.")
 
 
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:
-    """Mean loss (and accuracy) over `data`, read from the device once."""
+    """Mean loss (and accuracy) over `data`, read from the device once.
+
+    Under a process group of more than one rank it is collective (call it on every rank):
+    a loader that shards itself (arrays, or a DataLoader made under the group) is read as
+    each rank's rows r, r + N, ... without DistributedSampler's padding, and the sums are
+    all-reduced, so every rank gets the mean over every row once, as one process would."""
     loader = _as_loader(data, batch_size, False)
+    ranks = _world_size()
+    if ranks > 1:
+        loader = loader._rank_share()
     model.eval()
     totals = _Totals("accuracy" in metrics)
     with no_grad():
@@ -261,6 +295,8 @@ def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",),
             totals.add(out, y, loss_fn(out, y))
             totals.count += x.shape[0]
             realize(*totals.tensors())  # one batch a graph
+    if ranks > 1:
+        totals.all_reduce()
     return totals.logs("evaluate")
 
 
@@ -286,6 +322,13 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
         epoch's mean loss and accuracy. `history["skipped"]` counts the skipped steps of
         each epoch (one extra 8-byte read per epoch); an epoch with every step skipped
         raises. Guarding a step costs a copy of the parameters and optimizer state.
+
+    Under a process group of more than one rank, call it on every rank with the same
+    arguments (the model wrapped in `DistributedDataParallel`): a DataLoader that fit makes
+    from arrays gives each rank its shard (see `DataLoader`), the epoch's loss and accuracy
+    are summed over the ranks and validation is shared out (see `evaluate`), so every rank
+    logs and returns the same History and callbacks decide alike; the progress bar and the
+    per-epoch line are rank 0's, and `ggrad.save` (so `ModelCheckpoint`) writes on rank 0.
     """
     metrics = tuple(metrics)
     if on_nonfinite not in ("raise", "skip"):
@@ -303,18 +346,20 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     history = History()
     for cb in callbacks:
         cb.on_train_begin(model, optimizer)
-    show = verbose > 0 and sys.stderr.isatty()
+    ranks = _world_size()
+    first = ranks == 1 or dist.get_rank() == 0
+    show = verbose > 0 and first and sys.stderr.isatty()
     skip = on_nonfinite == "skip"
     totals = _Totals("accuracy" in metrics, watch=not skip, skip=skip)
     step = _train_step(model, loss_fn, optimizer, totals, skip)
     for epoch in range(1, epochs + 1):
         logs = _train_epoch(model, step, totals, train_loader, scheduler, scheduler_interval, show,
-                            f"epoch {epoch}/{epochs}")
+                            f"epoch {epoch}/{epochs}", ranks > 1)
         if val_loader is not None:
             logs.update({f"val_{k}": v for k, v in evaluate(model, loss_fn, val_loader, metrics).items()})
         logs["lr"] = optimizer.lr
         history.append(epoch, logs)
-        if verbose > 0:
+        if verbose > 0 and first:
             print(f"epoch {epoch}/{epochs}: " + ", ".join(f"{k} {v:.4g}" for k, v in logs.items()), flush=True)
         if scheduler is not None and scheduler_interval == "epoch":
             if isinstance(scheduler, ReduceLROnPlateau):
@@ -349,7 +394,7 @@ def _train_step(model, loss_fn, optimizer, totals: _Totals, skip: bool = False):
     return compile(train_step)
 
 
-def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show, label) -> dict:
+def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show, label, reduce: bool) -> dict:
     from tqdm import tqdm
 
     model.train()
@@ -364,10 +409,13 @@ def _train_epoch(model, step, totals: _Totals, loader, scheduler, interval, show
         bar.update(1)
         if show and time.monotonic() - last_read > 0.5:  # one 4-byte read per refresh
             loss = totals.mean_loss()
-            totals.check_finite(loss, label)
+            if not reduce:  # ranks raise together, at the epoch's end: none is left waiting for another
+                totals.check_finite(loss, label)
             bar.set_postfix(loss=f"{loss:.4f}")
             last_read = time.monotonic()
     bar.close()
+    if reduce:
+        totals.all_reduce()
     logs = totals.logs("fit")
     totals.check_finite(logs["loss"], label)
     return logs

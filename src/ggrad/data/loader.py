@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import numbers
@@ -23,7 +24,8 @@ class DataLoader:
     `DataLoader(x, y, ..., batch_size=32, shuffle=False, drop_last=False, seed=None)`:
     the fast path, when the first argument is array-like (numpy, a ggrad or torch tensor,
     a list): tuples of row slices, every epoch a new permutation from `seed` (or ggrad's
-    generator). Samplers, workers and collate_fn need a dataset (`TensorDataset(x, y)`).
+    generator), or the rows a `sampler` (any sized iterable of indices) names, in its
+    order. A batch_sampler, workers and collate_fn need a dataset (`TensorDataset(x, y)`).
 
     `DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None,
     num_workers=0, collate_fn=None, drop_last=False, timeout=0, worker_init_fn=None,
@@ -37,6 +39,15 @@ class DataLoader:
     Workers stop when the iteration ends or is dropped (with `persistent_workers`, when
     the loader is garbage collected). Automatic batching cannot be turned off:
     `batch_size=None` means the default.
+
+    Under a process group of more than one rank (`ggrad.distributed.is_initialized()`),
+    a loader given no sampler or batch_sampler reads only its rank's shard, through a
+    `ggrad.distributed.DistributedSampler` (shuffled when `shuffle`; its seed is `seed`,
+    else one draw from `generator`, else 0, so every rank agrees without ggrad's global
+    generator); the sampler's epoch advances each time an iteration starts, so every epoch
+    is a new permutation, the same on every rank. `len` is then the shard's batches. Pass a
+    `sampler` to choose the rows yourself (e.g. every row on every rank). An IterableDataset
+    is never sharded (it decides its own order: see `get_worker_info`).
     """
 
     def __init__(self, *data, batch_size: int | None = None, shuffle: bool = False, sampler=None,
@@ -74,9 +85,9 @@ class DataLoader:
             raise ValueError("shuffle cannot be combined with a sampler or batch_sampler")
         if batch_sampler is not None and (batch_size != 1 or drop_last or sampler is not None):
             raise ValueError("batch_sampler excludes batch_size, drop_last and sampler")
-        if self.arrays is not None and (sampler is not None or batch_sampler is not None or num_workers
-                                        or collate_fn is not None):
-            raise ValueError("samplers, workers and collate_fn need a dataset (wrap arrays in a TensorDataset)")
+        if self.arrays is not None and (batch_sampler is not None or num_workers or collate_fn is not None):
+            raise ValueError("a batch_sampler, workers and collate_fn need a dataset (wrap arrays in a "
+                             "TensorDataset)")
         if isinstance(self.dataset, IterableDataset) and (shuffle or sampler is not None or batch_sampler is not None):
             raise ValueError("an IterableDataset is read in its own order: no shuffle or sampler")
         self.batch_size, self.shuffle, self.drop_last = int(batch_size), bool(shuffle), bool(drop_last)
@@ -86,6 +97,14 @@ class DataLoader:
         self.persistent_workers = bool(persistent_workers)
         self.generator = _rng(generator, seed)
         self._workers: _Workers | None = None
+        self._epoch: int | None = None  # the DistributedSampler's next epoch, when this loader made it
+        if sampler is None and batch_sampler is None and not isinstance(self.dataset, IterableDataset) \
+                and _world_size() > 1:
+            from ..distributed import DistributedSampler
+            seed = seed if seed is not None else 0 if generator is None else int(generator.integers(2 ** 31))
+            sampler = DistributedSampler(self.arrays[0] if self.dataset is None else self.dataset,
+                                         shuffle=self.shuffle, seed=seed)
+            self._epoch = 0
         if self.dataset is not None and not isinstance(self.dataset, IterableDataset) and batch_sampler is None:
             if sampler is None:
                 sampler = RandomSampler(self.dataset, generator=self.generator) if shuffle \
@@ -96,7 +115,7 @@ class DataLoader:
     def __len__(self) -> int:
         """Batches per epoch; for an IterableDataset, from its `len` (TypeError without one)."""
         if self.arrays is not None:
-            n = len(self.arrays[0])
+            n = len(self.arrays[0] if self.sampler is None else self.sampler)
         elif self.batch_sampler is not None:
             return len(self.batch_sampler)
         else:
@@ -104,13 +123,33 @@ class DataLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator:
+        if self._epoch is not None:
+            self.sampler.set_epoch(self._epoch)
+            self._epoch += 1
         if self.arrays is not None:
             return self._array_batches()
         return self._worker_batches() if self.num_workers else self._batches()
 
+    def _rank_share(self) -> DataLoader:
+        """For evaluation: this rank's rows r, r + N, ... (N ranks) without the sampler's
+        padding, shares uneven, so that sums over the ranks are one process's over every row.
+        A loader that did not shard itself is returned as it is."""
+        if self._epoch is None:
+            return self
+        from ..distributed import get_rank, get_world_size
+        share = copy.copy(self)
+        share._epoch, share._workers = None, None
+        share.sampler = range(get_rank(), len(self.sampler.dataset), get_world_size())
+        if share.dataset is not None:
+            share.batch_sampler = BatchSampler(share.sampler, self.batch_size, self.drop_last)
+        return share
+
     def _array_batches(self) -> Iterator[tuple[Tensor, ...]]:
-        n = len(self.arrays[0])
-        order = (self.generator or _global_generator()).permutation(n) if self.shuffle else np.arange(n)
+        if self.sampler is not None:
+            order = np.fromiter(iter(self.sampler), np.int64)
+        else:
+            n = len(self.arrays[0])
+            order = (self.generator or _global_generator()).permutation(n) if self.shuffle else np.arange(n)
         for i in range(len(self)):
             rows = order[i * self.batch_size:(i + 1) * self.batch_size]
             yield tuple(tensor(a[rows]) for a in self.arrays)
@@ -142,6 +181,12 @@ class DataLoader:
         finally:
             if not self.persistent_workers:
                 workers.close()
+
+
+def _world_size() -> int:
+    """The process group's size; 1 without one."""
+    from ..distributed import get_world_size, is_initialized
+    return get_world_size() if is_initialized() else 1
 
 
 def _is_dataset(obj) -> bool:

@@ -1,9 +1,11 @@
 """Collectives on tensors, as torch.distributed's (in place where torch's are).
 
 Each runs the work recorded so far, then exchanges the tensors' buffers across
-processes: with MPI staged through host memory (one counted download and one counted
-upload per tensor). Under `ggrad.compile` the exchange is a step of the capture
-(`capture.boundary`), repeated at every replay between the step's graphs."""
+processes: with NCCL (backend "nccl", CUDA) from device memory to device memory, nothing
+crossing; with MPI staged through host memory (one counted download and one counted
+upload per tensor; all_gather and reduce_scatter always take this way). Under
+`ggrad.compile` the exchange is a step of the capture (`capture.boundary`), repeated at
+every replay between the step's graphs."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import capture, dtypes
+from .. import capture, dtypes, runtime
 from ..tensor import Tensor
 from . import group
 
@@ -52,15 +54,30 @@ class _Staged:
         self.handle.write(np.ascontiguousarray(dtypes.to_storage(values, self.dtype)).reshape(self.handle.shape))
 
 
-def _exchange(tensors: list[Tensor], written: list[Tensor], work: Callable[[list[_Staged]], None]) -> None:
-    """Run the recorded work, then `work` on the tensors' buffers (every rank calls the
-    collectives in the same order); `written` are the tensors it writes in place."""
-    kinds = [t.dtype for t in tensors]
-    capture.boundary([t.node for t in tensors],
-                     lambda handles: work([_Staged(h, d) for h, d in zip(handles, kinds)]))
+def _exchange(tensors: list[Tensor], written: list[Tensor], work: Callable[[list[_Staged]], None],
+              on_device: Callable[[list], None] | None = None) -> None:
+    """Run the recorded work, then exchange the tensors' buffers (every rank calls the
+    collectives in the same order): `on_device(handles)` where NCCL serves the device,
+    else `work` on their staged values. `written` are the tensors written in place."""
+    if on_device is None or _device_communicator() is None:
+        kinds = [t.dtype for t in tensors]
+        capture.boundary([t.node for t in tensors],
+                         lambda handles: work([_Staged(h, d) for h, d in zip(handles, kinds)]))
+    else:
+        capture.boundary([t.node for t in tensors], on_device)
     for t in written:
         t._version += 1
         t.node.host = None  # an integer tensor's host copy is stale now
+
+
+def _device_communicator():
+    """NCCL's communicator when it serves this process's device, else None."""
+    nccl = group.nccl_communicator()
+    return nccl if nccl is not None and runtime.get_device().startswith("cuda") else None
+
+
+def _count(handle) -> int:
+    return int(np.prod(handle.shape, dtype=np.int64))
 
 
 def _reduce(staged: list[_Staged], op: str) -> None:
@@ -81,7 +98,12 @@ def all_reduce_coalesced(tensors: list[Tensor], op: str = "sum") -> list[Tensor]
     """`all_reduce` of several tensors after one graph (DDP's gradient buckets)."""
     _mpi_op(op)
     tensors = _tensors(list(tensors))
-    _exchange(tensors, tensors, lambda staged: _reduce(staged, op))
+
+    def on_device(handles: list) -> None:
+        nccl = group.nccl_communicator()
+        for h in handles:
+            nccl.all_reduce(h.ptr, h.ptr, _count(h), h.dtype, op)
+    _exchange(tensors, tensors, lambda staged: _reduce(staged, op), on_device)
     return tensors
 
 
@@ -91,7 +113,11 @@ def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
         group.comm().Bcast(staged[0].values, root=src)
         if group.get_rank() != src:
             staged[0].store(staged[0].values)
-    _exchange(_tensors([tensor]), [tensor], work)
+
+    def on_device(handles: list) -> None:
+        h = handles[0]
+        group.nccl_communicator().broadcast(h.ptr, h.ptr, _count(h), h.dtype, root=src)
+    _exchange(_tensors([tensor]), [tensor], work, on_device)
     return tensor
 
 

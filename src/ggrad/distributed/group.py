@@ -18,21 +18,29 @@ def _mpi():
 
 
 def init_process_group(backend: str = "auto") -> None:
-    """Join the processes mpiexec started. `backend`: "auto" or "mpi" (NCCL for CUDA
-    devices is not built yet). Each process then takes the GPU of its local rank where
-    there are GPUs; a failing process aborts all of them (MPI_Abort), so none hangs."""
+    """Join the processes mpiexec started; each then takes the GPU of its local rank where
+    there are GPUs, and a failing process aborts all of them (MPI_Abort), so none hangs.
+
+    `backend`: "mpi" exchanges tensors through host memory; "nccl" exchanges CUDA buffers
+    device to device (NCCL, one GPU per process; MPI still starts the ranks and serves
+    other tensors); "auto" is "nccl" where every process has a CUDA device of its own and
+    NCCL loads, else "mpi"."""
     if backend not in ("auto", "mpi", "nccl"):
         raise ValueError(f"backend must be 'auto', 'mpi' or 'nccl', got {backend!r}")
-    if backend == "nccl":
-        raise NotImplementedError("the NCCL backend is not built yet; use backend='mpi'")
     if _state:
         raise RuntimeError("init_process_group: the process group is already initialized")
     MPI = _mpi()
     comm = MPI.COMM_WORLD
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    _state.update(MPI=MPI, comm=comm, local_rank=local.Get_rank(), local_size=local.Get_size())
+    _state.update(MPI=MPI, comm=comm, local_rank=local.Get_rank(), local_size=local.Get_size(), nccl=None)
     local.Free()
-    _take_local_gpu()
+    try:
+        gpu = _take_local_gpu()
+        if backend != "mpi":
+            _state["nccl"] = _nccl_communicator(comm, gpu, required=backend == "nccl")
+    except BaseException:
+        _state.clear()
+        raise
     previous = sys.excepthook
 
     def abort_all(kind, value, tb):  # an exception no one caught ends every rank, not just this one
@@ -44,13 +52,32 @@ def init_process_group(backend: str = "auto") -> None:
     sys.excepthook = abort_all
 
 
-def _take_local_gpu() -> None:
+def _nccl_communicator(comm, gpu: tuple[str, int] | None, required: bool):
+    """An NCCL communicator over every rank's own CUDA device, or None (required: raise
+    instead). Every rank decides alike: they agree through MPI first."""
+    from . import nccl
+    own_gpu = gpu is not None and gpu[0] == "cuda" and _state["local_size"] <= gpu[1]
+    usable = comm.allreduce(int(own_gpu and nccl.available()), op=_state["MPI"].MIN)
+    if not usable:
+        if required:
+            raise ValueError("backend='nccl' needs a CUDA device for each process of a host and the "
+                             "NCCL library (pip install nvidia-nccl-cu12); use backend='mpi'")
+        return None
+    from .. import runtime
+    uid = comm.bcast(nccl.unique_id() if comm.Get_rank() == 0 else None, root=0)
+    index = int(runtime.get_device().split(":")[1])
+    return nccl.Communicator(comm.Get_size(), comm.Get_rank(), uid, index)
+
+
+def _take_local_gpu() -> tuple[str, int] | None:
+    """Set this process's device to its local rank's GPU; (kind, GPUs of that kind) or None."""
     from .. import runtime
     for kind in ("cuda", "vulkan"):
         gpus = [d.name for d in runtime.devices() if d.kind == kind and d.is_gpu]
         if gpus:
             runtime.set_device(gpus[_state["local_rank"] % len(gpus)])
-            return
+            return kind, len(gpus)
+    return None
 
 
 def _require():
@@ -80,10 +107,22 @@ def barrier() -> None:
     _require()["comm"].Barrier()
 
 
+def get_backend() -> str:
+    """"nccl" when CUDA buffers are exchanged device to device, else "mpi"."""
+    return "nccl" if _require()["nccl"] is not None else "mpi"
+
+
 def destroy_process_group() -> None:
     state = _require()
     sys.excepthook = state["excepthook"]
+    if state["nccl"] is not None:
+        state["nccl"].destroy()
     _state.clear()
+
+
+def nccl_communicator():
+    """The NCCL communicator (backend "nccl"), or None."""
+    return _require()["nccl"]
 
 
 def comm():
