@@ -247,6 +247,7 @@ def test_nccl_exchanges_on_the_device_inside_a_compiled_step():
         assert dist.get_backend() == "nccl" and ggrad.get_device() == "cuda:0"
         for dtype in (ggrad.float32, ggrad.bfloat16, ggrad.int64):
             t = ggrad.tensor(np.array([1, -2, 3], np.float32)).to(dtype) * 2
+            ggrad.realize(t)  # its data uploaded before counting
             with ggrad.count_transfers() as moved:
                 dist.all_reduce(t, op="sum"); dist.all_reduce(t, op="max"); dist.broadcast(t, src=0)
             assert moved.crossings == 0, moved

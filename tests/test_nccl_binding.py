@@ -100,6 +100,7 @@ def test_communicator_checks_its_arguments_before_any_library(args, match):
 @pytest.fixture
 def no_nccl_here(monkeypatch):
     monkeypatch.setenv("GGRAD_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+    monkeypatch.setattr(nccl, "_ggml_cuda", lambda: None)  # a CUDA build's own NCCL would be found first
     nccl._nccl.cache_clear()
     yield
     monkeypatch.undo()

@@ -1,7 +1,8 @@
 """NCCL through ctypes: collectives from device memory to device memory for CUDA devices,
 so gradients need not cross to the host (issue 14).
 
-The library is the file `GGRAD_NCCL_LIBRARY` names, else the `nvidia-nccl-cu12` (or
+The library is the NCCL ggml-cuda links when it was built with one (one copy per
+process), else the file `GGRAD_NCCL_LIBRARY` names, else the `nvidia-nccl-cu12` (or
 `-cu13`) wheel's ``nvidia/nccl/lib/libnccl.so.2``, else a system NCCL. The CUDA runtime
 is the one ggml-cuda links, so streams and device pointers belong to the same runtime as
 ggrad's buffers.
@@ -120,25 +121,32 @@ def _wheel_file(package: str, name: str) -> str | None:
     return None
 
 
+def _ggml_cuda() -> str | None:
+    """ggml-cuda's library: symbols looked up through it resolve in its dependencies."""
+    import ggml
+    path = os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cuda.so")
+    return path if os.path.exists(path) else None
+
+
 def _nccl_candidates() -> list[str]:
-    """The user's file when GGRAD_NCCL_LIBRARY names one (it wins), else the wheel's, else
-    the system's."""
+    """The NCCL ggml-cuda links, when it was built with one (a second copy in the process
+    does not know the first's communicators: NCCL then calls them corrupted; seen on the
+    H200 host, whose ggml-cuda links the system NCCL); else the file GGRAD_NCCL_LIBRARY
+    names; else the wheel's; else the system's."""
+    found = [_ggml_cuda()]
     if os.environ.get("GGRAD_NCCL_LIBRARY"):
-        return [os.environ["GGRAD_NCCL_LIBRARY"]]
-    found = [_wheel_file("nvidia.nccl", os.path.join("lib", "libnccl.so.2")), ctypes.util.find_library("nccl")]
+        return [c for c in found if c] + [os.environ["GGRAD_NCCL_LIBRARY"]]
+    found += [_wheel_file("nvidia.nccl", os.path.join("lib", "libnccl.so.2")), ctypes.util.find_library("nccl")]
     return [c for c in found if c]
 
 
 def _cudart_candidates() -> list[str]:
-    """ggml-cuda's library first: symbols looked up through it resolve in its dependencies,
-    i.e. in the CUDA runtime ggrad's buffers come from, whichever others are loaded (torch
-    brings its own). Then by soname, then the CUDA runtime wheels' copies."""
-    import ggml
-    ggml_cuda = os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cuda.so")
+    """ggml-cuda's library first: the CUDA runtime ggrad's buffers come from, whichever
+    others are loaded (torch brings its own). Then by soname, then the CUDA runtime wheels'
+    copies."""
     wheels = [_wheel_file("nvidia.cu13", "lib/libcudart.so.13"),
               _wheel_file("nvidia.cuda_runtime", "lib/libcudart.so.12")]
-    return [c for c in [ggml_cuda if os.path.exists(ggml_cuda) else None,
-                        "libcudart.so.13", "libcudart.so.12", *wheels] if c]
+    return [c for c in [_ggml_cuda(), "libcudart.so.13", "libcudart.so.12", *wheels] if c]
 
 
 def _load_first(candidates: list[str], what: str, symbol: str, hint: str) -> ctypes.CDLL:
