@@ -1,0 +1,5 @@
+"""Whole models built from ggrad.nn parts, laid out as the programs that run them expect."""
+
+from .llama import GGUF_NAMES, Llama, LlamaConfig
+
+__all__ = ["GGUF_NAMES", "Llama", "LlamaConfig"]

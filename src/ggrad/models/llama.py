@@ -1,0 +1,179 @@
+"""The llama architecture as llama.cpp runs it (LLM_ARCH_LLAMA), built from ggrad.nn parts.
+
+Pre-norm blocks: x + attention(rms_norm(x)), then x + swiglu(rms_norm(x)); a final
+RMSNorm and the output projection (or the token embedding, tied). Attention is causal
+with grouped-query heads: query head i reads key/value head i // (n_heads / n_kv_heads),
+as ggml's broadcasting matrix product does in llama.cpp. RoPE is llama.cpp's rope type
+NORM (ggml mode 0) for llama models: it turns adjacent pairs (2j, 2j + 1) of each head
+by position * rope_theta^(-2j / head_dim), which is `F.rotary_embedding(interleaved=True)`.
+(Hugging Face checkpoints rotate halves instead; llama.cpp's converter permutes their q
+and k rows to pairs, so a model trained here needs no permutation.)
+
+Submodule names are Meta's original llama ones; `GGUF_NAMES` maps each state-dict key
+pattern ("{n}" is the block index) to llama.cpp's tensor name. A Linear weight is
+(out, in) row-major, the same bytes as a GGUF tensor of ne = (in, out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import dtypes
+from .. import functional as F
+from ..functional._core import _as_tensor
+from ..nn import Embedding, Linear, Module, ModuleList, RMSNorm
+from ..tensor import Tensor
+
+GGUF_NAMES: dict[str, str] = {
+    "tok_embeddings.weight": "token_embd.weight",
+    "layers.{n}.attention_norm.weight": "blk.{n}.attn_norm.weight",
+    "layers.{n}.attention.wq.weight": "blk.{n}.attn_q.weight",
+    "layers.{n}.attention.wk.weight": "blk.{n}.attn_k.weight",
+    "layers.{n}.attention.wv.weight": "blk.{n}.attn_v.weight",
+    "layers.{n}.attention.wo.weight": "blk.{n}.attn_output.weight",
+    "layers.{n}.ffn_norm.weight": "blk.{n}.ffn_norm.weight",
+    "layers.{n}.feed_forward.w1.weight": "blk.{n}.ffn_gate.weight",
+    "layers.{n}.feed_forward.w3.weight": "blk.{n}.ffn_up.weight",
+    "layers.{n}.feed_forward.w2.weight": "blk.{n}.ffn_down.weight",
+    "norm.weight": "output_norm.weight",
+    "output.weight": "output.weight",
+}
+
+
+def gguf_name(key: str) -> str:
+    """llama.cpp's tensor name for a Llama state-dict key (KeyError for any other key)."""
+    parts = key.split(".")
+    if parts[0] == "layers" and len(parts) > 2 and parts[1].isdigit():
+        return GGUF_NAMES[".".join(["layers", "{n}"] + parts[2:])].format(n=int(parts[1]))
+    return GGUF_NAMES[key]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """llama.cpp's llama hyperparameters: dim is n_embd, ffn_dim n_ff, max_seq_len
+    n_ctx_train, norm_eps f_norm_rms_eps, rope_theta rope.freq_base."""
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_dim: int
+    max_seq_len: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        sizes = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len")
+        for name in sizes:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LlamaConfig.{name} must be a positive int, got {value!r}")
+        if self.dim % self.n_heads:
+            raise ValueError(f"LlamaConfig: dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"LlamaConfig: n_heads {self.n_heads} is not divisible by n_kv_heads "
+                             f"{self.n_kv_heads} (each key/value head serves a whole group of query heads)")
+        if self.head_dim % 2:
+            raise ValueError(f"LlamaConfig: head_dim {self.head_dim} (dim / n_heads) must be even for RoPE")
+        if not self.norm_eps > 0 or not self.rope_theta > 0:
+            raise ValueError(f"LlamaConfig: norm_eps and rope_theta must be positive, got {self.norm_eps}, "
+                             f"{self.rope_theta}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+def _repeat_kv(x: Tensor, groups: int) -> Tensor:
+    """(b, t, kv, d) -> (b, t, kv * groups, d), each head repeated `groups` times in a row
+    (head i is kv head i // groups): one broadcast node, no loop over heads."""
+    if groups == 1:
+        return x
+    b, t, kv, d = x.shape
+    spread = F.broadcast_to(F.reshape(x, (b * t, kv, 1, d)), (b * t, kv, groups, d))
+    return F.reshape(spread, (b, t, kv * groups, d))
+
+
+class Attention(Module):
+    """Causal grouped-query self-attention with RoPE on queries and keys, no biases."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.rope_theta = config.rope_theta
+        self.wq = Linear(config.dim, config.n_heads * config.head_dim, bias=False)
+        self.wk = Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wv = Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.wo = Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        d, groups = self.head_dim, self.n_heads // self.n_kv_heads
+        q = F.reshape(self.wq(x), (b, t, self.n_heads, d))
+        k = F.reshape(self.wk(x), (b, t, self.n_kv_heads, d))
+        v = F.reshape(self.wv(x), (b, t, self.n_kv_heads, d))
+        q = F.rotary_embedding(q, base=self.rope_theta, interleaved=True)
+        k = F.rotary_embedding(k, base=self.rope_theta, interleaved=True)  # before the repeat: fewer heads
+        q, k, v = (F.permute(h, (0, 2, 1, 3)) for h in (q, _repeat_kv(k, groups), _repeat_kv(v, groups)))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d), llama.cpp's kq_scale
+        return self.wo(F.reshape(F.permute(out, (0, 2, 1, 3)), (b, t, self.n_heads * d)))
+
+
+class FeedForward(Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1 is llama.cpp's ffn_gate, w3 ffn_up, w2 ffn_down."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.w1 = Linear(config.dim, config.ffn_dim, bias=False)
+        self.w2 = Linear(config.ffn_dim, config.dim, bias=False)
+        self.w3 = Linear(config.dim, config.ffn_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(Module):
+    """One llama block: x + attention(attention_norm(x)), then x + feed_forward(ffn_norm(x))."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.dim, eps=config.norm_eps)
+        self.attention = Attention(config)
+        self.ffn_norm = RMSNorm(config.dim, eps=config.norm_eps)
+        self.feed_forward = FeedForward(config)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab_size). With tie_embeddings the
+    output projection is the embedding table itself: one parameter, no `output.weight`."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_embeddings = Embedding(config.vocab_size, config.dim)
+        self.layers = ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, eps=config.norm_eps)
+        self.output = None if config.tie_embeddings else Linear(config.dim, config.vocab_size, bias=False)
+
+    def forward(self, tokens) -> Tensor:
+        tokens = _as_tensor(tokens, "Llama tokens")
+        if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype is dtypes.bool_:
+            raise ValueError(f"Llama needs integer token ids of shape (batch, seq), got {tokens.dtype} of shape "
+                             f"{tokens.shape}")
+        if tokens.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"Llama: sequence of {tokens.shape[1]} tokens is longer than max_seq_len "
+                             f"{self.config.max_seq_len}")
+        h = self.tok_embeddings(tokens)  # ids outside [0, vocab_size) raise IndexError here
+        for layer in self.layers:
+            h = layer(h)
+        h = self.norm(h)
+        return self.output(h) if self.output is not None else h @ self.tok_embeddings.weight.T
+
+    def extra_repr(self) -> str:
+        return repr(self.config)
