@@ -1,0 +1,166 @@
+"""GGUF language models that llama.cpp loads: `save_model` writes a `ggrad.models.Llama` as
+llama.cpp's "llama" architecture (its hyperparameter keys, tensor names and types, and
+a byte-level tokenizer); `load_model` reads one back.
+
+`ggrad.export_gguf` (io.py) writes any module's state dict under ggrad's own names; this
+module writes what llama.cpp's model loader requires of a llama model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .io import _atomic_write, _host
+from .models.llama import Llama, LlamaConfig, gguf_name
+
+_TYPES = ("f32", "f16", "bf16", "q8_0")
+
+
+class ByteTokenizer:
+    """A byte-level vocabulary in llama.cpp's SentencePiece ("llama") form: <unk>, <s>,
+    </s>, then the 256 byte tokens <0x00>..<0xFF>, so any text round-trips through UTF-8
+    bytes and llama.cpp can detokenize what a model generates."""
+
+    UNK, BOS, EOS = 0, 1, 2
+    OFFSET = 3  # the id of byte 0
+
+    def __len__(self) -> int:
+        return self.OFFSET + 256
+
+    def encode(self, text: str) -> list[int]:
+        return [self.OFFSET + b for b in text.encode("utf-8")]
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) - self.OFFSET for i in ids if self.OFFSET <= int(i) < len(self)).decode(
+            "utf-8", errors="replace")
+
+    def write(self, writer, vocab_size: int) -> None:
+        """The tokenizer keys, the vocabulary padded with unused tokens to `vocab_size`
+        (llama.cpp takes the vocabulary's size from the token list)."""
+        import gguf
+
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+        types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
+            [gguf.TokenType.BYTE] * 256
+        padding = vocab_size - len(tokens)
+        tokens += [f"<pad{i}>" for i in range(padding)]
+        types += [gguf.TokenType.UNUSED] * padding
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * len(tokens))
+        writer.add_token_types([int(t) for t in types])
+        writer.add_unk_token_id(self.UNK)
+        writer.add_bos_token_id(self.BOS)
+        writer.add_eos_token_id(self.EOS)
+        writer.add_add_bos_token(False)
+        writer.add_add_space_prefix(False)
+
+
+def _encoded(array: np.ndarray, kind: str, name: str):
+    """(data, raw_dtype) for GGUFWriter.add_tensor: norms (1-d) stay float32, as llama.cpp's
+    converter keeps them; matrices take `kind`."""
+    import gguf
+
+    if array.ndim == 1 or kind == "f32":
+        return array.astype(np.float32), None
+    if kind == "f16":
+        return array.astype(np.float16), None
+    qtype = gguf.GGMLQuantizationType.BF16 if kind == "bf16" else gguf.GGMLQuantizationType.Q8_0
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    if array.shape[-1] % block:
+        raise ValueError(f"save_model: {name} has rows of {array.shape[-1]} values; {kind} stores rows in blocks "
+                         f"of {block}: make the model's sizes multiples of {block}, or save in f32/f16/bf16")
+    return gguf.quants.quantize(array.astype(np.float32), qtype), qtype
+
+
+def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, dtype: str = "f32") -> str:
+    """Write `model` as a llama.cpp llama model: hyperparameters under "llama.*", tensors
+    under llama.cpp's names in `dtype` (f32, f16, bf16 or q8_0; norms stay f32), and the
+    tokenizer (a `ByteTokenizer` by default)."""
+    import gguf
+
+    if not isinstance(model, Llama):
+        raise TypeError(f"save_model writes a ggrad.models.Llama, got {type(model).__name__}")
+    if dtype not in _TYPES:
+        raise ValueError(f"dtype must be one of {_TYPES}, got {dtype!r}")
+    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
+    c = model.config
+    if len(tokenizer) > c.vocab_size:
+        raise ValueError(f"save_model: the tokenizer has {len(tokenizer)} tokens, the model's vocab_size is "
+                         f"{c.vocab_size}")
+    tensors = {gguf_name(k): _encoded(_host(v).astype(np.float32), dtype, k) for k, v in model.state_dict().items()}
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+
+    def write(tmp: str) -> None:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        writer.add_name("ggrad llama")
+        writer.add_file_type(int(file_type))
+        writer.add_context_length(c.max_seq_len)
+        writer.add_embedding_length(c.dim)
+        writer.add_block_count(c.n_layers)
+        writer.add_feed_forward_length(c.ffn_dim)
+        writer.add_head_count(c.n_heads)
+        writer.add_head_count_kv(c.n_kv_heads)
+        writer.add_rope_dimension_count(c.head_dim)
+        writer.add_rope_freq_base(c.rope_theta)
+        writer.add_layer_norm_rms_eps(c.norm_eps)
+        writer.add_vocab_size(c.vocab_size)
+        tokenizer.write(writer, c.vocab_size)
+        for name, (data, raw_dtype) in tensors.items():
+            writer.add_tensor(name, data, raw_dtype=raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    return _atomic_write(path, write)
+
+
+def _float32(value) -> float:
+    """A float32 key as the decimal it was written from (1e-5, not 9.99999975e-06)."""
+    return float(str(np.float32(value)))
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None:
+        raise ValueError(f"load_model: the file has no {key!r}; it is not a llama model llama.cpp would load")
+    return field.contents()
+
+
+def load_model(path: str) -> Llama:
+    """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes)
+    with f32, f16 or bf16 tensors; their values are exact in float32 parameters."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"load_model: {path} holds a {arch!r} model; it reads llama models")
+    tensors = {t.name: t for t in reader.tensors}
+    embed = tensors["token_embd.weight"]
+    config = LlamaConfig(
+        vocab_size=int(embed.shape[1]), dim=int(_field(reader, "llama.embedding_length")),
+        n_layers=int(_field(reader, "llama.block_count")), n_heads=int(_field(reader, "llama.attention.head_count")),
+        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
+        ffn_dim=int(_field(reader, "llama.feed_forward_length")),
+        max_seq_len=int(_field(reader, "llama.context_length")),
+        norm_eps=_float32(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
+        rope_theta=_float32(reader.fields["llama.rope.freq_base"].contents()) if "llama.rope.freq_base" in
+        reader.fields else 10000.0,
+        tie_embeddings="output.weight" not in tensors)
+    model = Llama(config)
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
+    state = {}
+    for key, param in model.state_dict().items():
+        t = tensors.get(gguf_name(key))
+        if t is None:
+            raise ValueError(f"load_model: {path} has no tensor {gguf_name(key)!r}")
+        if t.tensor_type not in floats:
+            raise ValueError(f"load_model: {t.name} is {t.tensor_type.name}; load_model reads f32, f16 and bf16 "
+                             "tensors (quantized weights are not loaded yet)")
+        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
+        state[key] = np.ascontiguousarray(values, dtype=np.float32)
+    model.load_state_dict(state)
+    return model
