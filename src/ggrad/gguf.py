@@ -1,6 +1,7 @@
 """GGUF language models that llama.cpp loads: `save_model` writes a `ggrad.models.Llama` as
 llama.cpp's "llama" architecture (its hyperparameter keys, tensor names and types, and
-a byte-level tokenizer); `load_model` reads one back.
+a byte-level tokenizer); `load_model` reads one back; `save_lora` writes the LoRA
+adapters of a model (`ggrad.nn.lora`) as a llama.cpp LoRA adapter.
 
 `ggrad.export_gguf` (io.py) writes any module's state dict under ggrad's own names; this
 module writes what llama.cpp's model loader requires of a llama model.
@@ -12,6 +13,7 @@ import numpy as np
 
 from .io import _atomic_write, _host
 from .models.llama import Llama, LlamaConfig, gguf_name
+from .nn.lora import lora_layers
 
 _TYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -83,6 +85,9 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
         raise TypeError(f"save_model writes a ggrad.models.Llama, got {type(model).__name__}")
     if dtype not in _TYPES:
         raise ValueError(f"dtype must be one of {_TYPES}, got {dtype!r}")
+    if lora_layers(model):
+        raise ValueError("save_model: the model has LoRA adapters; write them with save_lora, or merge them into "
+                         "the weights first (ggrad.nn.lora.merge_lora)")
     tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
     c = model.config
     if len(tokenizer) > c.vocab_size:
@@ -164,3 +169,40 @@ def load_model(path: str) -> Llama:
         state[key] = np.ascontiguousarray(values, dtype=np.float32)
     model.load_state_dict(state)
     return model
+
+
+def save_lora(model: Llama, path: str) -> str:
+    """Write `model`'s LoRA adapters as a llama.cpp adapter: general.type "adapter",
+    adapter.type "lora", adapter.lora.alpha, and per adapted matrix W (llama.cpp's name)
+    "W.lora_a" = A (ne: in, rank) and "W.lora_b" = B (ne: rank, out), float32. llama.cpp
+    adds scale * alpha / rank * B @ A to W (scale: the user's, 1 by default)."""
+    import gguf
+
+    if not isinstance(model, Llama):
+        raise TypeError(f"save_lora writes the adapters of a ggrad.models.Llama, got {type(model).__name__}")
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("save_lora: the model has no LoRA adapters (ggrad.nn.lora.add_lora adds them)")
+    alphas = {layer.alpha for layer in layers.values()}
+    if len(alphas) > 1:
+        raise ValueError(f"save_lora: llama.cpp's adapter has one alpha, these adapters have {sorted(alphas)}")
+    alpha = alphas.pop()
+    tensors = {}
+    for name, layer in layers.items():
+        target = gguf_name(name + ".weight")
+        tensors[target + ".lora_a"] = _host(layer.lora_A).astype(np.float32)
+        tensors[target + ".lora_b"] = _host(layer.lora_B).astype(np.float32)
+
+    def write(tmp: str) -> None:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", alpha)
+        for name, data in tensors.items():
+            writer.add_tensor(name, data)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+
+    return _atomic_write(path, write)

@@ -67,14 +67,19 @@ class Module:
         old = self.__dict__.get(name)
         if isinstance(old, (Tensor, Module)) and old is not value:
             capture.invalidate()  # a captured step would still read the replaced one
-        for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
         if isinstance(value, Module):
-            self._modules[name] = value
+            home = self._modules
         elif isinstance(value, Tensor) and value.requires_grad:
-            self._parameters[name] = value
+            home = self._parameters
         elif isinstance(value, Tensor) and name in self.__dict__.get("_buffer_names", ()):
-            self._buffers[name] = value
+            home = self._buffers
+        else:
+            home = None
+        for table in (self._parameters, self._buffers, self._modules):
+            if table is not home:
+                table.pop(name, None)
+        if home is not None:
+            home[name] = value  # a replacement keeps its place in the state dict, as torch's
         object.__setattr__(self, name, value)
 
     def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
@@ -127,6 +132,16 @@ class Module:
         yield prefix, self
         for name, module in self._modules.items():
             yield from module.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def get_submodule(self, target: str) -> Module:
+        """The module at dotted path `target` ("" is this one), as torch's."""
+        module = self
+        for part in target.split(".") if target else ():
+            child = module._modules.get(part)
+            if child is None:
+                raise AttributeError(f"{type(module).__name__} has no submodule {part!r} (looking for {target!r})")
+            module = child
+        return module
 
     def modules(self) -> Iterator[Module]:
         return (m for _, m in self.named_modules())
