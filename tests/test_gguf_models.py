@@ -8,6 +8,7 @@ import pytest
 
 import ggrad
 from ggrad import gguf as gg
+from ggrad.functional import quantized
 from ggrad.models import Llama, LlamaConfig
 
 CONFIG = LlamaConfig(vocab_size=260, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=32)
@@ -63,6 +64,9 @@ def test_the_file_has_llama_cpps_keys_names_and_types(tmp_path):
     assert list(types["token_embd.weight"].shape) == [c.dim, c.vocab_size]
 
 
+TOKENS = np.array([[5, 17, 200, 3, 99, 1, 42, 7]])
+
+
 def test_byte_tokenizer_round_trips_text():
     tok = gg.ByteTokenizer()
     text = "def f(x):\n    return x ** 2  # é€"
@@ -83,9 +87,29 @@ def test_bad_input_is_refused_clearly(tmp_path):
     small = Llama(LlamaConfig(vocab_size=100, dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=32, max_seq_len=8))
     with pytest.raises(ValueError, match="259 tokens"):
         gg.save_model(small, path)
-    gg.save_model(model(), path, dtype="q8_0")
-    with pytest.raises(ValueError, match="Q8_0"):
-        gg.load_model(path)
     ggrad.export_gguf(ggrad.nn.Linear(2, 2), str(tmp_path / "other.gguf"))
     with pytest.raises(ValueError, match="'ggrad' model"):
         gg.load_model(str(tmp_path / "other.gguf"))
+
+
+def test_a_q8_0_model_loads_in_its_blocks_and_saves_back_byte_for_byte(tmp_path, dev):
+    m = model()
+    path = gg.save_model(m, str(tmp_path / "q.gguf"), dtype="q8_0")
+    q = gg.load_model(path)
+    layers = [mod for mod in q.modules() if isinstance(mod, (ggrad.nn.QuantizedLinear, ggrad.nn.QuantizedEmbedding))]
+    assert len(layers) == 2 + 7 * CONFIG.n_layers  # embedding, output, 7 matrices a block
+    assert all(k.endswith("norm.weight") for k in q.state_dict())  # the norms are the only float tensors
+    for layer in layers:  # held once, at Q8_0's size: 34 bytes per 32 weights
+        rows, cols = layer.weight.shape
+        assert layer.weight.handle.nbytes == rows * cols // 32 * 34
+    assert open(gg.save_model(q, str(tmp_path / "again.gguf"), dtype="q8_0"), "rb").read() == open(path, "rb").read()
+    # the logits are those of the float model with the dequantized weights (the CPU rounds
+    # activations to Q8_0 blocks for its dot products, as llama.cpp does)
+    reference = model()
+    with ggrad.no_grad():
+        for name, mod in reference.named_modules():
+            if isinstance(mod, (ggrad.nn.Linear, ggrad.nn.Embedding)):
+                mod.weight.assign_(quantized.dequantize(q.get_submodule(name).weight))
+        want, got = reference(TOKENS).numpy(), q(TOKENS).numpy()
+    tolerance = 2e-2 if dev == "cpu" else 1e-5
+    assert np.abs(got - want).max() <= tolerance * np.abs(want).max()

@@ -12,6 +12,7 @@ import ggrad
 import ggrad.functional as F
 from ggrad import gguf as gg
 from ggrad import nn
+from ggrad.functional import quantized
 from ggrad.models import Llama, LlamaConfig
 from ggrad.nn import lora
 from conftest import assert_resident_training
@@ -120,3 +121,39 @@ def test_bad_input_is_refused_clearly(tmp_path):
         gg.save_model(adapted(), str(tmp_path / "m.gguf"))
     with pytest.raises(ValueError, match="no LoRA adapters"):
         gg.save_lora(Llama(CONFIG), str(tmp_path / "a.gguf"))
+
+
+def test_adapters_over_q8_0_weights_get_the_dequantized_models_gradients(tmp_path, dev):
+    """Gradients flow through the Q8_0 weights (read in their blocks) to the adapters as
+    through the float32 model that holds the dequantized values; the step is resident."""
+    ggrad.manual_seed(4)
+    q = gg.load_model(gg.save_model(Llama(CONFIG), str(tmp_path / "q.gguf"), dtype="q8_0"))
+    reference = Llama(CONFIG)
+    with ggrad.no_grad():
+        for name, mod in q.named_modules():
+            if isinstance(mod, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                reference.get_submodule(name).weight.assign_(quantized.dequantize(mod.weight))
+        reference.load_state_dict(q.state_dict(), strict=False)
+    rng = np.random.default_rng(5)
+    for m in (q, reference):
+        lora.add_lora(m, ("wq", "wv", "w2"), rank=4, alpha=8.0)
+    for (name, a), b in zip(lora.lora_layers(q).items(), lora.lora_layers(reference).values()):
+        with ggrad.no_grad():
+            for t in (a.lora_A, b.lora_A):
+                t.assign_(np.random.default_rng(len(name)).standard_normal(t.shape).astype(np.float32) * 0.1)
+            B = rng.standard_normal(a.lora_B.shape).astype(np.float32) * 0.1
+            a.lora_B.assign_(B)
+            b.lora_B.assign_(B)
+    ids = np.random.default_rng(6).integers(3, 259, (2, 16))
+    x, y = ggrad.tensor(ids), ggrad.tensor(np.roll(ids, -1, axis=1).reshape(-1))
+    for m in (q, reference):
+        with ggrad.grad_tape():
+            F.cross_entropy(F.reshape(m(x), (-1, CONFIG.vocab_size)), y).backward()
+    tolerance = 3e-2 if dev == "cpu" else 1e-4  # the CPU rounds activations to Q8_0 blocks, as llama.cpp
+    for (name, a), b in zip(lora.lora_layers(q).items(), lora.lora_layers(reference).values()):
+        for got, want in ((a.lora_A.grad, b.lora_A.grad), (a.lora_B.grad, b.lora_B.grad)):
+            want = want.numpy()
+            assert np.abs(got.numpy() - want).max() <= tolerance * np.abs(want).max(), name
+    if dev == "cpu":
+        adapters = [p for p in q.parameters() if p.requires_grad]
+        assert_resident_training(lambda x: F.reshape(q(x), (-1, CONFIG.vocab_size)), adapters, x, y)

@@ -23,7 +23,10 @@ import numbers
 import ml_dtypes
 import numpy as np
 
+from .runtime.handle import Q8_0_BLOCK
+
 _BOOL, _INT, _FLOAT = 0, 1, 2  # categories, in promotion order
+_QUANT = 3  # frozen quantized weights: read only by the products that take them (functional/quantized.py)
 
 
 class dtype:
@@ -55,6 +58,10 @@ bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, ml_dtypes.bfloat16, _FLOAT, 1)
 int32 = dtype("int32", np.int32, np.int32, _INT, 1)
 int64 = dtype("int64", np.int32, np.int64, _INT, 2)
 bool_ = dtype("bool", np.float32, np.bool_, _BOOL, 0)
+
+# not a dtype of arithmetic: a tensor of it is a frozen weight in ggml's Q8_0 blocks, its
+# shape the weights' (rows, columns), its host form the (rows, columns / 32) blocks
+q8_0 = dtype("q8_0", Q8_0_BLOCK, Q8_0_BLOCK, _QUANT, 0)
 
 ALL = (float32, float16, bfloat16, int32, int64, bool_)
 _BY_NAME = {d.name: d for d in ALL}

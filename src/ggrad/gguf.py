@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from .io import _atomic_write, _host
-from .models.llama import Llama, LlamaConfig, gguf_name
+from .functional import quantized
+from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name
+from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
 from .nn.lora import lora_layers
 
 _TYPES = ("f32", "f16", "bf16", "q8_0")
@@ -75,10 +77,21 @@ def _encoded(array: np.ndarray, kind: str, name: str):
     return gguf.quants.quantize(array.astype(np.float32), qtype), qtype
 
 
+_PATTERNS = list(GGUF_NAMES.values())
+
+
+def _file_order(name: str) -> tuple:
+    """llama.cpp's converter's order: the embedding, the blocks in turn, the output."""
+    parts = name.split(".")
+    if parts[0] == "blk":
+        return (1, int(parts[1]), _PATTERNS.index(".".join(["blk", "{n}", *parts[2:]])))
+    return (0 if name == "token_embd.weight" else 2, 0, _PATTERNS.index(name))
+
+
 def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, dtype: str = "f32") -> str:
     """Write `model` as a llama.cpp llama model: hyperparameters under "llama.*", tensors
-    under llama.cpp's names in `dtype` (f32, f16, bf16 or q8_0; norms stay f32), and the
-    tokenizer (a `ByteTokenizer` by default)."""
+    under llama.cpp's names in `dtype` (f32, f16, bf16 or q8_0; norms stay f32; weights
+    a model holds in Q8_0 stay Q8_0), and the tokenizer (a `ByteTokenizer` by default)."""
     import gguf
 
     if not isinstance(model, Llama):
@@ -94,6 +107,12 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
         raise ValueError(f"save_model: the tokenizer has {len(tokenizer)} tokens, the model's vocab_size is "
                          f"{c.vocab_size}")
     tensors = {gguf_name(k): _encoded(_host(v).astype(np.float32), dtype, k) for k, v in model.state_dict().items()}
+    for name, module in model.named_modules():  # weights kept quantized are written as they are
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            blocks = module.weight.node.host if module.weight.node.host is not None else module.weight.numpy()
+            tensors[gguf_name(name + ".weight")] = (np.ascontiguousarray(blocks).view(np.uint8),
+                                                     gguf.GGMLQuantizationType.Q8_0)
+    tensors = dict(sorted(tensors.items(), key=lambda item: _file_order(item[0])))
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
 
@@ -135,8 +154,10 @@ def _field(reader, key: str):
 
 
 def load_model(path: str) -> Llama:
-    """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes)
-    with f32, f16 or bf16 tensors; their values are exact in float32 parameters."""
+    """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes):
+    f32, f16 and bf16 tensors become float32 parameters (exact); q8_0 matrices stay in
+    their blocks on the device, frozen (QuantizedLinear, QuantizedEmbedding): the model
+    holds them at their quantized size."""
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -162,11 +183,18 @@ def load_model(path: str) -> Llama:
         t = tensors.get(gguf_name(key))
         if t is None:
             raise ValueError(f"load_model: {path} has no tensor {gguf_name(key)!r}")
-        if t.tensor_type not in floats:
-            raise ValueError(f"load_model: {t.name} is {t.tensor_type.name}; load_model reads f32, f16 and bf16 "
-                             "tensors (quantized weights are not loaded yet)")
-        values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
-        state[key] = np.ascontiguousarray(values, dtype=np.float32)
+        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:  # kept in its blocks, frozen
+            name = key.removesuffix(".weight")
+            weight = quantized.from_blocks(np.asarray(t.data), param.shape)
+            layer = QuantizedEmbedding(weight) if isinstance(model.get_submodule(name), Embedding) else \
+                QuantizedLinear(weight)
+            model.set_submodule(name, layer)
+        elif t.tensor_type in floats:
+            values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
+            state[key] = np.ascontiguousarray(values, dtype=np.float32)
+        else:
+            raise ValueError(f"load_model: {t.name} is {t.tensor_type.name}; load_model reads f32, f16, bf16 and "
+                             "q8_0 tensors")
     model.load_state_dict(state)
     return model
 

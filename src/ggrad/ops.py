@@ -621,3 +621,35 @@ def _take_rows(ctx, s, node):
     table = reshape(ctx, x, (rows, n, 1))
     picked = G.ggml_get_rows(ctx, table, reshape(ctx, index, (rows, k)))
     return reshape(ctx, picked, node.shape)
+
+
+@builder("matmul_q")
+def _matmul_q(ctx, s, node):
+    """x @ W^T with W in a quantized type: ggml's mul_mat(W, x), which reads W's blocks as
+    it multiplies (on the CPU it rounds x to W's block type for the dot products, as
+    llama.cpp does)."""
+    x, w = s
+    return reshape(ctx, _precise(G.ggml_mul_mat(ctx, w, as_type(ctx, x, F32))), node.shape)
+
+
+@builder("matmul_q_back")
+def _matmul_q_back(ctx, s, node):
+    """The gradient g @ W of x @ W^T for a quantized W: ggml's out_prod(W, g^T), which
+    reads W's blocks; where the backend has no OUT_PROD of a quantized W, W is converted
+    to float32 inside this graph (scratch, freed with it) for a mul_mat."""
+    g, w = s
+    rows = math.prod(node.shape[:-1])
+    g2 = G.ggml_reshape_2d(ctx, as_type(ctx, g, F32), w.contents.ne[1], rows)
+    product = _supported(G.ggml_out_prod(ctx, w, G.ggml_cont(ctx, G.ggml_transpose(ctx, g2))))
+    if product is None:
+        wt = G.ggml_cont(ctx, G.ggml_transpose(ctx, G.ggml_cast(ctx, w, F32)))
+        product = _precise(G.ggml_mul_mat(ctx, wt, g2))
+    return reshape(ctx, product, node.shape)
+
+
+@builder("gather_rows_q")
+def _gather_rows_q(ctx, s, node):
+    """Rows of a quantized table, converted to float32 as they are read (ggml's get_rows)."""
+    table, index = s
+    flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
+    return reshape(ctx, flat, node.shape)

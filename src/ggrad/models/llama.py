@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .. import dtypes
 from .. import functional as F
+from ..functional import quantized
 from ..functional._core import _as_tensor
 from ..nn import Embedding, Linear, Module, ModuleList, RMSNorm
 from ..tensor import Tensor
@@ -173,7 +174,10 @@ class Llama(Module):
         for layer in self.layers:
             h = layer(h)
         h = self.norm(h)
-        return self.output(h) if self.output is not None else h @ self.tok_embeddings.weight.T
+        if self.output is not None:
+            return self.output(h)
+        table = self.tok_embeddings.weight
+        return quantized.linear(h, table) if table.dtype is dtypes.q8_0 else h @ table.T
 
     def extra_repr(self) -> str:
         return repr(self.config)

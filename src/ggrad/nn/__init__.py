@@ -1,6 +1,6 @@
 """Layers and containers (PyTorch's torch.nn, on ggrad tensors)."""
 
-from . import init
+from . import init, lora
 from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
                         TransformerEncoder, TransformerEncoderLayer)
 from .conv import Conv1d, Conv2d, ConvTranspose2d
@@ -12,11 +12,12 @@ from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter,
 from .normalization import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm2d, LayerNorm, RMSNorm
 from .recurrent import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .pooling import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool2d
+from .quantized import QuantizedEmbedding, QuantizedLinear
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
            "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "Identity", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
-           "MaxPool1d", "MaxPool2d", "RMSNorm", "Unflatten", "Upsample",
+           "MaxPool1d", "MaxPool2d", "QuantizedEmbedding", "QuantizedLinear", "RMSNorm", "Unflatten", "Upsample",
            "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",
            "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock", "TransformerDecoder",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]

@@ -10,18 +10,21 @@ import math
 import numpy as np
 
 from .. import autograd
+from ..functional import quantized
 from ..tensor import Tensor, param
 from .layers import Dropout, Identity, Linear, _uniform
 from .module import Module
+from .quantized import QuantizedLinear
 
 
 class LoRALinear(Module):
-    """A frozen `base` Linear with a trainable low-rank update (`lora_A`, `lora_B`)."""
+    """A frozen `base` Linear (or QuantizedLinear: its Q8_0 weight is read in place) with
+    a trainable low-rank update (`lora_A`, `lora_B`)."""
 
-    def __init__(self, base: Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    def __init__(self, base: Linear | QuantizedLinear, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
-        if not isinstance(base, Linear):
-            raise TypeError(f"LoRALinear adapts a Linear, got {type(base).__name__}")
+        if not isinstance(base, (Linear, QuantizedLinear)):
+            raise TypeError(f"LoRALinear adapts a Linear or QuantizedLinear, got {type(base).__name__}")
         if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(base.in_features,
                                                                                        base.out_features):
             raise ValueError(f"LoRA rank must be an int in [1, {min(base.in_features, base.out_features)}], "
@@ -40,11 +43,14 @@ class LoRALinear(Module):
         return self.base(x) + update * self.scaling
 
     def merged(self) -> Linear:
-        """A Linear whose weight is base + (alpha / rank) * B @ A (what llama.cpp computes
-        when it merges an adapter)."""
+        """A float32 Linear whose weight is base + (alpha / rank) * B @ A (what llama.cpp
+        computes when it merges an adapter; a Q8_0 base is dequantized for it)."""
         out = Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None)
+        weight = self.base.weight
+        if isinstance(self.base, QuantizedLinear):
+            weight = Tensor(quantized.dequantize(weight))
         with autograd.no_grad():
-            out.weight.assign_(self.base.weight + (self.lora_B @ self.lora_A) * self.scaling)
+            out.weight.assign_(weight + (self.lora_B @ self.lora_A) * self.scaling)
             if out.bias is not None:
                 out.bias.assign_(self.base.bias)
         return out
@@ -53,27 +59,21 @@ class LoRALinear(Module):
         return f"rank={self.rank}, alpha={self.alpha}"
 
 
-def _replace(model: Module, name: str, module: Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    parent.add_module(child, module)
-
-
 def add_lora(model: Module, targets, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> list[str]:
     """Freeze every parameter of `model`, then put a `LoRALinear` in place of each Linear
-    whose qualified name is, or ends with ".", one of `targets` (e.g. ("wq", "wv")).
+    (or QuantizedLinear) whose qualified name is, or ends with ".", one of `targets` (e.g. ("wq", "wv")).
     Returns the names adapted; an unmatched target raises."""
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     if not targets:
         raise ValueError("add_lora needs at least one target name")
     model.requires_grad_(False)
-    chosen = [(name, m) for name, m in model.named_modules() if isinstance(m, Linear) and name and
+    chosen = [(name, m) for name, m in model.named_modules() if isinstance(m, (Linear, QuantizedLinear)) and name and
               any(name == t or name.endswith("." + t) for t in targets)]
     unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n, _ in chosen)]
     if unmatched:
         raise ValueError(f"add_lora: no Linear is named {unmatched} in this model")
     for name, linear in chosen:
-        _replace(model, name, LoRALinear(linear, rank, alpha, dropout))
+        model.set_submodule(name, LoRALinear(linear, rank, alpha, dropout))
     return [name for name, _ in chosen]
 
 
@@ -87,5 +87,5 @@ def merge_lora(model: Module) -> Module:
     for name, layer in lora_layers(model).items():
         merged = layer.merged()
         merged.requires_grad_(False)
-        _replace(model, name, merged)
+        model.set_submodule(name, merged)
     return model

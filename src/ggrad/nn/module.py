@@ -143,6 +143,11 @@ class Module:
             module = child
         return module
 
+    def set_submodule(self, target: str, module: Module) -> None:
+        """Put `module` at dotted path `target` in place of what is there, as torch's."""
+        parent, _, name = target.rpartition(".")
+        self.get_submodule(parent).add_module(name, module)
+
     def modules(self) -> Iterator[Module]:
         return (m for _, m in self.named_modules())
 

@@ -20,7 +20,7 @@ from ggml import ggml as G
 from . import transfers
 from .critical import critical
 from .device import ActiveDevice, current
-from .handle import DTYPES, GGML_TO_NUMPY, MAX_DIMS, Handle, ggml_ne, new_tensor
+from .handle import DTYPES, GGML_TO_NUMPY, MAX_DIMS, Handle, ggml_ne, logical_shape, new_tensor
 
 DEFAULT_MAX_NODES = 8192
 SCOPES = ("pass", "persistent")
@@ -225,7 +225,7 @@ def to_device(array, scope: str = "pass") -> Handle:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     host = as_host_array(array)
     with critical():
-        handle = current().new_handle(host.shape, host.dtype, scope)
+        handle = current().new_handle(logical_shape(host.shape, host.dtype), host.dtype, scope)
         handle.write(host)
     return handle
 

@@ -18,13 +18,28 @@ from ggml import ggml as G
 from . import transfers
 from .critical import lock
 
+Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # dtypes.Q8_0_BLOCK: ggml's Q8_0 block
+BLOCK_SIZE = {Q8_0_BLOCK: 32}  # weights per storage item of a quantized type
+
 DTYPES = {
+    Q8_0_BLOCK: G.GGML_TYPE_Q8_0,
     np.dtype(np.float32): G.GGML_TYPE_F32,
     np.dtype(np.float16): G.GGML_TYPE_F16,
     np.dtype(ml_dtypes.bfloat16): G.GGML_TYPE_BF16,
     np.dtype(np.int32): G.GGML_TYPE_I32,
 }
 GGML_TO_NUMPY = {v: k for k, v in DTYPES.items()}
+
+
+def logical_shape(storage_shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    """A tensor's shape from its host array's: a quantized row of n blocks holds n * 32 weights."""
+    block = BLOCK_SIZE.get(dtype, 1)
+    return storage_shape if block == 1 else (*storage_shape[:-1], storage_shape[-1] * block)
+
+
+def storage_shape(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    block = BLOCK_SIZE.get(dtype, 1)
+    return shape if block == 1 else (*shape[:-1], shape[-1] // block)
 MAX_DIMS = G.GGML_MAX_DIMS
 
 
@@ -80,7 +95,7 @@ class Handle:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return int(np.prod(self.shape, dtype=np.int64)) // BLOCK_SIZE.get(self.dtype, 1) * self.dtype.itemsize
 
     def _why_dead(self) -> str:
         if self._pool.released:
@@ -114,7 +129,8 @@ class Handle:
         """Download the values (a counted crossing unless the device is host memory)."""
         with lock:
             self.check_live()
-            return transfers.download(self._tensor, self.shape, self.dtype, self._host_memory)
+            return transfers.download(self._tensor, storage_shape(self.shape, self.dtype), self.dtype,
+                                      self._host_memory)
 
     def write(self, array: np.ndarray) -> None:
         """Upload a host array of this handle's shape and dtype into its buffer."""
