@@ -11,7 +11,9 @@ CHILD = r"""
 import json, sys
 from llama_cpp import Llama
 path, prompt, n, lora = json.loads(sys.argv[1])
-llm = Llama(model_path=path, n_ctx=max(128, len(prompt) + n), n_threads=2, verbose=False, lora_path=lora)
+import llama_cpp
+llm = Llama(model_path=path, n_ctx=max(128, len(prompt) + n), n_threads=2, verbose=False, lora_path=lora,
+            type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)  # as ggrad: float32
 out = []
 for token in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
     out.append(token)

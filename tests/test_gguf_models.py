@@ -45,13 +45,14 @@ def test_the_file_has_llama_cpps_keys_names_and_types(tmp_path):
                 "llama.embedding_length": c.dim, "llama.block_count": c.n_layers,
                 "llama.feed_forward_length": c.ffn_dim, "llama.attention.head_count": c.n_heads,
                 "llama.attention.head_count_kv": c.n_kv_heads, "llama.rope.dimension_count": c.head_dim,
-                "llama.vocab_size": c.vocab_size, "tokenizer.ggml.model": "llama",
+                "llama.vocab_size": c.vocab_size, "tokenizer.ggml.model": "gpt2",
                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
     for key, value in expected.items():
         assert fields[key] == value, key
     assert fields["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(c.norm_eps)
     tokens = fields["tokenizer.ggml.tokens"]
-    assert len(tokens) == c.vocab_size and tokens[3] == "<0x00>" and tokens[258] == "<0xFF>"
+    assert len(tokens) == c.vocab_size and tokens[3 + ord("a")] == "a" and tokens[3 + ord(" ")] == "Ġ"
+    assert len(set(tokens)) == len(tokens)
     types = {t.name: t for t in reader.tensors}
     names = ["token_embd.weight", "output_norm.weight", "output.weight"] + [
         f"blk.{n}.{part}.weight" for n in range(c.n_layers) for part in

@@ -20,10 +20,19 @@ from .nn.lora import lora_layers
 _TYPES = ("f32", "f16", "bf16", "q8_0")
 
 
+def _byte_characters() -> list[str]:
+    """GPT-2's printable character for each byte (the form llama.cpp's BPE vocabulary
+    stores bytes in: "Ġ" for a space, "Ċ" for a newline)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
+
+
 class ByteTokenizer:
-    """A byte-level vocabulary in llama.cpp's SentencePiece ("llama") form: <unk>, <s>,
-    </s>, then the 256 byte tokens <0x00>..<0xFF>, so any text round-trips through UTF-8
-    bytes and llama.cpp can detokenize what a model generates."""
+    """A byte-level vocabulary: <unk>, <s>, </s>, then the 256 bytes (byte b is id 3 + b),
+    so any text round-trips through its UTF-8 bytes. Written as llama.cpp's "gpt2" (BPE)
+    form with no merge that applies: llama.cpp then tokenizes a text to exactly these ids
+    and detokenizes them back (its SentencePiece form would turn spaces into "▁" bytes)."""
 
     UNK, BOS, EOS = 0, 1, 2
     OFFSET = 3  # the id of byte 0
@@ -43,21 +52,23 @@ class ByteTokenizer:
         (llama.cpp takes the vocabulary's size from the token list)."""
         import gguf
 
-        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+        tokens = ["<unk>", "<s>", "</s>", *_byte_characters()]
         types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
-            [gguf.TokenType.BYTE] * 256
+            [gguf.TokenType.NORMAL] * 256
         padding = vocab_size - len(tokens)
         tokens += [f"<pad{i}>" for i in range(padding)]
         types += [gguf.TokenType.UNUSED] * padding
-        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
         writer.add_token_list(tokens)
-        writer.add_token_scores([0.0] * len(tokens))
         writer.add_token_types([int(t) for t in types])
+        # llama.cpp's BPE loader needs a merges key and GGUFWriter drops an empty list: one
+        # merge that never applies ("<s>" is no byte's character and no merge makes it)
+        writer.add_token_merges(["<s> </s>"])
         writer.add_unk_token_id(self.UNK)
         writer.add_bos_token_id(self.BOS)
         writer.add_eos_token_id(self.EOS)
         writer.add_add_bos_token(False)
-        writer.add_add_space_prefix(False)
 
 
 def _encoded(array: np.ndarray, kind: str, name: str):

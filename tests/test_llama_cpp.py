@@ -1,0 +1,110 @@
+"""llama.cpp itself as the oracle (llama-cpp-python, scripts/build_llama_cpp.sh): the GGUF
+files ggrad writes load there, and llama.cpp's logits, greedy tokens, tokenizer and LoRA
+adapter application equal ggrad's.
+
+llama.cpp runs in a child process: ggml-python loads its libggml with RTLD_GLOBAL, and a
+llama_cpp imported after it would bind part of its ggml to ggml-python's (docs/llama_cpp.md).
+ggrad runs on the cpu device here: llama.cpp's CPU products round activations to Q8_0
+blocks for Q8_0 weights, and so do ggml-python's, so both compute the same thing."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+import ggrad
+from ggrad import gguf as gg
+from ggrad.models import Llama, LlamaConfig
+from ggrad.nn import lora
+from conftest import run_in_child
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                reason="llama-cpp-python (the oracle) is not installed: scripts/build_llama_cpp.sh")
+
+CONFIG = LlamaConfig(vocab_size=259, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64)
+TEXT = "def f(x):\n    return x ** 2  # é€"
+TOKENS = gg.ByteTokenizer().encode(TEXT)[:24]
+GREEDY = 8
+
+LLAMA_CPP = """
+import itertools, json, sys
+import numpy as np, llama_cpp
+jobs, text, out = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+results = {}
+for i, (model, adapter, tokens) in enumerate(jobs):
+    kw = dict(logits_all=True, n_ctx=128, n_batch=128, n_ubatch=128, n_threads=1, verbose=False,
+              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False)
+    if adapter:
+        kw.update(lora_path=adapter, lora_scale=1.0)
+    llm = llama_cpp.Llama(model, **kw)
+    llm.eval(tokens)
+    results[f"logits{i}"] = np.array(llm.scores[:len(tokens)], dtype=np.float32)
+    results[f"greedy{i}"] = np.array(list(itertools.islice(
+        llm.generate(tokens, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, reset=True), %d)))
+    if i == 0:
+        results["tokenized"] = np.array(llm.tokenize(text.encode(), add_bos=False, special=False))
+        results["detokenized"] = np.frombuffer(llm.detokenize(llm.tokenize(text.encode(), add_bos=False)), np.uint8)
+    del llm
+np.savez(out, **results)
+""" % GREEDY
+
+
+def llama_cpp(tmp_path, jobs: list[tuple[str, str, list[int]]]) -> dict:
+    out = str(tmp_path / "llama_cpp.npz")
+    run_in_child(LLAMA_CPP, json.dumps(jobs), TEXT, out)
+    return dict(np.load(out))
+
+
+def relative(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def ggrad_run(model: Llama) -> tuple[np.ndarray, list[int]]:
+    """All positions' logits for TOKENS, and GREEDY greedy tokens after them."""
+    with ggrad.no_grad():
+        logits = model(np.array([TOKENS])).numpy()[0]
+        ids = list(TOKENS)
+        for _ in range(GREEDY):
+            ids.append(int(np.argmax(model(np.array([ids])).numpy()[0, -1])))
+    return logits, ids[len(TOKENS):]
+
+
+def with_adapters(model: Llama, seed: int) -> Llama:
+    lora.add_lora(model, ("wq", "wv", "w3"), rank=4, alpha=8.0)
+    rng = np.random.default_rng(seed)
+    with ggrad.no_grad():
+        for layer in lora.lora_layers(model).values():
+            layer.lora_B.assign_(rng.standard_normal(layer.lora_B.shape).astype(np.float32) * 0.2)
+    return model
+
+
+def test_llama_cpp_computes_what_ggrad_does(tmp_path):
+    """F32 (untied and tied), Q8_0 kept in its blocks, and a LoRA adapter over F32 and over
+    Q8_0: logits of every position at 1e-4 of the largest, the same greedy tokens; and
+    llama.cpp tokenizes the text to the byte tokenizer's ids."""
+    ggrad.set_device("cpu")
+    ggrad.manual_seed(0)
+    untied = Llama(CONFIG)
+    ggrad.manual_seed(1)
+    tied = Llama(LlamaConfig(**{**CONFIG.__dict__, "tie_embeddings": True}))
+    files = {"f32": gg.save_model(untied, str(tmp_path / "f32.gguf")),
+             "tied": gg.save_model(tied, str(tmp_path / "tied.gguf")),
+             "q8_0": gg.save_model(untied, str(tmp_path / "q8_0.gguf"), dtype="q8_0")}
+    q8 = gg.load_model(files["q8_0"])
+    models = {"f32": untied, "tied": tied, "q8_0": q8}
+    adapted = {"f32+lora": with_adapters(gg.load_model(files["f32"]), 2),
+               "q8_0+lora": with_adapters(gg.load_model(files["q8_0"]), 3)}
+    adapters = {name: gg.save_lora(m, str(tmp_path / f"{name}.gguf")) for name, m in adapted.items()}
+    jobs = [(files[n], "", TOKENS) for n in models] + [(files[n.removesuffix("+lora")], adapters[n], TOKENS)
+                                                      for n in adapted]
+    theirs = llama_cpp(tmp_path, jobs)
+    for i, (name, model) in enumerate([*models.items(), *adapted.items()]):
+        logits, greedy = ggrad_run(model)
+        assert relative(logits, theirs[f"logits{i}"]) < 1e-4, (name, relative(logits, theirs[f"logits{i}"]))
+        assert greedy == theirs[f"greedy{i}"].tolist(), name
+    # the adapters move the logits: an adapter llama.cpp ignored would fail the check above
+    base, _ = ggrad_run(untied)
+    assert relative(base, theirs["logits3"]) > 1e-2
+    assert theirs["tokenized"].tolist() == gg.ByteTokenizer().encode(TEXT)
+    assert theirs["detokenized"].tobytes().decode() == TEXT
