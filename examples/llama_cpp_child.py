@@ -37,3 +37,17 @@ def llama_cpp_generate(path: str, prompt: list[int], n: int, lora: str | None = 
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp failed on {path}:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def compare_with_llama_cpp(path: str, prompt: list[int], ours: list[int], tokenizer, what: str,
+                           lora: str | None = None) -> None:
+    """Print llama.cpp's greedy continuation of `prompt` from the file at `path` and how
+    many of its tokens equal ggrad's (`ours`, prompt included)."""
+    n = len(ours) - len(prompt)
+    theirs = llama_cpp_generate(path, prompt, n, lora)
+    if theirs is None:
+        print("llama.cpp: llama-cpp-python is not installed (scripts/build_llama_cpp.sh builds it)")
+        return
+    print(f"llama.cpp, {what}, greedy:\n" + tokenizer.decode(theirs))
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+    print(f"the first {same - len(prompt)} of {n} generated tokens are the same")

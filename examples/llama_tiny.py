@@ -1,6 +1,6 @@
 """Train a small llama (ggrad.models.Llama, ~3M parameters, byte-level) on Python's own
 standard library source, export it as a GGUF that llama.cpp loads, and let llama.cpp
-(llama-cpp-python, `make llama-cpp`) generate from it beside ggrad's own greedy decoding.
+(llama-cpp-python: scripts/build_llama_cpp.sh, run by `make setup`) generate from it beside ggrad's own greedy decoding.
 
     .venv/bin/python examples/llama_tiny.py [--steps 300] [--out runs/llama_tiny]
 """
@@ -20,7 +20,7 @@ from ggrad.models import Llama, LlamaConfig
 from ggrad.optim import AdamW
 
 from char_lm import corpus  # noqa: E402  (examples/ is on the path when this runs)
-from llama_cpp_child import llama_cpp_generate
+from llama_cpp_child import compare_with_llama_cpp
 
 CONFIG = LlamaConfig(vocab_size=259, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=704, max_seq_len=128)
 
@@ -90,14 +90,7 @@ def main() -> None:
     prompt = tokenizer.encode("def ")
     ours = greedy(model, prompt, 64)
     print("ggrad, greedy:\n" + tokenizer.decode(ours))
-    theirs = llama_cpp_generate(path, prompt, 64)
-    if theirs is None:
-        print("llama.cpp: llama-cpp-python is not installed (make llama-cpp builds it)")
-        return
-    print("llama.cpp, greedy, from the GGUF file:\n" + tokenizer.decode(theirs))
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-    print(f"the first {same - len(prompt)} of 64 generated tokens are the same")
-
+    compare_with_llama_cpp(path, prompt, ours, tokenizer, "from the GGUF file")
 
 if __name__ == "__main__":
     main()

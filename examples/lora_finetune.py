@@ -20,7 +20,7 @@ import ggrad.functional as F
 from ggrad import gguf, nn
 from ggrad.nn import lora
 
-from llama_cpp_child import llama_cpp_generate
+from llama_cpp_child import compare_with_llama_cpp
 from llama_tiny import batches, greedy, train
 
 TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
@@ -71,14 +71,7 @@ def main() -> None:
     prompt = tokenizer.encode("    def ")
     ours = greedy(model, prompt, 48)
     print("ggrad, Q8_0 + adapters, greedy:\n" + tokenizer.decode(ours))
-    theirs = llama_cpp_generate(quantized_path, prompt, 48, lora=adapter)
-    if theirs is None:
-        print("llama.cpp: llama-cpp-python is not installed (make llama-cpp builds it)")
-        return
-    print("llama.cpp, Q8_0 model + adapter file, greedy:\n" + tokenizer.decode(theirs))
-    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-    print(f"the first {same - len(prompt)} of 48 generated tokens are the same")
-
+    compare_with_llama_cpp(quantized_path, prompt, ours, tokenizer, "Q8_0 model + adapter file", lora=adapter)
 
 if __name__ == "__main__":
     main()

@@ -215,4 +215,7 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   fi
   touch "$stamp"
 fi
+# llama.cpp itself, the oracle of tests/test_llama_cpp.py: built once (about 2.5 minutes on
+# 2 cores) into the same cache; installing it again is a no-op (a stamp in the venv)
+case ",$EXTRAS," in *,test,*) bash "$ROOT/scripts/build_llama_cpp.sh" >/dev/null ;; esac
 log "ready: backend $BACKEND"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .io import _atomic_write, _host
+from .io import _host, write_gguf
 from .functional import quantized
 from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name
 from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
@@ -127,8 +127,7 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
 
-    def write(tmp: str) -> None:
-        writer = gguf.GGUFWriter(tmp, "llama")
+    def keys(writer) -> None:
         writer.add_name("ggrad llama")
         writer.add_file_type(int(file_type))
         writer.add_context_length(c.max_seq_len)
@@ -142,14 +141,8 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
         writer.add_layer_norm_rms_eps(c.norm_eps)
         writer.add_vocab_size(c.vocab_size)
         tokenizer.write(writer, c.vocab_size)
-        for name, (data, raw_dtype) in tensors.items():
-            writer.add_tensor(name, data, raw_dtype=raw_dtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
 
-    return _atomic_write(path, write)
+    return write_gguf(path, "llama", keys, tensors)
 
 
 def _float32(value) -> float:
@@ -215,8 +208,6 @@ def save_lora(model: Llama, path: str) -> str:
     adapter.type "lora", adapter.lora.alpha, and per adapted matrix W (llama.cpp's name)
     "W.lora_a" = A (ne: in, rank) and "W.lora_b" = B (ne: rank, out), float32. llama.cpp
     adds scale * alpha / rank * B @ A to W (scale: the user's, 1 by default)."""
-    import gguf
-
     if not isinstance(model, Llama):
         raise TypeError(f"save_lora writes the adapters of a ggrad.models.Llama, got {type(model).__name__}")
     layers = lora_layers(model)
@@ -232,16 +223,9 @@ def save_lora(model: Llama, path: str) -> str:
         tensors[target + ".lora_a"] = _host(layer.lora_A).astype(np.float32)
         tensors[target + ".lora_b"] = _host(layer.lora_B).astype(np.float32)
 
-    def write(tmp: str) -> None:
-        writer = gguf.GGUFWriter(tmp, "llama")
+    def keys(writer) -> None:
         writer.add_string("general.type", "adapter")
         writer.add_string("adapter.type", "lora")
         writer.add_float32("adapter.lora.alpha", alpha)
-        for name, data in tensors.items():
-            writer.add_tensor(name, data)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
 
-    return _atomic_write(path, write)
+    return write_gguf(path, "llama", keys, tensors)

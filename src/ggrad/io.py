@@ -24,7 +24,7 @@ import os
 import socket
 import tempfile
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -338,8 +338,6 @@ def export_gguf(model, path: str, architecture: str = "ggrad", metadata: dict | 
     the terminating NUL), so such a name is refused here with a ValueError naming it,
     before anything is written; rename the module attributes (or export a state dict of
     your own naming through `save`) to fit. Names are not shortened silently."""
-    import gguf
-
     state = model.state_dict()
     for name in state:
         if len(name.encode("utf-8")) > GGUF_MAX_NAME:
@@ -348,13 +346,25 @@ def export_gguf(model, path: str, architecture: str = "ggrad", metadata: dict | 
                              "module a shorter attribute name")
     tensors = {k: _host(v).astype(np.float32) for k, v in state.items()}
 
-    def write(tmp: str) -> None:
-        writer = gguf.GGUFWriter(tmp, architecture)
+    def keys(writer) -> None:
         writer.add_name(type(model).__name__)
         for key, value in (metadata or {}).items():
             writer.add_string(f"{architecture}.{key}", str(value))
-        for name, array in tensors.items():
-            writer.add_tensor(name, array)
+
+    return write_gguf(path, architecture, keys, tensors)
+
+
+def write_gguf(path: str, architecture: str, keys: Callable, tensors: dict) -> str:
+    """A GGUF file written atomically: `keys(writer)` adds the metadata, `tensors` maps
+    each name to an array, or to (raw bytes, ggml quantization type)."""
+    import gguf
+
+    def write(tmp: str) -> None:
+        writer = gguf.GGUFWriter(tmp, architecture)
+        keys(writer)
+        for name, data in tensors.items():
+            array, raw_dtype = data if isinstance(data, tuple) else (data, None)
+            writer.add_tensor(name, array, raw_dtype=raw_dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
