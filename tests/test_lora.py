@@ -154,6 +154,29 @@ def test_adapters_over_q8_0_weights_get_the_dequantized_models_gradients(tmp_pat
         for got, want in ((a.lora_A.grad, b.lora_A.grad), (a.lora_B.grad, b.lora_B.grad)):
             want = want.numpy()
             assert np.abs(got.numpy() - want).max() <= tolerance * np.abs(want).max(), name
-    if dev == "cpu":
-        adapters = [p for p in q.parameters() if p.requires_grad]
-        assert_resident_training(lambda x: F.reshape(q(x), (-1, CONFIG.vocab_size)), adapters, x, y)
+    adapters = [p for p in q.parameters() if p.requires_grad]
+    assert_resident_training(lambda x: F.reshape(q(x), (-1, CONFIG.vocab_size)), adapters, x, y)
+
+
+def test_fine_tuning_over_q8_0_holds_the_base_weights_once_at_their_quantized_size(tmp_path):
+    """runtime.memory() counts the live persistent bytes: loading a Q8_0 model and training
+    adapters over it adds the blocks (34 bytes per 32 weights), the float norms, the
+    adapters and their Adam state, and no float copy of the matrices."""
+    import gc
+    path = gg.save_model(Llama(CONFIG), str(tmp_path / "q.gguf"), dtype="q8_0")
+    gc.collect()
+    before = ggrad.runtime.memory()["persistent_used_bytes"]
+    q = gg.load_model(path)
+    lora.add_lora(q, ("wq", "wv"), rank=4, alpha=8.0)
+    ids = np.random.default_rng(7).integers(3, 259, (2, 16))
+    x, y = ggrad.tensor(ids), ggrad.tensor(np.roll(ids, -1, axis=1).reshape(-1))
+    adapters = [p for p in q.parameters() if p.requires_grad]
+    assert_resident_training(lambda x: F.reshape(q(x), (-1, CONFIG.vocab_size)), adapters, x, y)
+    gc.collect()
+    held = ggrad.runtime.memory()["persistent_used_bytes"] - before
+    blocks = sum(m.weight.handle.nbytes for m in q.modules() if isinstance(m, (nn.QuantizedLinear,
+                                                                               nn.QuantizedEmbedding)))
+    floats = sum(p.numel() * 4 for p in q.parameters())  # norms and adapters
+    matrices_f32 = blocks // 34 * 32 * 4
+    assert blocks <= held <= blocks + 4 * floats + 64 * 1024, (held, blocks, floats)  # Adam: 2 moments
+    assert held < matrices_f32 / 3  # a float32 copy of the matrices alone would be 3.8x the blocks

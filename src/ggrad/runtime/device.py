@@ -166,8 +166,11 @@ def reset_pass() -> None:
 
 
 def memory() -> dict:
-    """Bytes of backend buffers held now by the current device's pools."""
+    """Bytes of backend buffers held now by the current device's pools; of the persistent
+    pool's, `persistent_used_bytes` are in live tensors (the rest is free for reuse)."""
     if _active is None:
-        return {"device": _name, "persistent_bytes": 0, "pass_bytes": 0, "scratch_bytes": 0}
+        return {"device": _name, "persistent_bytes": 0, "persistent_used_bytes": 0, "pass_bytes": 0,
+                "scratch_bytes": 0}
     return {"device": _name, "persistent_bytes": _active.persistent.nbytes,
-            "pass_bytes": _active.pass_bytes(), "scratch_bytes": _active.scratch_bytes()}
+            "persistent_used_bytes": _active.persistent.used, "pass_bytes": _active.pass_bytes(),
+            "scratch_bytes": _active.scratch_bytes()}

@@ -76,6 +76,12 @@ class PersistentPool:
     def nbytes(self) -> int:
         return sum(c.size for c in self.chunks)
 
+    @property
+    def used(self) -> int:
+        """Bytes of the blocks that are live (the chunks less their holes and freed blocks)."""
+        holes = sum(size for holes in self._free.values() for _, size in holes)
+        return self.nbytes - holes - sum(block.size for block in list(self._freed))
+
     def alloc(self, nbytes: int) -> Block:
         while self._freed:
             self._coalesce(self._freed.popleft())
