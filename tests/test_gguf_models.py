@@ -104,13 +104,14 @@ def test_a_q8_0_model_loads_in_its_blocks_and_saves_back_byte_for_byte(tmp_path,
         rows, cols = layer.weight.shape
         assert layer.weight.handle.nbytes == rows * cols // 32 * 34
     assert open(gg.save_model(q, str(tmp_path / "again.gguf"), dtype="q8_0"), "rb").read() == open(path, "rb").read()
-    # the logits are those of the float model with the dequantized weights (the CPU rounds
-    # activations to Q8_0 blocks for its dot products, as llama.cpp does)
+    # the logits are those of the float model with the dequantized weights (the CPU and
+    # CUDA round activations to 8-bit blocks for their dot products, as llama.cpp does:
+    # 1.3e-2 / 6e-3 of the largest logit here; Vulkan multiplies by the dequantized values)
     reference = model()
     with ggrad.no_grad():
         for name, mod in reference.named_modules():
             if isinstance(mod, (ggrad.nn.Linear, ggrad.nn.Embedding)):
                 mod.weight.assign_(quantized.dequantize(q.get_submodule(name).weight))
         want, got = reference(TOKENS).numpy(), q(TOKENS).numpy()
-    tolerance = 2e-2 if dev == "cpu" else 1e-5
+    tolerance = 1e-5 if dev.startswith("vulkan") else 2e-2
     assert np.abs(got - want).max() <= tolerance * np.abs(want).max()

@@ -149,7 +149,8 @@ def test_adapters_over_q8_0_weights_get_the_dequantized_models_gradients(tmp_pat
     for m in (q, reference):
         with ggrad.grad_tape():
             F.cross_entropy(F.reshape(m(x), (-1, CONFIG.vocab_size)), y).backward()
-    tolerance = 3e-2 if dev == "cpu" else 1e-4  # the CPU rounds activations to Q8_0 blocks, as llama.cpp
+    # the CPU and CUDA round activations to 8-bit blocks, as llama.cpp (CUDA: 2e-3 here)
+    tolerance = 1e-4 if dev.startswith("vulkan") else 3e-2
     for (name, a), b in zip(lora.lora_layers(q).items(), lora.lora_layers(reference).values()):
         for got, want in ((a.lora_A.grad, b.lora_A.grad), (a.lora_B.grad, b.lora_B.grad)):
             want = want.numpy()
