@@ -85,7 +85,9 @@ def _reduce(staged: list[_Staged], op: str) -> None:
     for s in staged:
         out = np.empty_like(s.values)
         group.comm().Allreduce(s.values, out, op=mpi_op)
-        s.store(out / size if op == "mean" else out)
+        if op == "mean":
+            out = out / size if out.dtype.kind in "iu" else np.divide(out, size, out=out)  # floats in place
+        s.store(out)
 
 
 def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
