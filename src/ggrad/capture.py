@@ -57,6 +57,7 @@ class _Trace:
         self.steps: list[lazy.Run | Callable[[], None]] = []  # boundaries' graphs and host work, in order
         self.at_boundary = False
         self.boundary_downloads = 0  # crossings the host work made (a replay repeats them)
+        self.exchanged: set[int] = set()  # ids of the buffers the host work reads and writes
         ambient = precision.snapshot()  # a replay computes products as the trace did
         self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
         self.advances: list[Callable[[], None]] = []
@@ -75,12 +76,15 @@ class _Trace:
         else:
             self.early += 1
 
+    def boundary_runs(self) -> list[lazy.Run]:
+        return [s for s in self.steps if isinstance(s, lazy.Run)]
+
     def graphs(self) -> list[lazy.Run]:
-        return [s for s in self.steps if isinstance(s, lazy.Run)] + self.runs
+        return self.boundary_runs() + self.runs
 
     def give_back(self) -> None:
         """A refused trace: its boundaries' graphs go back to the device's reuse cache."""
-        for run in [s for s in self.steps if isinstance(s, lazy.Run)]:
+        for run in self.boundary_runs():
             if run.dev.cached_graph(run.key) is None:
                 run.dev.keep_graph(run.key, run.graph)
             else:
@@ -148,6 +152,7 @@ def boundary(nodes: list[lazy.Node], work: Callable[[list], None]) -> None:
         trace.at_boundary = False
         state.default_scope = scope
     step = functools.partial(work, handles)
+    trace.exchanged.update(id(h) for h in handles)
     downloads = runtime.transfers()["downloads"]
     step()
     trace.boundary_downloads += runtime.transfers()["downloads"] - downloads
@@ -281,8 +286,7 @@ class _Capture:
             id(t.handle) for run in runs for e in run.effects for t in e.targets}
         if written & arguments:
             raise _Refused("the function writes into one of its arguments in place")
-        exchanged = {id(h) for s in trace.steps if isinstance(s, functools.partial) for h in s.args[0]}
-        if exchanged & arguments:
+        if trace.exchanged & arguments:
             raise _Refused("the function exchanges one of its arguments across processes; a replay "
                            "would exchange the traced call's buffer")
         # values computed before the last graph stay where they are: nothing outside may hold one
@@ -445,7 +449,7 @@ class Compiled:
             returned: list[Tensor] = []
             rebuild = _flatten(result, returned)
             if trace.steps:  # a value computed before a boundary is returned as a copy made by the last graph
-                between = {id(n) for s in trace.steps if isinstance(s, lazy.Run) for n in s.outputs}
+                between = {id(n) for run in trace.boundary_runs() for n in run.outputs}
                 returned = [t.detach().clone() if id(t.node) in between else t for t in returned]
                 result = rebuild(returned)
             trace.final = True

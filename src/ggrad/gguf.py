@@ -120,9 +120,7 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
     tensors = {gguf_name(k): _encoded(_host(v).astype(np.float32), dtype, k) for k, v in model.state_dict().items()}
     for name, module in model.named_modules():  # weights kept quantized are written as they are
         if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
-            blocks = module.weight.node.host if module.weight.node.host is not None else module.weight.numpy()
-            tensors[gguf_name(name + ".weight")] = (np.ascontiguousarray(blocks).view(np.uint8),
-                                                     gguf.GGMLQuantizationType.Q8_0)
+            tensors[gguf_name(name + ".weight")] = (quantized.block_bytes(module.weight), gguf.GGMLQuantizationType.Q8_0)
     tensors = dict(sorted(tensors.items(), key=lambda item: _file_order(item[0])))
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]

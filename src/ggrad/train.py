@@ -228,9 +228,7 @@ class _Totals:
         non-finite gradient into every rank: all skip the same steps); `finite_steps`
         stays this rank's, as it names one of its steps."""
         count = Tensor(np.array(self.count, np.int32))
-        for t in (self.loss, self.correct, count):
-            if t is not None:
-                dist.all_reduce(t)
+        dist.all_reduce_coalesced([t for t in (self.loss, self.correct, count) if t is not None])
         self.count = int(count.item())
         if self.skipped is not None:
             rows, steps = (Tensor(np.array(v, np.float32)) for v in self.skipped.numpy())
@@ -272,10 +270,6 @@ class _Totals:
             "inf, try a lower learning rate, or pass on_nonfinite='skip' to skip such steps.")
 
 
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
 def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",), batch_size: int = 256) -> dict:
     """Mean loss (and accuracy) over `data`, read from the device once.
 
@@ -284,7 +278,7 @@ def evaluate(model, loss_fn: Callable, data, metrics: Iterable[str] = ("loss",),
     each rank's rows r, r + N, ... without DistributedSampler's padding, and the sums are
     all-reduced, so every rank gets the mean over every row once, as one process would."""
     loader = _as_loader(data, batch_size, False)
-    ranks = _world_size()
+    ranks = dist.group.size_or_one()
     if ranks > 1:
         loader = loader._rank_share()
     model.eval()
@@ -346,7 +340,7 @@ def fit(model, loss_fn: Callable, optimizer, train_data, epochs: int, val_data=N
     history = History()
     for cb in callbacks:
         cb.on_train_begin(model, optimizer)
-    ranks = _world_size()
+    ranks = dist.group.size_or_one()
     first = ranks == 1 or dist.get_rank() == 0
     show = verbose > 0 and first and sys.stderr.isatty()
     skip = on_nonfinite == "skip"

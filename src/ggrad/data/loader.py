@@ -98,9 +98,9 @@ class DataLoader:
         self.generator = _rng(generator, seed)
         self._workers: _Workers | None = None
         self._epoch: int | None = None  # the DistributedSampler's next epoch, when this loader made it
+        from ..distributed import DistributedSampler, group  # (the distributed layer sits above data)
         if sampler is None and batch_sampler is None and not isinstance(self.dataset, IterableDataset) \
-                and _world_size() > 1:
-            from ..distributed import DistributedSampler
+                and group.size_or_one() > 1:
             seed = seed if seed is not None else 0 if generator is None else int(generator.integers(2 ** 31))
             sampler = DistributedSampler(self.arrays[0] if self.dataset is None else self.dataset,
                                          shuffle=self.shuffle, seed=seed)
@@ -181,12 +181,6 @@ class DataLoader:
         finally:
             if not self.persistent_workers:
                 workers.close()
-
-
-def _world_size() -> int:
-    """The process group's size; 1 without one."""
-    from ..distributed import get_world_size, is_initialized
-    return get_world_size() if is_initialized() else 1
 
 
 def _is_dataset(obj) -> bool:

@@ -80,14 +80,20 @@ def _count(handle) -> int:
     return int(np.prod(handle.shape, dtype=np.int64))
 
 
+def _finish(out: np.ndarray, op: str) -> np.ndarray:
+    """A sum over the ranks made into their mean where `op` is "mean" (floats in place)."""
+    if op != "mean":
+        return out
+    size = group.get_world_size()
+    return out / size if out.dtype.kind in "iu" else np.divide(out, size, out=out)
+
+
 def _reduce(staged: list[_Staged], op: str) -> None:
-    mpi_op, size = _mpi_op(op), group.get_world_size()
+    mpi_op = _mpi_op(op)
     for s in staged:
         out = np.empty_like(s.values)
         group.comm().Allreduce(s.values, out, op=mpi_op)
-        if op == "mean":
-            out = out / size if out.dtype.kind in "iu" else np.divide(out, size, out=out)  # floats in place
-        s.store(out)
+        s.store(_finish(out, op))
 
 
 def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
@@ -150,6 +156,6 @@ def reduce_scatter(output: Tensor, input_list: list, op: str = "sum") -> Tensor:
         host = np.stack([s.values for s in staged[1:]])
         out = np.empty_like(host[0])
         group.comm().Reduce_scatter_block(host, out, op=mpi_op)
-        staged[0].store(out / size if op == "mean" else out)
+        staged[0].store(_finish(out, op))
     _exchange(_tensors([output, *input_list]), [output], work)
     return output

@@ -91,6 +91,11 @@ def is_initialized() -> bool:
     return bool(_state)
 
 
+def size_or_one() -> int:
+    """The process group's size; 1 without one (code that also runs in a single process)."""
+    return get_world_size() if _state else 1
+
+
 def get_rank() -> int:
     return _require()["comm"].Get_rank()
 

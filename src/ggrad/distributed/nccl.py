@@ -123,8 +123,8 @@ def _wheel_file(package: str, name: str) -> str | None:
 
 def _ggml_cuda() -> str | None:
     """ggml-cuda's library: symbols looked up through it resolve in its dependencies."""
-    import ggml
-    path = os.path.join(os.path.dirname(ggml.__file__), "lib", "libggml-cuda.so")
+    from ..runtime.backend import ggml_library_path
+    path = ggml_library_path("libggml-cuda.so")
     return path if os.path.exists(path) else None
 
 

@@ -30,18 +30,25 @@ def from_blocks(blocks: np.ndarray, shape: tuple[int, int]) -> Tensor:
     """A frozen Q8_0 weight of `shape` from its blocks ((rows, columns / 32), e.g. a GGUF
     tensor's bytes viewed as `dtypes.Q8_0_BLOCK`); uploaded on first use, kept persistent."""
     rows, cols = (int(n) for n in shape)
-    blocks = np.ascontiguousarray(blocks).view(dtypes.Q8_0_BLOCK).reshape(rows, cols // BLOCK)
-    if cols % BLOCK or blocks.shape != (rows, cols // BLOCK):
+    blocks = np.ascontiguousarray(blocks).view(dtypes.Q8_0_BLOCK)
+    if cols % BLOCK or blocks.size != rows * (cols // BLOCK):
         raise ValueError(f"Q8_0 blocks of shape {blocks.shape} do not hold a ({rows}, {cols}) weight")
+    blocks = blocks.reshape(rows, cols // BLOCK)
     return Tensor._wrap(lazy.Node((rows, cols), dtypes.q8_0, host=blocks, scope="persistent"))
+
+
+def block_bytes(weight: Tensor) -> np.ndarray:
+    """A Q8_0 weight's blocks as bytes, (rows, columns / 32 * 34): the host copy it was made
+    from while it has one, else downloaded."""
+    host = weight.node.host
+    return np.ascontiguousarray(weight.numpy() if host is None else host).view(np.uint8)
 
 
 def dequantize(weight: Tensor) -> np.ndarray:
     """The float32 values a Q8_0 weight stands for (on the host: for checks and export)."""
     import gguf
 
-    blocks = weight.numpy() if weight.node.host is None else weight.node.host
-    raw = np.ascontiguousarray(blocks).view(np.uint8)
+    raw = block_bytes(weight)
     return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(weight.shape)
 
 

@@ -129,10 +129,15 @@ def cuda_honours_precision() -> bool:
     return hasattr(_ggml_library("libggml-cuda.so"), "ggml_backend_cuda_ggrad_f32_precision")
 
 
-def _ggml_library(name: str):
+def ggml_library_path(name: str) -> str:
+    """Where ggml-python keeps its library `name` (e.g. libggml-cuda.so)."""
     import ggml
+    return os.path.join(os.path.dirname(ggml.__file__), "lib", name)
+
+
+def _ggml_library(name: str):
     try:
-        return ctypes.CDLL(os.path.join(os.path.dirname(ggml.__file__), "lib", name))
+        return ctypes.CDLL(ggml_library_path(name))
     except OSError:
         return None
 

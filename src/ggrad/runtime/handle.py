@@ -38,8 +38,11 @@ def logical_shape(storage_shape: tuple[int, ...], dtype: np.dtype) -> tuple[int,
 
 
 def storage_shape(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    """The host array's shape for a tensor's (logical_shape's inverse)."""
     block = BLOCK_SIZE.get(dtype, 1)
     return shape if block == 1 else (*shape[:-1], shape[-1] // block)
+
+
 MAX_DIMS = G.GGML_MAX_DIMS
 
 
@@ -95,7 +98,7 @@ class Handle:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) // BLOCK_SIZE.get(self.dtype, 1) * self.dtype.itemsize
+        return int(np.prod(storage_shape(self.shape, self.dtype), dtype=np.int64)) * self.dtype.itemsize
 
     def _why_dead(self) -> str:
         if self._pool.released:
