@@ -59,6 +59,11 @@ class LoRALinear(Module):
         return f"rank={self.rank}, alpha={self.alpha}"
 
 
+def _names(name: str, target: str) -> bool:
+    """Whether a module's qualified `name` is `target` or ends with "." + `target`."""
+    return name == target or name.endswith("." + target)
+
+
 def add_lora(model: Module, targets, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> list[str]:
     """Freeze every parameter of `model`, then put a `LoRALinear` in place of each Linear
     (or QuantizedLinear) whose qualified name is, or ends with ".", one of `targets` (e.g. ("wq", "wv")).
@@ -68,8 +73,8 @@ def add_lora(model: Module, targets, rank: int = 8, alpha: float = 16.0, dropout
         raise ValueError("add_lora needs at least one target name")
     model.requires_grad_(False)
     chosen = [(name, m) for name, m in model.named_modules() if isinstance(m, (Linear, QuantizedLinear)) and name and
-              any(name == t or name.endswith("." + t) for t in targets)]
-    unmatched = [t for t in targets if not any(n == t or n.endswith("." + t) for n, _ in chosen)]
+              any(_names(name, t) for t in targets)]
+    unmatched = [t for t in targets if not any(_names(n, t) for n, _ in chosen)]
     if unmatched:
         raise ValueError(f"add_lora: no Linear is named {unmatched} in this model")
     for name, linear in chosen:

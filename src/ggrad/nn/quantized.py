@@ -4,6 +4,7 @@ parameters and not in the state dict; LoRA adapters (nn/lora.py) train beside th
 
 from __future__ import annotations
 
+from .. import dtypes
 from ..functional import quantized
 from ..tensor import Tensor
 from .layers import Embedding, Linear
@@ -15,7 +16,7 @@ class QuantizedLinear(Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
-        if weight.dtype.name != "q8_0":
+        if weight.dtype is not dtypes.q8_0:
             raise TypeError(f"QuantizedLinear takes a q8_0 weight (functional.quantized.quantize), got {weight.dtype}")
         self.out_features, self.in_features = weight.shape
         self.weight = weight
@@ -40,7 +41,7 @@ class QuantizedEmbedding(Module):
 
     def __init__(self, weight: Tensor) -> None:
         super().__init__()
-        if weight.dtype.name != "q8_0":
+        if weight.dtype is not dtypes.q8_0:
             raise TypeError(f"QuantizedEmbedding takes a q8_0 table, got {weight.dtype}")
         self.num_embeddings, self.embedding_dim = weight.shape
         self.weight = weight
