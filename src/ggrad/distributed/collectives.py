@@ -5,7 +5,9 @@ processes: with NCCL (backend "nccl", CUDA) from device memory to device memory,
 crossing; with MPI staged through host memory (one counted download and one counted
 upload per tensor; all_gather and reduce_scatter always take this way). Under
 `ggrad.compile` the exchange is a step of the capture (`capture.boundary`), repeated at
-every replay between the step's graphs."""
+every replay between the step's graphs. Every exchange begins with the ranks' rendezvous
+(`rendezvous.agree`): the same collective on the same dtypes and shapes everywhere, or a
+clear error on every rank."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 from .. import capture, dtypes, runtime
 from ..tensor import Tensor
 from . import group
+from .rendezvous import Fingerprint, agree
 
 _OPS = ("sum", "mean", "max", "min")
 
@@ -54,17 +57,24 @@ class _Staged:
         self.handle.write(np.ascontiguousarray(dtypes.to_storage(values, self.dtype)).reshape(self.handle.shape))
 
 
-def _exchange(tensors: list[Tensor], written: list[Tensor], work: Callable[[list[_Staged]], None],
-              on_device: Callable[[list], None] | None = None) -> None:
-    """Run the recorded work, then exchange the tensors' buffers (every rank calls the
-    collectives in the same order): `on_device(handles)` where NCCL serves the device,
-    else `work` on their staged values. `written` are the tensors written in place."""
-    if on_device is None or _device_communicator() is None:
-        kinds = [t.dtype for t in tensors]
-        capture.boundary([t.node for t in tensors],
-                         lambda handles: work([_Staged(h, d) for h, d in zip(handles, kinds)]))
-    else:
-        capture.boundary([t.node for t in tensors], on_device)
+def _exchange(collective: str, options: tuple, tensors: list[Tensor], written: list[Tensor],
+              work: Callable[[list[_Staged]], None], on_device: Callable[[list], None] | None = None) -> None:
+    """Run the recorded work, then, once every rank has entered the same `collective` with
+    the same `options` ((name, value) pairs) and tensors alike, exchange the tensors'
+    buffers: `on_device(handles)` where NCCL serves the device, else `work` on their staged
+    values. `written` are the tensors written in place."""
+    kinds = [t.dtype for t in tensors]
+    fingerprint = Fingerprint(collective, options, tuple(d.name for d in kinds), tuple(tuple(t.shape) for t in tensors))
+    lifeline = group.lifeline()
+    staged = on_device is None or _device_communicator() is None
+
+    def exchange(handles: list) -> None:
+        agree(lifeline, fingerprint)
+        if staged:
+            work([_Staged(h, d) for h, d in zip(handles, kinds)])
+        else:
+            on_device(handles)
+    capture.boundary([t.node for t in tensors], exchange)
     for t in written:
         t._version += 1
         t.node.host = None  # an integer tensor's host copy is stale now
@@ -111,12 +121,16 @@ def all_reduce_coalesced(tensors: list[Tensor], op: str = "sum") -> list[Tensor]
         nccl = group.nccl_communicator()
         for h in handles:
             nccl.all_reduce(h.ptr, h.ptr, _count(h), h.dtype, op)
-    _exchange(tensors, tensors, lambda staged: _reduce(staged, op), on_device)
+    _exchange("all_reduce", (("op", op),), tensors, tensors, lambda staged: _reduce(staged, op), on_device)
     return tensors
 
 
 def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
     """Rank `src`'s value into `tensor` on every rank."""
+    size = group.get_world_size()
+    if not 0 <= src < size:
+        raise ValueError(f"broadcast: src must be a rank in [0, {size - 1}], got {src}")
+
     def work(staged: list[_Staged]) -> None:
         group.comm().Bcast(staged[0].values, root=src)
         if group.get_rank() != src:
@@ -125,7 +139,7 @@ def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
     def on_device(handles: list) -> None:
         h = handles[0]
         group.nccl_communicator().broadcast(h.ptr, h.ptr, _count(h), h.dtype, root=src)
-    _exchange(_tensors([tensor]), [tensor], work, on_device)
+    _exchange("broadcast", (("src", src),), _tensors([tensor]), [tensor], work, on_device)
     return tensor
 
 
@@ -141,7 +155,7 @@ def all_gather(tensor_list: list, tensor: Tensor) -> list:
         group.comm().Allgather(mine, out)
         for s, part in zip(staged[1:], out):
             s.store(part)
-    _exchange(_tensors([tensor, *tensor_list]), list(tensor_list), work)
+    _exchange("all_gather", (), _tensors([tensor, *tensor_list]), list(tensor_list), work)
     return tensor_list
 
 
@@ -157,5 +171,5 @@ def reduce_scatter(output: Tensor, input_list: list, op: str = "sum") -> Tensor:
         out = np.empty_like(host[0])
         group.comm().Reduce_scatter_block(host, out, op=mpi_op)
         staged[0].store(_finish(out, op))
-    _exchange(_tensors([output, *input_list]), [output], work)
+    _exchange("reduce_scatter", (("op", op),), _tensors([output, *input_list]), [output], work)
     return output

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import sys
 import traceback
+
+from .rendezvous import Fingerprint, Lifeline, agree
 
 _state: dict = {}
 
@@ -19,7 +22,9 @@ def _mpi():
 
 def init_process_group(backend: str = "auto") -> None:
     """Join the processes mpiexec started; each then takes the GPU of its local rank where
-    there are GPUs, and a failing process aborts all of them (MPI_Abort), so none hangs.
+    there are GPUs. A failing process aborts all of them (MPI_Abort), and one that leaves
+    (exits, or destroys the group) while others wait in a collective it never joins ends
+    the job: none hangs.
 
     `backend`: "mpi" exchanges tensors through host memory; "nccl" exchanges CUDA buffers
     device to device (NCCL, one GPU per process; MPI still starts the ranks and serves
@@ -32,7 +37,8 @@ def init_process_group(backend: str = "auto") -> None:
     MPI = _mpi()
     comm = MPI.COMM_WORLD
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    _state.update(MPI=MPI, comm=comm, local_rank=local.Get_rank(), local_size=local.Get_size(), nccl=None)
+    _state.update(MPI=MPI, comm=comm, local_rank=local.Get_rank(), local_size=local.Get_size(), nccl=None,
+                  lifeline=Lifeline(comm, MPI))
     local.Free()
     try:
         gpu = _take_local_gpu()
@@ -50,6 +56,14 @@ def init_process_group(backend: str = "auto") -> None:
         previous(kind, value, tb)
     _state["excepthook"] = previous
     sys.excepthook = abort_all
+    atexit.register(_leave)
+
+
+def _leave() -> None:
+    """This rank enters no more collectives: tell the others (a process that ends without
+    destroying the group, by sys.exit or by returning, leaves too)."""
+    atexit.unregister(_leave)
+    _state["lifeline"].leave()
 
 
 def _nccl_communicator(comm, gpu: tuple[str, int] | None, required: bool):
@@ -109,7 +123,7 @@ def local_rank() -> int:
 
 
 def barrier() -> None:
-    _require()["comm"].Barrier()
+    agree(lifeline(), Fingerprint("barrier"))
 
 
 def get_backend() -> str:
@@ -119,6 +133,7 @@ def get_backend() -> str:
 
 def destroy_process_group() -> None:
     state = _require()
+    _leave()
     sys.excepthook = state["excepthook"]
     if state["nccl"] is not None:
         state["nccl"].destroy()
@@ -137,3 +152,8 @@ def comm():
 
 def mpi():
     return _require()["MPI"]
+
+
+def lifeline() -> Lifeline:
+    """This rank's count of collectives, and who has left (for the rendezvous)."""
+    return _require()["lifeline"]
