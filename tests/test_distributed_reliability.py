@@ -101,3 +101,101 @@ def test_collectives_that_disagree_across_ranks_raise_a_clear_error_on_every_ran
     assert "tensor shapes: ((4,),) vs ((3,),)" in out
     assert sorted(re.findall(r"usable-\d", out)) == ["usable-0", "usable-1"], out[-3000:]
     assert not any(s in out for s in MPI_INTERNALS), out[-3000:]
+
+
+EXPERTS = """
+    import json, sys, numpy as np, ggrad
+    from ggrad import nn, distributed as dist
+    find_unused, routes, out = sys.argv[1] == "1", json.loads(sys.argv[2]), sys.argv[3]
+    dist.init_process_group()
+    rank = dist.get_rank()
+
+    class Experts(nn.Module):  # experts of one shape: the flat buckets' sizes agree whoever is used
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList([nn.Linear(4, 2) for _ in range(3)])
+
+        def forward(self, x, route):
+            return sum(self.experts[e](x) for e in route)
+
+    ggrad.manual_seed(0)
+    model = Experts()
+    ddp = dist.DistributedDataParallel(model, find_unused_parameters=find_unused)
+    x = np.random.default_rng(rank).standard_normal((5, 4)).astype(np.float32)
+    weights = {n: p.numpy() for n, p in model.named_parameters()}  # rank 0's, broadcast
+    try:
+        with ggrad.grad_tape():
+            (ddp(ggrad.tensor(x), routes[rank]) ** 2).sum().backward()
+    except RuntimeError as e:
+        print(f"raised-{rank}: {e}", flush=True)
+        raise SystemExit(0)
+    np.savez(f"{out}-{rank}.npz", x=x, **{"weight " + n: w for n, w in weights.items()},
+             **{n: np.array(np.nan) if p.grad is None else p.grad.numpy() for n, p in model.named_parameters()})
+    dist.destroy_process_group()
+"""
+
+
+def torch_ddp_gradients(weights: dict, xs: list, routes: list) -> dict:
+    """torch DDP's gradients with find_unused_parameters=True: each rank's own gradients
+    (zeros for the experts it did not use) averaged; None for experts no rank used."""
+    import torch
+    experts = [torch.nn.Linear(4, 2) for _ in range(3)]
+    with torch.no_grad():
+        for i, e in enumerate(experts):
+            for n, p in e.named_parameters():
+                p.copy_(torch.tensor(weights[f"weight experts.{i}.{n}"]))
+    per_rank = []
+    for x, route in zip(xs, routes):
+        for e in experts:
+            e.zero_grad(set_to_none=True)
+        (sum(experts[e](torch.tensor(x)) for e in route) ** 2).sum().backward()
+        per_rank.append({f"experts.{i}.{n}": None if p.grad is None else p.grad.numpy().copy()
+                         for i, e in enumerate(experts) for n, p in e.named_parameters()})
+    averaged = {}
+    for name in per_rank[0]:
+        grads = [g[name] for g in per_rank]
+        present = [g for g in grads if g is not None]
+        averaged[name] = None if not present else sum(present) / len(grads)
+    return averaged
+
+
+@needs_mpi
+@pytest.mark.parametrize("routes", [[[0], [1]], [[0, 1], [1]], [[0], [0]]])
+def test_ddp_find_unused_parameters_averages_as_torchs(tmp_path, routes):
+    """Rank r uses the experts routes[r]: each expert's gradient is averaged over the ranks
+    as torch's DDP does (zeros from the ranks that did not use it), one no rank used keeps
+    no gradient, and the weights stay the same initial ones on both ranks."""
+    import json
+    out = str(tmp_path / "grads")
+    mpirun(2, EXPERTS, "1", json.dumps(routes), out, timeout=120)
+    got = [dict(np.load(f"{out}-{rank}.npz")) for rank in (0, 1)]
+    assert all(np.array_equal(got[0][n], got[1][n]) for n in got[0] if n.startswith("weight "))
+    expected = torch_ddp_gradients(got[0], [g["x"] for g in got], routes)
+    for rank in (0, 1):
+        for name, grad in expected.items():
+            if grad is None:
+                assert np.isnan(got[rank][name]).all(), (rank, name)
+            else:
+                np.testing.assert_allclose(got[rank][name], grad, rtol=1e-5, atol=1e-6, err_msg=f"{rank} {name}")
+
+
+@needs_mpi
+@pytest.mark.parametrize("routes", [[[0], [1]], [[0, 1, 2], [1, 2]]])
+def test_ddp_with_unused_parameters_raises_as_torch(tmp_path, routes):
+    """Without find_unused_parameters, a rank whose backward left a parameter without a
+    gradient raises torch's error (naming it) instead of averaging another's gradient."""
+    import json
+    proc = mpirun(2, EXPERTS, "0", json.dumps(routes), str(tmp_path / "grads"), timeout=120, check=False)
+    out = proc.stdout + proc.stderr
+    missing = {0: "experts.1.weight, experts.1.bias", 1: "experts.0.weight, experts.0.bias"}
+    for rank, route in enumerate(routes):
+        if len(route) < 3:
+            assert f"raised-{rank}: Expected to have finished reduction in the prior iteration" in out, out[-3000:]
+            assert "find_unused_parameters=True" in out
+            if len(route) == 1:
+                assert f"Parameters which did not receive grad for rank {rank}: {missing[rank]}" in out, out
+    if all(len(r) < 3 for r in routes):
+        assert proc.returncode == 0, out[-3000:]
+    else:  # rank 0 waits in the exchange; the rank that raised and left ends the job
+        assert proc.returncode != 0 and "rank 1 left the job" in out, out[-3000:]
+    assert not any(s in out for s in MPI_INTERNALS), out[-3000:]

@@ -6,12 +6,23 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from .. import autograd, capture
+import numpy as np
+
+from .. import autograd, capture, dtypes
 from .. import functional as F
 from ..nn.module import Module
-from ..tensor import Tensor
+from ..tensor import Tensor, zeros_like
 from . import group
 from .collectives import all_reduce_coalesced, broadcast
+from .rendezvous import Fingerprint, agree
+
+UNUSED_PARAMETERS = (
+    "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+    "indicates that your module has parameters that were not used in producing loss. You can enable unused "
+    "parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+    "`DistributedDataParallel`, and by making sure all `forward` function outputs participate in calculating "
+    "loss.\nParameters which did not receive grad for rank {rank}: {names}\nParameter indices which did not "
+    "receive grad for rank {rank}: {indices}")
 
 
 class DistributedDataParallel(Module):
@@ -21,9 +32,15 @@ class DistributedDataParallel(Module):
     after one graph). `no_sync()` skips it (gradient accumulation by hand); so does a
     backward pass before a step of an optimizer with ``accumulate_steps=k`` that does not
     apply: the step that applies averages the whole accumulated sum once. Under
-    `ggrad.compile` the exchange is part of the captured step (graph, exchange, graph)."""
+    `ggrad.compile` the exchange is part of the captured step (graph, exchange, graph).
 
-    def __init__(self, module: Module, bucket_mb: float = 25.0) -> None:
+    A parameter without a gradient after backward (unused in producing the loss) is an
+    error, as in torch, since the ranks would average different parameters' gradients;
+    with `find_unused_parameters=True` the ranks first agree on which parameters some rank
+    used (one more small exchange): those are averaged with zeros from the ranks that did
+    not use them, and the others keep their gradients."""
+
+    def __init__(self, module: Module, bucket_mb: float = 25.0, find_unused_parameters: bool = False) -> None:
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel wraps a ggrad Module, got {type(module).__name__}")
@@ -32,6 +49,7 @@ class DistributedDataParallel(Module):
         group.comm()  # the process group must exist
         self.module = module
         self.bucket_bytes = int(bucket_mb * 2 ** 20)
+        self.find_unused_parameters = bool(find_unused_parameters)
         self._sync = True
         self._no_sync_traced = 0  # no_sync blocks entered inside a function compile is tracing
         with autograd.no_grad():
@@ -91,15 +109,39 @@ class DistributedDataParallel(Module):
             return
         for optimizer in accumulating:
             optimizer.merge_accumulated(params)
-        params = [p for p in params if p.grad is not None]
+        params = self._used_parameters(params)
         with autograd.no_grad():
             buckets = self._buckets(params)
-            flats = [F.cat([p.grad.float().reshape(-1) for p in bucket]) if len(bucket) > 1 else
-                     bucket[0].grad.float().reshape(-1) for bucket in buckets]
+            flats = [F.cat([self._flat_gradient(p) for p in bucket]) if len(bucket) > 1 else
+                     self._flat_gradient(bucket[0]) for bucket in buckets]
             all_reduce_coalesced(flats, op="mean")
             for bucket, flat in zip(buckets, flats):
                 offset = 0
                 for p in bucket:
                     n = p.numel()
-                    p.grad = flat[offset:offset + n].reshape(p.shape).to(p.grad.dtype)
+                    dtype = p.dtype if p.grad is None else p.grad.dtype  # (None: unused on this rank)
+                    p.grad = flat[offset:offset + n].reshape(p.shape).to(dtype)
                     offset += n
+
+    @staticmethod
+    def _flat_gradient(p: Tensor) -> Tensor:
+        """`p`'s gradient as float32 in one row; zeros where this rank did not use `p`."""
+        return (zeros_like(p, dtypes.float32) if p.grad is None else p.grad.float()).reshape(-1)
+
+    def _used_parameters(self, params: list[Tensor]) -> list[Tensor]:
+        """The parameters whose gradients the ranks average: all of them (each must have a
+        gradient on every rank), or with find_unused_parameters those some rank used."""
+        used_here = np.array([p.grad is not None for p in params], np.int32)
+        if not self.find_unused_parameters:
+            if not used_here.all():
+                names = {id(p): name for name, p in self.module.named_parameters()}
+                unused = [i for i, used in enumerate(used_here) if not used]
+                raise RuntimeError(UNUSED_PARAMETERS.format(
+                    rank=group.get_rank(), names=", ".join(names[id(params[i])] for i in unused),
+                    indices=" ".join(map(str, unused))))
+            return params
+        agree(group.lifeline(),
+              Fingerprint("DistributedDataParallel.find_unused_parameters", (), ("int32",), (used_here.shape,)))
+        used_anywhere = np.empty_like(used_here)
+        group.comm().Allreduce(used_here, used_anywhere, op=group.mpi().MAX)
+        return [p for p, used in zip(params, used_anywhere) if used]
