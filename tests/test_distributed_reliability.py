@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from ggrad.distributed import DistributedSampler
 
 from test_distributed import mpirun, needs_mpi
 
@@ -199,3 +200,14 @@ def test_ddp_with_unused_parameters_raises_as_torch(tmp_path, routes):
     else:  # rank 0 waits in the exchange; the rank that raised and left ends the job
         assert proc.returncode != 0 and "rank 1 left the job" in out, out[-3000:]
     assert not any(s in out for s in MPI_INTERNALS), out[-3000:]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("size", [0, 1, 5])
+def test_distributed_sampler_of_a_small_dataset_as_torchs(size, drop_last):
+    from torch.utils.data.distributed import DistributedSampler as TorchSampler
+    data = list(range(size))
+    for rank in range(3):
+        ours = DistributedSampler(data, num_replicas=3, rank=rank, shuffle=False, drop_last=drop_last)
+        theirs = TorchSampler(data, num_replicas=3, rank=rank, shuffle=False, drop_last=drop_last)
+        assert (list(ours), len(ours)) == (list(theirs), len(theirs))

@@ -41,7 +41,10 @@ class DistributedSampler(Sampler):
                    else np.arange(n)).tolist()
         if not self.drop_last:
             padding = self.total_size - len(indices)
-            indices += (indices * math.ceil(padding / len(indices)))[:padding]
+            if padding <= len(indices):  # (an empty dataset needs none: no division by its length)
+                indices += indices[:padding]
+            else:
+                indices += (indices * math.ceil(padding / len(indices)))[:padding]
         else:
             indices = indices[:self.total_size]
         return iter(indices[self.rank:self.total_size:self.num_replicas])
