@@ -10,6 +10,7 @@ import ggrad
 import ggrad.functional as F
 from ggrad import runtime as rt
 from ggrad.runtime import backend
+from conftest import run_in_child
 
 # an unpatched ggml's AdamW kernel forms 1 - beta2 in float32: v's increment 1.3e-5 off for
 # beta2 = 0.999; the kernel patched by scripts/patch_ggml_adamw.py is exact
@@ -281,6 +282,68 @@ def test_state_dict_round_trip_continues_bit_identically(kwargs):
         opt.step()
         opt2.step()
     np.testing.assert_array_equal(q.numpy(), p.numpy())
+
+
+def test_load_state_dict_checks_every_entry_against_its_parameter(dev):
+    """A state whose moment has shape (1,), whose bias correction or group array has the
+    wrong size, or whose step or index is not a count is refused before anything
+    changes: the optimizer then takes a fresh first step (0.9 from ones for each). Each
+    would otherwise reach a ggml assert at the next step, so the cases run in a child."""
+    out = run_in_child(r"""
+        import copy, sys
+        import numpy as np, ggrad
+        from ggrad.optim import SGD, Adam
+
+        ggrad.set_device(sys.argv[1])
+
+        def entry(where, key, value):
+            def change(saved):
+                (saved["state"][0] if where == "state" else saved["group_state"][0])[key] = value
+            return change
+
+        def renumber(saved):
+            saved["state"] = {5: saved["state"][0]}
+
+        def drop_groups(saved):
+            saved["group_state"] = []
+
+        cases = {
+            "kernel m (1,)": (Adam, {}, entry("state", "m", np.zeros(1, np.float32))),
+            "composed v (1,)": (Adam, dict(fused=False), entry("state", "v", np.zeros(1, np.float32))),
+            "amsgrad v_max (1,)": (Adam, dict(amsgrad=True), entry("state", "v_max", np.zeros(1, np.float32))),
+            "correction1 (3, 5)": (Adam, dict(fused=False), entry("state", "correction1", np.zeros((3, 5)))),
+            "momentum (1,)": (SGD, dict(momentum=0.9), entry("state", "momentum_buffer", np.zeros(1))),
+            "m as a list": (Adam, {}, entry("state", "m", [[0.0] * 5] * 3)),
+            "m of bools": (Adam, {}, entry("state", "m", np.zeros((3, 5), bool))),
+            "constants (3,)": (Adam, {}, entry("group", "constants", np.zeros(3, np.float32))),
+            "corrections (1,)": (Adam, {}, entry("group", "corrections", np.zeros(1, np.float32))),
+            "unknown group array": (Adam, {}, entry("group", "extra", np.zeros(2, np.float32))),
+            "negative step": (Adam, {}, entry("state", "step", -1)),
+            "float group step": (Adam, {}, entry("group", "step", 1.5)),
+            "parameter 5 of 1": (Adam, {}, renumber),
+            "no group states": (Adam, {}, drop_groups),
+        }
+        for name, (cls, kwargs, change) in cases.items():
+            p = ggrad.param(np.ones((3, 5)))
+            opt = cls([p], lr=0.1, **kwargs)
+            p.grad = np.ones((3, 5))
+            opt.step()
+            saved = copy.deepcopy(opt.state_dict())
+            change(saved)
+            q = ggrad.param(np.ones((3, 5)))
+            fresh = cls([q], lr=0.1, **kwargs)
+            try:
+                fresh.load_state_dict(saved)
+            except ValueError as e:
+                print("refused", name, "|", e)
+            else:
+                print("accepted", name)
+            q.grad = np.ones((3, 5))
+            fresh.step()
+            print("stepped", name, sorted(set(q.numpy().astype(float).ravel().round(6).tolist())))
+    """, dev)
+    assert out.count("refused") == 14 and "accepted" not in out, out
+    assert out.count("[0.9]") == 14, out
 
 
 def test_bad_hyperparameters_raise():

@@ -8,11 +8,11 @@ import functools
 
 import numpy as np
 
-from .. import capture
+from .. import capture, dtypes
 from .. import functional as F
 from ..runtime import backend
 from ..tensor import Tensor, inplace
-from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like
+from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like, float32, store
 
 
 def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
@@ -78,9 +78,14 @@ class Adam(Optimizer):
     - True: the kernel always; an unpatched ggml's forms 1 - beta2 from a float32 beta2,
       so v's increment is off by up to ~1.3e-5 relative for beta2 = 0.999.
     - False: the composed update.
-    amsgrad (which ggml's kernel lacks) is always composed."""
+    amsgrad (which ggml's kernel lacks) is always composed.
+    float16 and bfloat16 parameters keep moments of their dtype (as torch's) and are
+    updated from float32 copies, rounded once (torch's fused CPU Adam): ggml's kernel is
+    float32-only, so the kernel form computes its formula from elementwise ops for them."""
 
     decoupled = False
+    scalar_state = ("correction1", "correction2")
+    group_state_shapes = {"constants": (4,), "betas": (2,), "inflow": (2,), "corrections": (2,)}
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
@@ -150,7 +155,7 @@ class Adam(Optimizer):
                      Tensor(np.array([1 - beta1, 1 - beta2], dtype=np.float32))]
             shared["constants"], shared["betas"], shared["inflow"] = made
             shared["constants_of"] = constants
-        if "corrections" not in shared:  # 1 - beta^t for the steps the group's state has taken
+        if not {"corrections", "step"} <= shared.keys():  # 1 - beta^t for the steps the group's state has taken
             t = max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
             shared["corrections"] = Tensor(np.array([1 - beta1 ** t, 1 - beta2 ** t], dtype=np.float32))
             shared["step"] = t
@@ -160,42 +165,43 @@ class Adam(Optimizer):
     def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
         """Zero moments (and bias corrections) on the device, in the persistent pool."""
         state = self.state.setdefault(p, {"step": 0})
-        made = {}
-        if "m" not in state:
-            made["m"], made["v"] = device_zeros_like(p), device_zeros_like(p)
+        moments = ("m", "v", "v_max") if group["amsgrad"] else ("m", "v")
+        made = {key: device_zeros_like(p) for key in moments if key not in state}
         composed = not self._kernel(group)  # the kernel shares them per group
-        if composed and "correction1" not in state:  # 1 - beta^t: a state from the kernel has taken t steps
+        if composed and not {"correction1", "correction2"} <= state.keys():  # 1 - beta^t for the t steps taken
             beta1, beta2 = group["betas"]
             t = state["step"]
             made["correction1"], made["correction2"] = device_scalar(1 - beta1 ** t), device_scalar(1 - beta2 ** t)
-        if group["amsgrad"] and "v_max" not in state:
-            made["v_max"] = device_zeros_like(p)
         state.update(made)
         return list(made.values())
 
     def _fused(self, p, g, state, group, hyper) -> None:
+        """ggml's AdamW kernel over p, in place. Its formula from elementwise ops where the
+        kernel may not run: a step that must not write in place (optim/guard.py), and a
+        half-precision p (ggml's kernel is float32-only; its CPU form aborts on float16)."""
         self._init_state(p, group)  # no-op unless the state was replaced
+        g = float32(g)
         if group["weight_decay"] and not self.decoupled:
-            g = g + F.affine(p, group["weight_decay"])
-        if self.in_place:
+            g = g + F.affine(float32(p), group["weight_decay"])
+        if self.in_place and p.dtype is dtypes.float32:
             inplace("adamw", (p, g, state["m"], state["v"], hyper), (p, state["m"], state["v"]))
             return
-        new = kernel_update(p, g, state["m"], state["v"], hyper, group["betas"][0])
-        state["m"]._assign(new["m"])
-        state["v"]._assign(new["v"])
-        p._assign(new["p"])
+        new = kernel_update(float32(p), g, float32(state["m"]), float32(state["v"]), hyper, group["betas"][0])
+        for key in ("m", "v"):
+            store(state[key], new[key])
+        store(p, new["p"])
 
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)  # no-op unless the state was replaced or fused switched off
         beta1, beta2 = group["betas"]
-        new = adam_update(p, g, state["m"], state["v"], state["correction1"], state["correction2"], lr,
-                          beta1=beta1, beta2=beta2, eps=group["eps"],
+        new = adam_update(float32(p), float32(g), float32(state["m"]), float32(state["v"]), state["correction1"],
+                          state["correction2"], lr, beta1=beta1, beta2=beta2, eps=group["eps"],
                           weight_decay=group["weight_decay"], decoupled=self.decoupled,
-                          v_max=state.get("v_max"))
+                          v_max=float32(state.get("v_max")))
         for key in ("m", "v", "correction1", "correction2", "v_max"):
             if key in new:
-                state[key]._assign(new[key])
-        p._assign(new["p"])
+                store(state[key], new[key])
+        store(p, new["p"])
 
 
 class AdamW(Adam):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
 from typing import Any
 
 import numpy as np
 
-from .. import autograd, capture, lazy
+from .. import autograd, capture, dtypes, lazy
+from .. import functional as F
 from ..runtime.critical import critical
 from ..tensor import Tensor, realize, zeros_like
 
@@ -50,8 +52,61 @@ def resident_scalar(value: float) -> Tensor:
     return t
 
 
+def float32(t: Tensor | None) -> Tensor | None:
+    """`t` in float32 (None stays None). A half-precision parameter's update is computed
+    from float32 copies of it, its gradient and its state, and rounded once when written
+    back (`store`): torch's fused CPU kernels load half values as float, compute, and
+    store each result once; rounding every intermediate op to half would lose the small
+    updates."""
+    return None if t is None else F.cast(t, dtypes.float32)
+
+
+def store(target: Tensor, value: Tensor) -> None:
+    """Write `value` into `target` in place, rounded once to `target`'s dtype."""
+    target._assign(F.cast(value, target.dtype))
+
+
+def _index(key, count: int) -> int:
+    """A saved state's parameter index, checked."""
+    try:
+        index = int(key)
+    except (TypeError, ValueError):
+        raise ValueError(f"optimizer state is keyed by parameter index, got {key!r}") from None
+    if index != key and str(index) != key or not 0 <= index < count:
+        raise ValueError(f"optimizer state for parameter {key!r}: the optimizer has {count} parameters")
+    return index
+
+
+def _checked_step(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{what} must be a count of steps (an int >= 0), got {value!r}")
+    return int(value)
+
+
+def _checked_array(value, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """`value` as float32 when it is a floating-point array of `shape`."""
+    if not (isinstance(value, np.ndarray) and _floating(value.dtype)):
+        raise ValueError(f"{what} must be a floating-point array, got {type(value).__name__}"
+                         f"{' of ' + str(value.dtype) if isinstance(value, np.ndarray) else ''}")
+    if value.shape != tuple(shape):
+        raise ValueError(f"{what} has shape {value.shape}, expected {tuple(shape)}")
+    return value.astype(np.float32)
+
+
+def _floating(host: np.dtype) -> bool:
+    try:
+        return dtypes.of_numpy(host).is_floating_point
+    except TypeError:
+        return False
+
+
 class Optimizer:
     """Base class: validates, groups parameters, keeps state, runs the step loop."""
+
+    # What load_state_dict checks each entry against: per-parameter state of shape (1,)
+    # (every other array has its parameter's shape) and the group-shared arrays' shapes.
+    scalar_state: tuple[str, ...] = ()
+    group_state_shapes: dict[str, tuple[int, ...]] = {}
 
     def __init__(self, params, defaults: dict, accumulate_steps: int = 1, average: bool = True) -> None:
         if not isinstance(accumulate_steps, int) or isinstance(accumulate_steps, bool) or accumulate_steps < 1:
@@ -305,29 +360,70 @@ class Optimizer:
         return {"state": state, "param_groups": groups, "group_state": shared, "micro_steps": self._micro_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Load what `state_dict()` saved. Every entry is checked against the parameter or
+        group it belongs to before anything changes (a moment of the wrong shape, or a
+        shared array of the wrong size, would reach a ggml assert at the next step).
+        Moments take their parameter's dtype, as torch's do."""
+        settings, states, shared = self._checked_state_dict(state_dict)
+        params = [p for g in self.param_groups for p in g["params"]]
+        self.state = {}
+        for i, s in states.items():
+            p = params[i]
+            self.state[p] = {k: (v if k == "step" else Tensor(v, dtype=None if k in self.scalar_state else p.dtype))
+                             for k, v in s.items()}
+        for group, saved in zip(self.param_groups, settings):
+            group.update(saved)
+        self.group_state = [{k: (v if k == "step" else Tensor(v)) for k, v in s.items()} for s in shared]
+        self._micro_steps = int(state_dict.get("micro_steps", 0))
+        self.make_state()  # what this optimizer's update needs and the saved one lacked (another Adam form)
+        capture.invalidate()  # the state tensors were replaced
+
+    def _checked_state_dict(self, state_dict) -> tuple[list[dict], dict[int, dict], list[dict]]:
+        """The groups' settings, each parameter's state by index (float32 arrays) and the
+        group states of `state_dict`, all checked; a ValueError names the first wrong
+        entry. What a group state holds besides its arrays and step (the settings its
+        constants were made from) is left out: the constants are made again from the
+        loaded settings rather than trusted."""
+        if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= state_dict.keys():
+            raise ValueError("an optimizer state dict is a dict with 'state' and 'param_groups'")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(g["params"]) != len(mine["params"]) for g, mine in zip(groups, self.param_groups)):
             raise ValueError("loaded state dict has a different number of parameter groups or parameters")
-        params = [p for g in self.param_groups for p in g["params"]]
-        for i, s in state_dict["state"].items():
-            p = params[int(i)]
-            for key, value in s.items():
-                if isinstance(value, np.ndarray) and key != "step" and value.shape != p.shape and value.shape != (1,):
-                    raise ValueError(f"state {key!r} of parameter {i} has shape {value.shape}, the parameter {p.shape}")
-        self.state = {}
-        for i, s in state_dict["state"].items():
-            p = params[int(i)]
-            self.state[p] = {k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
-                             for k, v in s.items()}
+        settings = []
         for group, saved in zip(self.param_groups, groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
-            self._validate(group)
-        self.group_state = [{k: (Tensor(np.asarray(v, dtype=np.float32)) if isinstance(v, np.ndarray) else v)
-                             for k, v in s.items()} for s in state_dict.get("group_state", [{}] * len(groups))]
-        self._micro_steps = int(state_dict.get("micro_steps", 0))
-        self.make_state()  # what this optimizer's update needs and the saved one lacked (another Adam form)
-        capture.invalidate()  # the state tensors were replaced
+            saved = {k: v for k, v in saved.items() if k != "params"}
+            self._validate({**group, **saved})
+            settings.append(saved)
+        params = [p for g in self.param_groups for p in g["params"]]
+        states = {}
+        for i, s in state_dict["state"].items():
+            index = _index(i, len(params))
+            if not isinstance(s, dict) or "step" not in s:
+                raise ValueError(f"the state of parameter {index} must be a dict with a 'step'")
+            shape = params[index].shape
+            states[index] = {key: _checked_step(value, f"state 'step' of parameter {index}") if key == "step" else
+                             _checked_array(value, (1,) if key in self.scalar_state else shape,
+                                            f"state {key!r} of parameter {index} (a parameter of shape {shape})")
+                             for key, value in s.items()}
+        shared = state_dict.get("group_state", [{}] * len(groups))
+        if not isinstance(shared, list) or len(shared) != len(groups):
+            raise ValueError(f"the state dict's group_state must list {len(groups)} group states")
+        kept = []
+        for index, s in enumerate(shared):
+            if not isinstance(s, dict):
+                raise ValueError(f"group_state {index} must be a dict")
+            checked = {}
+            for key, value in s.items():
+                where = f"group_state {index} {key!r}"
+                if key == "step":
+                    checked[key] = _checked_step(value, where)
+                elif isinstance(value, np.ndarray) or key in self.group_state_shapes:
+                    if key not in self.group_state_shapes:
+                        raise ValueError(f"{where} is not state of {type(self).__name__}")
+                    checked[key] = _checked_array(value, self.group_state_shapes[key], where)
+            kept.append(checked)
+        return settings, states, kept
 
     def __repr__(self) -> str:
         lines = [f"{type(self).__name__} ("]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_positive
+from .optimizer import Optimizer, _check_positive, float32, store
 
 
 def sgd_update(p: Tensor, g: Tensor, buf: Tensor | None, lr: Tensor, *, momentum: float,
@@ -26,6 +26,9 @@ def sgd_update(p: Tensor, g: Tensor, buf: Tensor | None, lr: Tensor, *, momentum
 
 
 class SGD(Optimizer):
+    """SGD; a float16/bfloat16 parameter and its momentum buffer are updated from float32
+    copies, rounded once when written back (torch rounds its buffer at each op)."""
+
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  nesterov: bool = False, weight_decay: float = 0.0, accumulate_steps: int = 1,
                  average: bool = True) -> None:
@@ -37,12 +40,12 @@ class SGD(Optimizer):
                          accumulate_steps, average)
 
     def _update(self, p, g, lr, group, state) -> None:
-        new_p, buf = sgd_update(p, g, state.get("momentum_buffer"), lr, momentum=group["momentum"],
-                                dampening=group["dampening"], nesterov=group["nesterov"],
-                                weight_decay=group["weight_decay"])
+        new_p, buf = sgd_update(float32(p), float32(g), float32(state.get("momentum_buffer")), lr,
+                                momentum=group["momentum"], dampening=group["dampening"],
+                                nesterov=group["nesterov"], weight_decay=group["weight_decay"])
         if buf is not None:
             if "momentum_buffer" in state:
-                state["momentum_buffer"]._assign(buf)
+                store(state["momentum_buffer"], buf)
             else:
-                state["momentum_buffer"] = Tensor(buf)  # a persistent copy of the first gradient
-        p._assign(new_p)
+                state["momentum_buffer"] = Tensor(buf, dtype=p.dtype)  # a persistent copy of the first gradient
+        store(p, new_p)
