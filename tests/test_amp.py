@@ -243,18 +243,19 @@ def test_autocast_char_lm_training_tracks_float32(dev, low):
 
 
 # ---- GradScaler ------------------------------------------------------------------------
-def _scaled_run(framework, grads, init_scale=8.0, growth_interval=2):
+def _scaled_run(framework, grads, init_scale=8.0, growth_interval=2, growth_factor=2.0):
     """SGD over one (3,) weight whose gradient is `grads[i]` at step i, through a scaler;
     returns the scale and the weight after each step."""
     if framework == "torch":
         import torch
         w = torch.zeros(3, requires_grad=True)
         opt = torch.optim.SGD([w], lr=0.5)
-        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval)
+        scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval,
+                                      growth_factor=growth_factor)
     else:
         w = ggrad.param(np.zeros(3, np.float32))
         opt = SGD([w], lr=0.5)
-        scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval)
+        scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval, growth_factor=growth_factor)
     scales, weights = [], []
     for g in grads:
         if framework == "torch":
@@ -281,6 +282,23 @@ def test_grad_scaler_matches_torch_through_an_inf_step(dev):
     np.testing.assert_allclose(weights, want_weights, rtol=1e-6)  # the inf and NaN steps change nothing
     assert scaler.skipped_steps == 2
     assert scaler.state_dict() == torch_scaler.state_dict()
+
+
+def test_grad_scaler_never_grows_the_scale_to_inf_as_torchs(dev):
+    """A growth past float32's range keeps the scale (torch's isfinite check): from 2**126
+    the scale stops at 2**127 and no step is skipped; with growth_factor 8 from 2**120 it
+    stops at 2**126, and the weights move as torch's."""
+    pytest.importorskip("torch")
+    grads = [np.array([0.5, -0.25, 1.0], np.float32)] * 4
+    scales, weights, scaler = _scaled_run("ggrad", grads, init_scale=2.0 ** 126, growth_interval=1)
+    assert scales == [2.0 ** 127] * 4 and scaler.skipped_steps == 0
+    want_scales, want_weights, _ = _scaled_run("torch", grads, init_scale=2.0 ** 120, growth_interval=1,
+                                               growth_factor=8.0)
+    scales, weights, scaler = _scaled_run("ggrad", grads, init_scale=2.0 ** 120, growth_interval=1,
+                                          growth_factor=8.0)
+    assert scales == want_scales == [2.0 ** 123, 2.0 ** 126, 2.0 ** 126, 2.0 ** 126]
+    np.testing.assert_allclose(weights, want_weights, rtol=1e-6)
+    assert scaler.skipped_steps == 0
 
 
 @pytest.mark.parametrize("fused", [False, True])

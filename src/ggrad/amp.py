@@ -165,7 +165,7 @@ class GradScaler:
 
     def update(self, new_scale: float | Tensor | None = None) -> None:
         """Back off the scale if a step was skipped since the last update, grow it after
-        `growth_interval` good steps; on the device."""
+        `growth_interval` good steps unless it would become inf; on the device."""
         if not self._enabled:
             return
         self._ensure_state()
@@ -184,7 +184,10 @@ class GradScaler:
                 ok = F.logical_and(ok, flag)
             tracker = self._growth_tracker + 1.0
             grow = F.reshape(tracker >= float(self._growth_interval), ())
-            grown = choose(grow, self._scale * self._growth_factor, self._scale)
+            larger = self._scale * self._growth_factor
+            # as torch's: a growth that would overflow float32 keeps the scale (an inf scale
+            # makes every gradient inf, and every later step would be skipped)
+            grown = choose(F.logical_and(grow, F.reshape(F.isfinite(larger), ())), larger, self._scale)
             ok = F.reshape(ok, ())
             self._scale._assign(choose(ok, grown, self._scale * self._backoff_factor))
             self._growth_tracker._assign(choose(ok, F.where(grow, 0.0, tracker), tracker * 0.0))
