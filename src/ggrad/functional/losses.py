@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import autograd, capture, checks, dtypes
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
-from .compare import ne, where
+from .compare import eq, ne, where
 from .elementwise import _with_rule, abs, affine, clamp, exp, log, relu, sigmoid, square, step
 from .layout import movedim
 from .reduce import _one_hot, _pick, _to_index_rule, log_softmax, mean, sum
@@ -129,8 +131,8 @@ def _class_weight(weight, classes: int, dtype) -> Tensor | None:
 
 
 def _class_targets(target: Tensor, classes: int, ignore_index: int, what: str) -> tuple[Tensor, Tensor]:
-    """Class indices safe to gather with (ignored ones as 0) and the float 0/1 mask of
-    the kept ones. Host-known targets are checked on the host (every new batch of a
+    """Class indices safe to gather with (ignored ones as 0) and the bool mask of the
+    kept ones. Host-known targets are checked on the host (every new batch of a
     compiled step too), device-computed ones on the device (checks.py)."""
     if target.dtype.category != dtypes.int32.category:
         raise TypeError(f"{what} needs integer class targets (or float probabilities), got {target.dtype}")
@@ -147,7 +149,21 @@ def _class_targets(target: Tensor, classes: int, ignore_index: int, what: str) -
     safe = where(kept, target, 0)
     if host is None:
         safe = checks.bounded(safe, classes, f"{what} class index ({classes} classes)")
-    return safe, cast(kept, dtypes.float32)
+    return safe, kept
+
+
+def _kept_weights(kept: Tensor, w: Tensor | None, safe: Tensor, dtype) -> Tensor:
+    """Each target's weight in the mean: its class weight (1 without weights), 0 where
+    ignored."""
+    scale = cast(kept, dtype)
+    return scale if w is None else scale * _gather_weights(w, safe)
+
+
+def _only_kept(per: Tensor, kept: Tensor) -> Tensor:
+    """`per` with exact zeros at ignored targets, whose gradient is an exact 0 there: the
+    mean of an all-ignored batch is 0/0 (NaN, as torch's), and a product with the 0/1
+    mask would send inf * 0 = NaN back to every score where torch sends 0."""
+    return where(kept, per, 0.0)
 
 
 def _weighted_mean(per: Tensor, scale: Tensor, loss_shape: tuple, reduction: str) -> Tensor:
@@ -182,14 +198,13 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
         return _reduce(reshape(per, loss_shape), reduction)
     w = _class_weight(weight, classes, scores.dtype)
     safe, kept = _class_targets(target, classes, ignore_index, "cross_entropy")
-    kept = cast(kept, scores.dtype)
     per = _apply("class_cross_entropy", (scores, safe), (rows,), _class_cross_entropy_rule, dtype=scores.dtype)
-    scale = kept if w is None else kept * _gather_weights(w, safe)
-    per = per * scale
+    scale = _kept_weights(kept, w, safe, scores.dtype)
+    per = _only_kept(per if w is None else per * scale, kept)
     if label_smoothing:
         logp = log_softmax(scores, -1)
         spread = -sum(logp * w if w is not None else logp, -1)
-        per = per * (1.0 - label_smoothing) + spread * kept * (label_smoothing / classes)
+        per = per * (1.0 - label_smoothing) + _only_kept(spread, kept) * (label_smoothing / classes)
     return _weighted_mean(per, scale, loss_shape, reduction)
 
 
@@ -208,16 +223,17 @@ def nll_loss(input, target, weight=None, ignore_index: int = -100, reduction: st
     classes = scores.shape[1]
     w = _class_weight(weight, classes, scores.dtype)
     safe, kept = _class_targets(target, classes, ignore_index, "nll_loss")
-    kept = cast(kept, scores.dtype)
-    scale = kept if w is None else kept * _gather_weights(w, safe)
+    scale = _kept_weights(kept, w, safe, scores.dtype)
     picked = reshape(_pick(scores, safe, _to_index_rule), (scores.shape[0],))
-    return _weighted_mean(-picked * scale, scale, loss_shape, reduction)
+    per = _only_kept(-picked if w is None else -picked * scale, kept)
+    return _weighted_mean(per, scale, loss_shape, reduction)
 
 
 def kl_div(input, target, reduction: str = "mean", log_target: bool = False) -> Tensor:
     """torch.nn.functional.kl_div: target * (log target - input) pointwise (0 where the
-    target is 0), input holding log-probabilities; "batchmean" divides the sum by the
-    batch size (the KL divergence proper), "mean" by every element."""
+    target is 0, NaN where it is negative, as torch's), input holding log-probabilities;
+    "batchmean" divides the sum by the batch size (the KL divergence proper), "mean" by
+    every element."""
     input, target = _float(_as_tensor(input), "kl_div"), _as_tensor(target)
     _same_shape(input, target, "kl_div")
     _check_reduction(reduction, REDUCTIONS + ("batchmean",))
@@ -225,7 +241,8 @@ def kl_div(input, target, reduction: str = "mean", log_target: bool = False) -> 
         pointwise = exp(target) * (target - input)
     else:
         positive = target > 0
-        pointwise = where(positive, target * (log(where(positive, target, 1.0)) - input), 0.0)
+        log_t = where(positive, log(where(positive, target, 1.0)), math.nan)  # NaN below 0, as log's
+        pointwise = where(eq(target, 0.0), 0.0, target * (log_t - input))
     if reduction == "batchmean":
         return sum(pointwise) / (input.shape[0] if input.ndim else 1)
     return _reduce(pointwise, reduction)
@@ -237,6 +254,8 @@ def binary_cross_entropy(input, target, weight=None, reduction: str = "mean") ->
     (p - y) / max(p (1 - p), 1e-12)."""
     p, y = _float(_as_tensor(input), "binary_cross_entropy"), _as_tensor(target)
     _same_shape(p, y, "binary_cross_entropy")
+    _check_probabilities(p, "input")
+    _check_probabilities(y, "target")
     w = None if weight is None else _as_tensor(weight)
     with autograd.no_grad():
         log_p, log_q = clamp(log(p), min=-100.0), clamp(log(affine(p, -1.0, 1.0)), min=-100.0)
@@ -246,6 +265,21 @@ def binary_cross_entropy(input, target, weight=None, reduction: str = "mean") ->
     if (p.requires_grad or y.requires_grad) and autograd.is_recording():
         loss = _with_rule(loss, (p, y), _bce_rule(w), "binary_cross_entropy")
     return _reduce(loss, reduction)
+
+
+def _check_probabilities(x: Tensor, name: str) -> None:
+    """Raise as torch does for a value outside [0, 1] (NaN too) where `x` is known on the
+    host, and on every new batch of a compiled step; values computed on the device are
+    not checked (that would be a host read)."""
+    def check(values: np.ndarray) -> None:
+        values = np.asarray(values, np.float32)
+        bad = ~((values >= 0.0) & (values <= 1.0))
+        if bad.any():
+            raise RuntimeError(f"binary_cross_entropy: all elements of {name} should be between 0 and 1 "
+                               f"(got {values[bad].flat[0]})")
+    if x.node.host is not None:
+        check(x.node.host)
+    capture.on_input(x.node, check)
 
 
 def _bce_rule(w):

@@ -36,15 +36,21 @@ def _reduce_axes(x: Tensor, axis) -> tuple[int, ...]:
     return axes
 
 
+def _reduced_shapes(x: Tensor, dim, keepdim: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The kept shape (1 on the reduced axes, same rank as `x`) and the result's shape."""
+    axes = _reduce_axes(x, dim)
+    keep = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
+    return keep, keep if keepdim else tuple(n for i, n in enumerate(x.shape) if i not in axes)
+
+
 def sum(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=None) -> Tensor:
-    """Sum over `dim` (all by default). Integer and bool tensors sum to int64, as torch."""
+    """Sum over `dim` (all by default), accumulated in float32 (half precision too, as
+    torch). Integer and bool tensors sum to int64, as torch."""
     x = _as_tensor(x)
     if dtype is not None:
         x = cast(x, dtype)
     out_dtype = x.dtype if x.dtype.is_floating_point else dtypes.int64
-    axes = _reduce_axes(x, _dims(dim, axis))
-    keep = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
-    shape = keep if _keep(keepdim, keepdims) else tuple(n for i, n in enumerate(x.shape) if i not in axes)
+    keep, shape = _reduced_shapes(x, _dims(dim, axis), _keep(keepdim, keepdims))
     if keep == x.shape:  # only axes of size 1: nothing to add, but they still go
         out = x if x.dtype is out_dtype else cast(x, out_dtype)
         return out if shape == x.shape else reshape(out, shape)
@@ -52,18 +58,24 @@ def sum(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=N
 
 
 def mean(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=None) -> Tensor:
+    """Mean over `dim` (all by default): the sum and the division in float32, one rounding
+    to `x`'s dtype, as torch (a float16 sum of 100,000 ones is inf before it is divided)."""
     x = _as_tensor(x)
     if dtype is not None:
         x = cast(x, dtype)
     _float(x, "mean")
-    dim = _dims(dim, axis)
-    count = int(np.prod([x.shape[a] for a in _reduce_axes(x, dim)], dtype=np.int64))
-    return affine(sum(x, dim, _keep(keepdim, keepdims)), 1.0 / count)
+    keep, shape = _reduced_shapes(x, _dims(dim, axis), _keep(keepdim, keepdims))
+    if keep == x.shape:
+        return x if shape == x.shape else reshape(x, shape)
+    count = x.numel() // int(np.prod(keep, dtype=np.int64))
+    return _apply("mean_to", (x,), shape, lambda ctx, g: (affine(_sum_to_rule(ctx, g)[0], 1.0 / count),),
+                  keep, x.dtype)
 
 
-def var(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis=None, keepdims=None) -> Tensor:
-    """Variance with Bessel's correction by default (torch's), `correction=0` biased."""
-    x = _float(_as_tensor(x), "var")
+def _var_float32(x, dim, keepdim: bool, correction, unbiased, axis, keepdims) -> Tensor:
+    """The variance in float32 whatever `x`'s float dtype, as torch computes half precision:
+    the squares of a float16 tensor overflow long before its variance does."""
+    x = cast(_float(_as_tensor(x), "var"), dtypes.float32)
     if unbiased is not None:
         correction = 1 if unbiased else 0
     dim = _dims(dim, axis)
@@ -73,10 +85,18 @@ def var(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis
     return affine(total, 1.0 / (count - correction) if count > correction else math.nan)
 
 
+def var(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis=None, keepdims=None) -> Tensor:
+    """Variance with Bessel's correction by default (torch's), `correction=0` biased;
+    computed in float32, rounded once to `x`'s dtype."""
+    x = _as_tensor(x)
+    return cast(_var_float32(x, dim, keepdim, correction, unbiased, axis, keepdims), x.dtype)
+
+
 def std(x, dim=None, keepdim: bool = False, *, correction=1, unbiased=None, axis=None, keepdims=None) -> Tensor:
-    """sqrt(var); the gradient is 0 where the result is 0 (a constant input), as torch's."""
-    return _sqrt_zero_grad(var(x, dim, keepdim, correction=correction, unbiased=unbiased, axis=axis,
-                               keepdims=keepdims))
+    """sqrt(var), in float32 and rounded once to `x`'s dtype; the gradient is 0 where the
+    result is 0 (a constant input), as torch's."""
+    x = _as_tensor(x)
+    return cast(_sqrt_zero_grad(_var_float32(x, dim, keepdim, correction, unbiased, axis, keepdims)), x.dtype)
 
 
 def _sqrt_zero_grad(v: Tensor) -> Tensor:
@@ -411,7 +431,15 @@ def log_softmax(x, dim: int = -1, *, axis=None) -> Tensor:
                   dtype=x.dtype)
 
 
-# ---- ggml builder -------------------------------------------------------------------------
+# ---- ggml builders ------------------------------------------------------------------------
+@compute("mean_to")
+def _mean_to(ctx, s, node):
+    """sum_to (node.arg: the kept shape) and the division by the count, both in float32
+    before the one rounding to the node's dtype."""
+    count = math.prod(s[0].contents.ne) // math.prod(node.arg)
+    return G.ggml_scale(ctx, ops._sum_to(ctx, s, node), 1.0 / count)
+
+
 @compute("argmax_first")
 def _argmax_first(ctx, s, node):
     """Per row, the index of the first maximum, NaN counting as larger than any number
