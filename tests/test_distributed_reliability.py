@@ -104,6 +104,22 @@ def test_collectives_that_disagree_across_ranks_raise_a_clear_error_on_every_ran
     assert not any(s in out for s in MPI_INTERNALS), out[-3000:]
 
 
+@needs_mpi
+def test_ranks_that_ask_for_different_backends_raise_on_every_rank():
+    proc = mpirun(2, """
+        from mpi4py import MPI
+        from ggrad import distributed as dist
+        try:
+            dist.init_process_group("mpi" if MPI.COMM_WORLD.Get_rank() == 0 else "auto")
+        except RuntimeError as e:
+            print(f"raised: {e}", flush=True)
+        assert not dist.is_initialized()
+    """, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert out.count("raised: Detected mismatch between collectives on ranks") == 2, out[-3000:]
+    assert "options: (('backend', 'mpi'),) vs (('backend', 'auto'),)" in out
+
+
 EXPERTS = """
     import json, sys, numpy as np, ggrad
     from ggrad import nn, distributed as dist

@@ -41,6 +41,7 @@ def init_process_group(backend: str = "auto") -> None:
                   lifeline=Lifeline(comm, MPI))
     local.Free()
     try:
+        agree(_state["lifeline"], Fingerprint("init_process_group", (("backend", backend),)))
         gpu = _take_local_gpu()
         if backend != "mpi":
             _state["nccl"] = _nccl_communicator(comm, gpu, required=backend == "nccl")
