@@ -134,3 +134,62 @@ def test_stacks_copy_the_layer_they_are_given():
     for copy in stack.layers:
         assert copy is not layer
         np.testing.assert_array_equal(copy.linear1.weight.numpy(), layer.linear1.weight.numpy())
+
+
+# ---- half precision: the causal mask takes the scores' dtype ------------------------------
+ULP = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7}
+CAUSAL_SQUARE = ~np.tril(np.ones((5, 5), bool))  # MultiheadAttention's: True is masked out
+HALF = {
+    "sdpa_causal": (None, lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True),
+                    [f32(2, 3, 5, 8), f32(2, 3, 5, 8), f32(2, 3, 5, 8)]),
+    "sdpa_bool_mask": (None, lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
+                       lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
+                       [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), CAUSAL_BOOL]),
+    "mha_causal": (lambda m: m.MultiheadAttention(8, 2, batch_first=True),
+                   lambda mod, x: mod(x, x, x, is_causal=True, need_weights=False),
+                   lambda mod, x: mod(x, x, x, attn_mask=torch.from_numpy(CAUSAL_SQUARE), need_weights=False),
+                   [f32(2, 5, 8)]),
+    "mha_masks": (lambda m: m.MultiheadAttention(8, 2, batch_first=True),
+                  lambda mod, q, kv, mask, pad: mod(q, kv, kv, attn_mask=mask, key_padding_mask=pad),
+                  lambda mod, q, kv, mask, pad: mod(q, kv, kv, attn_mask=mask, key_padding_mask=pad),
+                  [f32(2, 4, 8), f32(2, 6, 8), ~CAUSAL_BOOL, PADDING]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", sorted(HALF))
+def test_half_precision_attention_equals_torch(dev, name, dtype):
+    """Causal and masked attention on float16/bfloat16 inputs (and module weights) stays in
+    that dtype (a float32 mask promoted the scores, and the product with v raised) and
+    equals torch's in the same dtype, values and gradients, within a few units in the
+    last place of the largest value."""
+    make, g_call, t_call, arrays = HALF[name]
+    tdtype = getattr(torch, dtype)
+    if make is None:
+        g_fn, t_fn = (lambda *a: g_call(F, *a)), (lambda *a: t_call(torch.nn.functional, *a))
+        g_params, t_params = [], []
+    else:
+        g_module, t_module = twins(make)
+        g_module.to(dtype=dtype)
+        t_module.to(tdtype)
+        g_fn, t_fn = (lambda *a: g_call(g_module, *a)), (lambda *a: t_call(t_module, *a))
+        g_params, t_params = list(g_module.named_parameters()), list(t_module.named_parameters())
+    floats = [a.dtype.kind == "f" for a in arrays]
+    g_in = [ggrad.tensor(a, dtype=dtype, requires_grad=True) if f else ggrad.tensor(a) for a, f in zip(arrays, floats)]
+    t_in = [torch.tensor(a).to(tdtype).requires_grad_() if f else torch.tensor(a) for a, f in zip(arrays, floats)]
+    with ggrad.grad_tape():
+        g_out = _outputs(g_fn(*g_in))
+        weights = [rng.standard_normal(o.shape).astype(np.float32) for o in g_out]
+        sum(((o * ggrad.tensor(w, dtype=dtype)).sum() for o, w in zip(g_out, weights)),
+            ggrad.tensor(0.0, dtype=dtype)).backward()
+    t_out = _outputs(t_fn(*t_in))
+    sum((o * torch.tensor(w).to(tdtype)).sum() for o, w in zip(t_out, weights)).backward()
+    pairs = [(f"output {k}", g, t.detach()) for k, (g, t) in enumerate(zip(g_out, t_out))]
+    pairs += [(f"input {k}", g.grad, t.grad) for k, (g, t, f) in enumerate(zip(g_in, t_in, floats)) if f]
+    pairs += [(key, p.grad, dict(t_params)[key].grad) for key, p in g_params]
+    for what, g, t in pairs:
+        assert g.dtype.name == dtype, (what, g.dtype)
+        want = t.float().numpy()
+        np.testing.assert_allclose(g.numpy().astype(np.float32), want, rtol=0,
+                                   atol=4 * ULP[dtype] * float(np.abs(want).max()), err_msg=what)

@@ -16,20 +16,21 @@ from .losses import dropout
 from .reduce import softmax
 
 
-def causal_mask(rows: int, cols: int) -> Tensor:
-    """An additive (rows, cols) mask: 0 on and below the diagonal, -inf above (torch's
-    is_causal: top-left aligned), made once per size and kept on the device."""
-    return _constant(("causal", rows, cols),
-                     lambda: np.triu(np.full((rows, cols), -np.inf, np.float32), k=1))
+def causal_mask(rows: int, cols: int, dtype=dtypes.float32) -> Tensor:
+    """An additive (rows, cols) mask of the scores' `dtype` (a float32 one would promote
+    half-precision scores): 0 on and below the diagonal, -inf above (torch's is_causal:
+    top-left aligned), made once per size and kept on the device."""
+    mask = _constant(("causal", rows, cols), lambda: np.triu(np.full((rows, cols), -np.inf, np.float32), k=1))
+    return cast(mask, dtype)
 
 
 def additive_mask(mask, dtype, keep_true: bool) -> Tensor:
-    """A float mask to add to attention scores: a bool mask becomes 0 / -inf (`keep_true`:
-    True marks the positions that take part, SDPA's convention; else those masked out,
-    MultiheadAttention's), a float mask is added as it is."""
+    """A mask of `dtype` to add to attention scores: a bool mask becomes 0 / -inf
+    (`keep_true`: True marks the positions that take part, SDPA's convention; else those
+    masked out, MultiheadAttention's), a float mask is added as it is."""
     mask = _as_tensor(mask)
     if mask.dtype is dtypes.bool_:
-        return where(mask, 0.0, -math.inf) if keep_true else where(mask, -math.inf, 0.0)
+        mask = where(mask, 0.0, -math.inf) if keep_true else where(mask, -math.inf, 0.0)
     return cast(_float(mask, "attention mask"), dtype)
 
 
@@ -51,7 +52,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both (as torch)")
     scores = matmul_nt(q, k) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
     if is_causal:
-        scores = scores + causal_mask(q.shape[-2], k.shape[-2])
+        scores = scores + causal_mask(q.shape[-2], k.shape[-2], scores.dtype)
     elif attn_mask is not None:
         scores = scores + additive_mask(attn_mask, scores.dtype, keep_true=True)
     weights = softmax(scores, -1)

@@ -115,7 +115,7 @@ class MultiheadAttention(Module):
                                  f"{source}), got {mask.shape}")
             parts.append(mask)
         elif is_causal:
-            parts.append(causal_mask(length, source))
+            parts.append(causal_mask(length, source, dtype))
         if key_padding_mask is not None:
             mask = additive_mask(key_padding_mask, dtype, keep_true=False)
             if mask.shape != (n, source):
