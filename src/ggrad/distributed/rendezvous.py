@@ -88,8 +88,8 @@ class Lifeline:
         sys.stderr.write(
             f"ggrad.distributed: rank {rank} left the job (its process ended, or it destroyed the process "
             f"group) after {entered} collectives, while rank {self.rank} waits in collective number "
-            f"{self.started} ({collective}), which rank {rank} will never join. Every rank must call the same "
-            "collectives; ending the job.\n")
+            f"{self.started} ({collective}), which rank {rank} will never join (init_process_group counts as the "
+            "first). Every rank must call the same collectives; ending the job.\n")
         sys.stderr.flush()
         self.comm.Abort(1)
 
