@@ -5,6 +5,7 @@ import collections
 import gc
 import multiprocessing
 import os
+import signal
 import time
 
 import numpy as np
@@ -17,6 +18,7 @@ import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
 from ggrad import data, nn  # noqa: E402
 from ggrad.optim import Adam  # noqa: E402
+from conftest import run_in_child  # noqa: E402
 
 X = np.arange(60, dtype=np.float32).reshape(20, 3)
 Y = np.arange(20) % 4
@@ -70,6 +72,18 @@ class Dies(data.Dataset):
     def __getitem__(self, i):
         if i == 3:
             os._exit(3)
+        return np.float32(i)
+
+
+class KilledOnItsSecondTask(data.Dataset):
+    """Worker 0 (batch_size 1, two workers) reads item 0, then is killed reading item 2."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
         return np.float32(i)
 
 
@@ -292,6 +306,56 @@ def test_a_dead_worker_is_reported_not_waited_for():
         list(data.DataLoader(Dies(), batch_size=1, num_workers=2))
     with pytest.raises(RuntimeError, match="timed out after 0.1 s"):
         list(data.DataLoader(Slow(), batch_size=1, num_workers=1, timeout=0.1))
+
+
+def test_a_worker_killed_while_tasks_are_sent_is_named_with_its_signal():
+    """The loader sends worker 0 its next task after the worker was killed: a broken pipe,
+    reported as torch does (which worker, which signal), not as a BrokenPipeError."""
+    loader = iter(data.DataLoader(KilledOnItsSecondTask(), batch_size=1, num_workers=2))
+    assert next(loader)[0].numpy().item() == 0.0
+    time.sleep(1)  # worker 0 dies on item 2, already sent to it
+    with pytest.raises(RuntimeError, match=r"DataLoader worker 0 \(pid \d+\) was killed by signal SIGKILL"):
+        list(loader)
+    assert not _workers_running()
+
+
+DEVICE_TENSORS_IN_WORKERS = """
+    import sys
+    import numpy as np
+    import ggrad
+    from ggrad import data
+
+    ggrad.set_device(sys.argv[1])
+
+    class OnDevice(data.Dataset):
+        def __init__(self):
+            self.rows = {"x": ggrad.tensor(np.arange(24, dtype=np.float32).reshape(8, 3))}
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return self.rows["x"][i]
+
+    serial = [b.numpy().tolist() for b in data.DataLoader(OnDevice(), batch_size=2)]
+    try:
+        parallel = [b.numpy().tolist() for b in data.DataLoader(OnDevice(), batch_size=2, num_workers=2)]
+    except RuntimeError as error:
+        print("refused:", error)
+    else:
+        print("same batches" if parallel == serial else f"different batches: {parallel} vs {serial}")
+"""
+
+
+def test_a_dataset_of_device_tensors_is_refused_before_workers_fork(dev):
+    """Forked workers inherit Vulkan handles without the driver's state: reading them crashed
+    a worker or gave another batch's rows. On the CPU they are plain memory and work."""
+    out = run_in_child(DEVICE_TENSORS_IN_WORKERS, dev, timeout=120)
+    if dev == "cpu":
+        assert out.strip() == "same batches"
+    else:
+        assert out.startswith("refused:"), out
+        assert f"dataset.rows['x'] is a ggrad tensor on {dev}" in out and "forked" in out
 
 
 def test_workers_are_seeded_sharded_and_stopped():

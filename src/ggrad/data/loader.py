@@ -35,7 +35,10 @@ class DataLoader:
     numpy batches (default_collate), turned into tensors here. With `num_workers > 0`
     batches are made in worker processes (Python's default start method, or
     `multiprocessing_context`), batch k by worker k mod num_workers, and yielded in
-    order; a worker's exception is raised here with its traceback in the message.
+    order; a worker's exception is raised here with its traceback in the message, and a
+    worker's death with its exit code or signal. As torch refuses CUDA tensors in forked
+    workers, a dataset holding ggrad tensors on a device other than the CPU is refused
+    before forking (keep its data in numpy arrays).
     Workers stop when the iteration ends or is dropped (with `persistent_workers`, when
     the loader is garbage collected). Automatic batching cannot be turned off:
     `batch_size=None` means the default.

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
+import itertools
 import pickle
 import random
+import signal
 import sys
 import traceback
+import types
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from ..random import generator as _global_generator, manual_seed
+from ..tensor import Tensor
 from .collate import _Fetcher
 
 if TYPE_CHECKING:
@@ -122,6 +126,68 @@ def _stop_workers(processes: list, conns: list) -> None:
             process.join()
 
 
+def _device_tensor_in(dataset, budget: int = 10_000, per_container: int = 1_000) -> tuple[str, Tensor] | None:
+    """Where `dataset` holds a ggrad tensor that lives on a device other than the CPU (a
+    path such as "dataset.x[2]", and the tensor), looking through attributes, lists,
+    tuples and dicts breadth-first: at most `budget` objects, and the first
+    `per_container` of each container (a huge list of samples is not walked whole).
+    None when none is found."""
+    queue, seen = [("dataset", dataset)], set()
+    for path, value in itertools.islice(queue, budget):
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, Tensor):
+            if value.device != "cpu":
+                return path, value
+        else:
+            queue += itertools.islice(_members(path, value), per_container)
+    return None
+
+
+def _members(path: str, value) -> Iterator[tuple[str, Any]]:
+    """What a dict, list, tuple or plain object holds, with the path to each."""
+    if isinstance(value, dict):
+        yield from ((f"{path}[{k!r}]", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        yield from ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    elif hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType)) and not callable(value):
+        yield from ((f"{path}.{k}", v) for k, v in vars(value).items())
+
+
+def _refuse_device_tensors(dataset, context) -> None:
+    """A forked worker inherits the parent's Vulkan (or CUDA) handles but not the driver's
+    state behind them: reading one crashes the worker or returns another batch's data.
+    torch refuses CUDA tensors in forked workers; so does this, before forking."""
+    if context.get_start_method() != "fork":
+        return
+    found = _device_tensor_in(dataset)
+    if found is not None:
+        path, t = found
+        raise RuntimeError(f"DataLoader workers are forked processes, and {path} is a ggrad tensor on "
+                           f"{t.device}: a forked process cannot use that device (its driver's state does "
+                           "not survive the fork). Keep the dataset's data on the host (numpy arrays, or "
+                           "TensorDataset, which copies tensors there) and let the loader move each "
+                           "batch, or use num_workers=0")
+
+
+def _death(process) -> str:
+    """How a worker ended, as torch says it: its exit code, or the signal that killed it."""
+    process.join(1)  # its pipe broke as it exited: reap it to read how
+    code = process.exitcode
+    if code is None:
+        how = "closed its pipe while still running"
+    elif code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:  # a real-time signal has no name
+            name = str(-code)
+        how = f"was killed by signal {name} ({signal.strsignal(-code)})"
+    else:
+        how = f"exited unexpectedly with exit code {code}"
+    return f"{process.name} (pid {process.pid}) {how}"
+
+
 class _Workers:
     """`num_workers` processes, each with its own pipe. Batch k of an epoch goes to worker
     k mod n (its shard); results are read as they arrive and kept until their turn, so at
@@ -131,6 +197,7 @@ class _Workers:
         context = loader.multiprocessing_context
         if context is None or isinstance(context, str):
             context = multiprocessing.get_context(context)
+        _refuse_device_tensors(loader.dataset, context)
         # spawn() leaves the generator's stream alone: the shuffle is the same with and without workers
         base_seed = int((loader.generator or _global_generator()).spawn(1)[0].integers(2**62))
         self.timeout, self.ahead = loader.timeout, loader.num_workers * loader.prefetch_factor
@@ -159,7 +226,10 @@ class _Workers:
                 raise RuntimeError("a newer iteration of this DataLoader took over its persistent workers")
             while live and len(owner) < self.ahead and (indices := next(tasks, StopIteration)) is not StopIteration:
                 worker = live[sent % len(live)]
-                self.conns[worker].send((epoch, sent, indices))
+                try:
+                    self.conns[worker].send((epoch, sent, indices))
+                except OSError:  # the worker is gone (a broken or reset pipe)
+                    raise RuntimeError(_death(self.processes[worker])) from None
                 owner[sent] = worker
                 sent += 1
             if not owner:
@@ -189,7 +259,6 @@ class _Workers:
             except (EOFError, OSError):  # the worker died (a reset pipe, when tasks were left unread)
                 epoch = None
             if epoch is None and not process.is_alive():
-                raise RuntimeError(f"DataLoader worker {process.name} (pid {process.pid}) exited unexpectedly "
-                                   f"with exit code {process.exitcode}")
+                raise RuntimeError(_death(process))
             if epoch == self.epoch:
                 ready[task] = kind, payload

@@ -11,6 +11,7 @@ own, so a grad tape entered in one thread does not kill another thread's pass.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -123,6 +124,17 @@ def current() -> ActiveDevice:
                 _active = ActiveDevice(_name)
             active = _active
     return active
+
+
+def _one_thread_after_fork() -> None:
+    """A forked child (a DataLoader worker) has none of the CPU backend's OpenMP threads:
+    a graph computed with several waits for them forever. One thread works (torch's
+    workers use one too)."""
+    if _active is not None and _active.backend.info.kind == "cpu":
+        G.ggml_backend_cpu_set_n_threads(_active.backend.handle, 1)
+
+
+os.register_at_fork(after_in_child=_one_thread_after_fork)
 
 
 def get_device() -> str:
