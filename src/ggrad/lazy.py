@@ -34,6 +34,7 @@ import weakref
 from typing import Callable, Iterable
 
 import numpy as np
+from ggml import ggml as G
 
 from . import dtypes, runtime
 from .runtime.critical import critical
@@ -385,6 +386,13 @@ BUILDER_ROOM = 1024
 
 class _GraphFull(Exception):
     pass
+
+
+def reserve(ctx, tensors: int) -> None:
+    """For a builder that makes more than BUILDER_ROOM tensors (a fold over many kernel
+    taps): rebuild the graph larger unless `ctx` holds `tensors` more (ggml aborts past it)."""
+    if (G.ggml_get_mem_size(ctx) - G.ggml_used_mem(ctx)) // G.ggml_tensor_overhead() < tensors:
+        raise _GraphFull
 
 
 def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> Graph:

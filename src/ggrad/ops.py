@@ -233,7 +233,17 @@ def _sum_to(ctx, s, node):
     x, keep = s[0], node.arg
     if all(n == 1 for n in keep):
         return reshape(ctx, G.ggml_sum(ctx, x), node.shape)
-    return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
+    kept = ggml_ne(keep)
+    if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS:
+        return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
+    # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535):
+    # move the summed axes innermost and sum rows, which starts one block per row along x
+    full = tuple(x.contents.ne)
+    summed = [d for d in range(MAX_DIMS) if kept[d] == 1 and full[d] > 1]
+    order = summed + [d for d in range(MAX_DIMS) if d not in summed]
+    moved = G.ggml_cont(ctx, G.ggml_permute(ctx, x, *[order.index(d) for d in range(MAX_DIMS)]))
+    rows = G.ggml_reshape_2d(ctx, moved, math.prod(full[d] for d in summed), math.prod(keep))
+    return reshape(ctx, G.ggml_sum_rows(ctx, rows), node.shape)
 
 
 @compute("relu_back")
@@ -323,8 +333,21 @@ def _scatter_rows(ctx, s, node):
     """Gradient of gather_rows: rows of `grad` summed into a table of node.shape."""
     grad, index = s
     n = math.prod(index.contents.ne)
-    return G.ggml_get_rows_back(ctx, reshape(ctx, grad, (n, node.shape[-1])),
-                                reshape(ctx, index, (n,)), template(ctx, node.shape))
+    grad, index = reshape(ctx, grad, (n, node.shape[-1])), reshape(ctx, index, (n,))
+    rows, width = math.prod(node.shape[:-1]), node.shape[-1]
+    from . import runtime
+    if rows <= _ROWS or runtime.current().backend.info.kind != "cuda":  # the CPU's writes row index[i]
+        # unchecked: an index shifted out of range would write outside the table
+        return G.ggml_get_rows_back(ctx, grad, index, template(ctx, node.shape))
+    # ggml-cuda's GET_ROWS_BACK starts a block per table row along y (at most 65,535) and
+    # each block sums the gradient rows whose index is its row: the table in blocks of
+    # rows, each given the indices shifted to its first row (others match none of its rows)
+    shifted = G.ggml_cast(ctx, index, F32)
+    blocks = []
+    for first in range(0, rows, _ROWS):
+        local = G.ggml_cast(ctx, G.ggml_scale_bias(ctx, shifted, 1.0, -float(first)), I32)
+        blocks.append(G.ggml_get_rows_back(ctx, grad, local, template(ctx, (min(_ROWS, rows - first), width))))
+    return reshape(ctx, _stack_rows(ctx, blocks), node.shape)
 
 
 @compute("concat", keep_int=True)
@@ -353,10 +376,62 @@ def _slice(ctx, s, node):
 def _pad(ctx, s, node):
     """Zeros around `x` along one axis: the gradient of slice."""
     axis, before, after = node.arg
-    pads = [0] * (2 * MAX_DIMS)
-    dim = len(node.shape) - 1 - axis
-    pads[2 * dim], pads[2 * dim + 1] = before, after
-    return G.ggml_pad_ext(ctx, s[0], *pads)
+    return reshape(ctx, pad_axis(ctx, s[0], len(node.shape) - 1 - axis, before, after), node.shape)
+
+
+def pad_axis(ctx, x, dim: int, before: int, after: int):
+    """`x` with zeros before and after it along ggml axis `dim`, as a pad of the first
+    axis only: in memory, padding axis d of a contiguous tensor pads each run of its
+    first d + 1 axes, so the runs become the rows of a 3-d (run, a, b) tensor with a * b
+    runs, each at most 65,535 (ggml-cuda's PAD starts a block per row along y and z, and
+    aborts past that: issue 24). Returned flat: (padded run, a, b) in ggml order."""
+    if not G.ggml_is_contiguous(x):
+        x = G.ggml_cont(ctx, x)
+    ne = tuple(x.contents.ne)
+    run, runs = math.prod(ne[:dim + 1]), math.prod(ne[dim + 1:])
+    inner = run // ne[dim]
+    item = x.contents.nb[0]
+    pieces = []
+    for first, count in _row_blocks(runs):
+        rows_a, rows_b = _two_factors(count)
+        piece = G.ggml_reshape_3d(ctx, x, run, rows_a, rows_b) if count == runs else \
+            G.ggml_view_3d(ctx, x, run, rows_a, rows_b, item * run, item * run * rows_a, item * run * first)
+        pieces.append(G.ggml_pad_ext(ctx, piece, before * inner, after * inner, 0, 0, 0, 0, 0, 0))
+    return _stack_rows(ctx, pieces)
+
+
+_ROWS = 65535  # ggml-cuda's grid limit along y and z
+
+
+def _two_factors(count: int) -> tuple[int, int]:
+    """(a, b) with a * b == count and both at most 65,535 (count from _row_blocks)."""
+    if count <= _ROWS:
+        return count, 1
+    for b in range(-(-count // _ROWS), _ROWS + 1):
+        if count % b == 0:
+            return count // b, b
+    raise AssertionError(f"{count} rows have no two factors below {_ROWS + 1}")
+
+
+def _row_blocks(rows: int) -> list[tuple[int, int]]:
+    """(first row, count) blocks covering `rows`, each with two factors <= 65,535: one
+    block if `rows` has them (nearly always), else a multiple of 65,535 and the rest."""
+    try:
+        _two_factors(rows)
+        return [(0, rows)]
+    except AssertionError:
+        whole = rows - rows % _ROWS
+        blocks = [(0, whole)] if whole else []
+        return blocks + ([(whole, rows - whole)] if rows - whole else [])
+
+
+def _stack_rows(ctx, pieces: list):
+    """Pieces of equal row length, one after the other, as (row, rows) in ggml order."""
+    flat = [G.ggml_reshape_2d(ctx, p, p.contents.ne[0], math.prod(tuple(p.contents.ne)[1:])) for p in pieces]
+    out = flat[0]
+    for piece in flat[1:]:
+        out = G.ggml_concat(ctx, out, piece, 1)
+    return out
 
 
 @compute("fill")

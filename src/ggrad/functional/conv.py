@@ -18,18 +18,19 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
-from .. import runtime
-from ..ops import F32, _supported, compute, reshape as ggml_reshape, template
+from .. import lazy, runtime
+from ..runtime import launch
+from ..ops import F32, _supported, compute, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
-from .layout import matmul, matmul_nt, pad, permute
+from .layout import concat, matmul, matmul_nt, narrow, pad, permute
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
 
 
 def _pair(value, what: str) -> tuple[int, int]:
     pair = (value, value) if isinstance(value, numbers.Integral) else tuple(value)
-    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) for v in pair):
+    if len(pair) != 2 or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in pair):
         raise TypeError(f"{what} must be an int or a pair of ints, got {value!r}")
     return int(pair[0]), int(pair[1])
 
@@ -37,9 +38,11 @@ def _pair(value, what: str) -> tuple[int, int]:
 def _single(value, what: str) -> int:
     if not isinstance(value, numbers.Integral):
         value = tuple(value)
-        if len(value) != 1 or not isinstance(value[0], numbers.Integral):
+        if len(value) != 1:
             raise TypeError(f"{what} must be an int or a 1-tuple of ints, got {value!r}")
         value = value[0]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int or a 1-tuple of ints, got {value!r}")
     return int(value)
 
 
@@ -76,12 +79,19 @@ def _unfold_rule(ctx, g):
 def _fold(columns: Tensor, shape: tuple, arg: tuple) -> Tensor:
     """The adjoint of unfold_windows: each column entry added onto the image position its
     window read (overlaps sum)."""
-    return _apply("col2im", (columns,), shape, lambda ctx, g: (_unfold_again(g, ctx.arg),), arg, columns.dtype)
+    return _apply("col2im", (columns,), shape, _fold_rule, arg, columns.dtype)
 
 
-def _unfold_again(g: Tensor, arg: tuple) -> Tensor:
-    kh, kw, sh, sw, ph, pw, dh, dw = arg
-    return unfold_windows(g, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+def _fold_rule(ctx, g):
+    """Unfolding the gradient, over the windows the columns had: a transposed convolution's
+    output_padding may reach past them (output_padding >= stride, allowed below the
+    dilation), and the windows that extra adds read no column."""
+    kh, kw, sh, sw, ph, pw, dh, dw = ctx.arg
+    windows = unfold_windows(g, (kh, kw), (sh, sw), (ph, pw), (dh, dw))
+    _, oh, ow, _ = ctx.parents[0].shape
+    if windows.shape[1:3] != (oh, ow):
+        windows = narrow(narrow(windows, 1, 0, oh), 2, 0, ow)
+    return (windows,)
 
 
 def unfold(input, kernel_size, dilation=1, padding=0, stride=1) -> Tensor:
@@ -139,6 +149,7 @@ def _fold_by_taps(ctx, columns, node):
     n, c, h, w = node.shape
     ow, oh = columns.contents.ne[1], columns.contents.ne[2]
     taps = kh * kw
+    lazy.reserve(ctx, 64 * taps)  # views, pads and sums per tap (pad_axis may split a pad)
     per_tap = G.ggml_cont(ctx, G.ggml_permute(ctx, ggml_reshape(ctx, columns, (n, oh * ow, c, taps)), 1, 2, 0, 3))
     nb = per_tap.contents.nb
     canvas_w, canvas_h = max(w + 2 * pw, (kw - 1) * dw + ow * sw), max(h + 2 * ph, (kh - 1) * dh + oh * sh)
@@ -148,7 +159,7 @@ def _fold_by_taps(ctx, columns, node):
         image = G.ggml_cont(ctx, G.ggml_view_4d(ctx, per_tap, oh * ow, 1, c, n, nb[1], nb[2], nb[3], tap * nb[1]))
         image = _spread(ctx, G.ggml_reshape_4d(ctx, image, ow, oh, c, n), sh, sw)
         left, top = x * dw, y * dh
-        placed = G.ggml_pad_ext(ctx, image, left, canvas_w - left - ow * sw, top, canvas_h - top - oh * sh, 0, 0, 0, 0)
+        placed = _pad_plane(ctx, image, left, canvas_w - left - ow * sw, top, canvas_h - top - oh * sh)
         total = placed if total is None else G.ggml_add(ctx, total, placed)
     nb = total.contents.nb
     view = G.ggml_view_4d(ctx, total, w, h, c, n, nb[1], nb[2], nb[3], ph * nb[1] + pw * nb[0])
@@ -159,15 +170,45 @@ def _spread(ctx, image, by_h: int, by_w: int):
     """`image` with by - 1 zeros after each of its rows / columns (a stride's spacing)."""
     cols, rows, planes, batch = (image.contents.ne[i] for i in range(4))
     if by_w > 1:
-        image = G.ggml_pad(ctx, G.ggml_reshape_4d(ctx, image, 1, cols, rows, planes * batch), by_w - 1, 0, 0, 0)
+        image = pad_axis(ctx, G.ggml_reshape_4d(ctx, image, 1, cols, rows, planes * batch), 0, 0, by_w - 1)
         cols *= by_w
     if by_h > 1:
-        image = G.ggml_pad(ctx, G.ggml_reshape_4d(ctx, image, cols, 1, rows, planes * batch), 0, by_h - 1, 0, 0)
+        image = pad_axis(ctx, G.ggml_reshape_4d(ctx, image, cols, 1, rows, planes * batch), 1, 0, by_h - 1)
         rows *= by_h
     return G.ggml_reshape_4d(ctx, image, cols, rows, planes, batch)
 
 
+def _pad_plane(ctx, image, left: int, right: int, top: int, bottom: int):
+    """Zeros around each (W, H) plane of `image`, one axis at a time (pad_axis keeps
+    every kernel inside CUDA's grid, whatever the batch and channels)."""
+    cols, rows, planes, batch = (image.contents.ne[i] for i in range(4))
+    if top or bottom:
+        image = pad_axis(ctx, image, 1, top, bottom)
+        rows += top + bottom
+    if left or right:
+        image = pad_axis(ctx, G.ggml_reshape_4d(ctx, image, cols, rows, planes, batch), 0, left, right)
+        cols += left + right
+    return G.ggml_reshape_4d(ctx, image, cols, rows, planes, batch)
+
+
 # ---- convolutions ---------------------------------------------------------------------------
+def _batch_parts(batch: int, rows_per_sample: int, bytes_per_sample: int) -> list[tuple[int, int]]:
+    """(first, count) parts of a batch whose window columns fit the current device: a
+    Vulkan device refuses a tensor past its storage-buffer range (lavapipe: an evaluation
+    batch of 297 through a small CNN) and a product of more rows than its grid covers,
+    and a convolution splits over its batch exactly. One part where everything fits."""
+    backend = runtime.current().backend
+    per_part = batch
+    if backend.max_tensor_bytes is not None:
+        per_part = min(per_part, backend.max_tensor_bytes // bytes_per_sample)
+    if launch.product_rows(backend.info.kind) is not None:
+        per_part = min(per_part, launch.product_rows(backend.info.kind) // rows_per_sample)
+    if per_part < 1:
+        raise RuntimeError(f"one sample's convolution columns ({rows_per_sample:,} rows, {bytes_per_sample:,} bytes) "
+                           f"are more than one tensor may hold on {runtime.current().name}")
+    return [(first, min(per_part, batch - first)) for first in range(0, batch, per_part)]
+
+
 def _conv_padding(padding, kernel: tuple, dilation: tuple, stride: tuple) -> tuple[tuple[int, int], ...]:
     """(before, after) per spatial axis, torch's: "same" puts the odd one after."""
     if isinstance(padding, str):
@@ -248,7 +289,15 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(stride) < 1 or min(dilation) < 1:
         raise ValueError(f"conv2d needs positive stride and dilation, got {stride}, {dilation}")
-    columns = _windows(x, (kh, kw), stride, _conv_padding(padding, (kh, kw), dilation, stride), dilation)
+    pads = _conv_padding(padding, (kh, kw), dilation, stride)
+    oh, ow = (_out_size(size, k, s, sum(p), d) for size, k, s, p, d in zip(x.shape[2:], (kh, kw), stride, pads, dilation))
+    positions = max(oh, 1) * max(ow, 1)
+    parts = _batch_parts(n, positions, positions * max(c * kh * kw, oc) * x.dtype.itemsize)
+    if len(parts) > 1:
+        y = concat([conv2d(narrow(x, 0, first, count), weight, None, stride, padding, dilation, groups)
+                    for first, count in parts], 0)
+        return _finish(y, bias, unbatched, "conv2d")
+    columns = _windows(x, (kh, kw), stride, pads, dilation)
     _, oh, ow, width = columns.shape
     y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
     return _finish(permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2)), bias, unbatched, "conv2d")
@@ -289,6 +338,11 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     if out_h < 1 or out_w < 1:
         raise ValueError(f"conv_transpose2d's output would be {out_h}x{out_w}")
     oc, taps = ocg * groups, kh * kw
+    parts = _batch_parts(n, h * w, max(h * w * oc * taps, out_h * out_w * oc) * x.dtype.itemsize)
+    if len(parts) > 1:
+        y = concat([conv_transpose2d(narrow(x, 0, first, count), weight, None, stride, padding, output_padding,
+                                     groups, dilation) for first, count in parts], 0)
+        return _finish(y, bias, unbatched, "conv_transpose2d")
     # (P, C) x (C, OC*KH*KW) per group: the columns of the output's windows
     flat = reshape(permute(x, (0, 2, 3, 1)), (n * h * w, c))
     if groups == 1:
@@ -385,10 +439,27 @@ def _has_pool_back() -> bool:
 
 @compute("max_pool")
 def _max_pool(ctx, s, node):
-    """ggml's POOL_2D max, made torch's at the edges: its max skips NaN (torch's is NaN
-    where a window holds one) and starts from -FLT_MAX (a window of -inf gave -3.4e38)."""
-    kh, kw, sh, sw = node.arg
+    """ggml's POOL_2D max over the planes, in parts where a Vulkan grid's x axis (one
+    block per 512 outputs, 65,535 blocks on lavapipe) would not cover them all."""
     x = s[0]
+    w, h, _, planes = (x.contents.ne[i] for i in range(4))
+    per_plane = node.shape[-1] * node.shape[-2]
+    most = launch.VULKAN_GRID_X * launch.VULKAN_POOL_WORKGROUP // per_plane  # a Vulkan grid's x axis
+    if planes > most:
+        nb = x.contents.nb
+        parts = [_max_pool_planes(ctx, G.ggml_view_4d(ctx, x, w, h, 1, min(most, planes - first), nb[1], nb[2], nb[3],
+                                                       first * nb[3]), node.arg) for first in range(0, planes, most)]
+        out = parts[0]
+        for part in parts[1:]:
+            out = G.ggml_concat(ctx, out, part, 3)
+        return out
+    return _max_pool_planes(ctx, x, node.arg)
+
+
+def _max_pool_planes(ctx, x, arg):
+    """POOL_2D max made torch's at the edges: its max skips NaN (torch's is NaN where a
+    window holds one) and starts from -FLT_MAX (a window of -inf gave -3.4e38)."""
+    kh, kw, sh, sw = arg
     pooled = G.ggml_pool_2d(ctx, x, G.GGML_OP_POOL_MAX, kw, kh, sw, sh, 0.0, 0.0)
     lowest = G.ggml_step(ctx, G.ggml_scale_bias(ctx, pooled, -1.0, -_BELOW_LOWEST))  # 1 at -FLT_MAX
     pooled = G.ggml_mul(ctx, pooled, G.ggml_scale_bias(ctx, lowest, 1.0, 1.0))  # doubled: -inf
@@ -516,6 +587,9 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest") -> T
         scales = [np.float32(n) / np.float32(o) for n, o in zip(spatial, sizes)]
     else:
         factors = (scale_factor,) * count if isinstance(scale_factor, numbers.Real) else tuple(scale_factor)
+        if len(factors) != count or not all(isinstance(f, numbers.Real) and math.isfinite(f) and f > 0
+                                            for f in factors):
+            raise ValueError(f"interpolate needs {count} positive finite scale factors, got {scale_factor!r}")
         sizes = tuple(int(math.floor(n * f)) for n, f in zip(spatial, factors))
         scales = [np.float32(1.0 / f) for f in factors]
     if len(sizes) != count or min(sizes) < 1:

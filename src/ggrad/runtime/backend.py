@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ggml import ggml as G
 
-from . import precision
+from . import launch, precision
 
 # ggml's own messages (the Vulkan backend's device banner, warnings) go to this logger,
 # not to stderr: importing ggrad and starting a device print nothing; warnings and
@@ -98,9 +98,21 @@ class Backend:
         # lavapipe crashed inside its driver running a graph of ~65,000 nodes (40,000 ran):
         # larger graphs are split (lazy.py)
         self.max_graph_nodes = VULKAN_MAX_GRAPH_NODES if info.kind == "vulkan" else None
+        self.max_tensor_bytes = _largest_supported_tensor(handle) if info.kind == "vulkan" else None
 
     def supports(self, node) -> bool:
-        return bool(G.ggml_backend_supports_op(self.handle, node))
+        """Whether the backend runs `node` and can launch its kernel at its sizes."""
+        return bool(G.ggml_backend_supports_op(self.handle, node)) and self.launch_problem(node) is None
+
+    def launch_problem(self, node) -> str | None:
+        """Why `node` is too large for this device to start, or None."""
+        found = launch.problem(self.info.kind, node)
+        if found is None and self.max_tensor_bytes is not None:
+            for tensor in (node, *(node.contents.src[i] for i in range(G.GGML_MAX_SRC))):
+                if tensor and G.ggml_nbytes(tensor) > self.max_tensor_bytes:
+                    return (f"a tensor of {G.ggml_nbytes(tensor):,} bytes passes this device's limit of "
+                            f"{self.max_tensor_bytes:,} bytes per tensor (Vulkan's storage-buffer range)")
+        return found
 
     def compute(self, graph) -> None:
         status = G.ggml_backend_graph_compute(self.handle, graph)
@@ -111,6 +123,28 @@ class Backend:
         if self.handle:
             G.ggml_backend_free(self.handle)
             self.handle = None
+
+
+def _largest_supported_tensor(handle) -> int | None:
+    """The most bytes one tensor may hold on a backend, as its supports-op decides (ggml-
+    vulkan refuses any operand past the device's storage-buffer range, and says no more
+    than no): a bisection over the size of a float32 copy. None where 2**40 bytes pass."""
+    ctx = G.ggml_init(G.ggml_init_params(mem_size=4 * G.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+    try:
+        def copy_passes(floats: int) -> bool:
+            src = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, floats)
+            ok = bool(G.ggml_backend_supports_op(handle, G.ggml_cont(ctx, G.ggml_view_1d(ctx, src, floats, 0))))
+            G.ggml_reset(ctx)
+            return ok
+        low, high = 1, 1 << 38
+        if copy_passes(high):
+            return None
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if copy_passes(middle) else (low, middle)
+        return 4 * low
+    finally:
+        G.ggml_free(ctx)
 
 
 def _set_vulkan_float16(name: str) -> None:

@@ -210,6 +210,11 @@ class Graph:
         backend = self.dev.backend
         for i in range(G.ggml_graph_n_nodes(self.graph)):
             node = G.ggml_graph_node(self.graph, i)
+            limit = backend.launch_problem(node)
+            if limit is not None:
+                raise RuntimeError(
+                    f"{G.ggml_op_desc(node).decode()} of ggml shape {tuple(node.contents.ne)} is too large for "
+                    f"ggml's {backend.info.kind} backend ({self.dev.name}): {limit}; nothing was run")
             if not backend.supports(node):
                 desc = G.ggml_op_desc(node).decode()
                 ne = tuple(node.contents.ne)
