@@ -470,3 +470,84 @@ def test_static_arguments_keep_a_bounded_number_of_graphs():
     for k in range(40):
         np.testing.assert_array_equal(f(x, k).numpy(), float(k))
     assert f.captured <= 16
+
+
+def test_hooks_added_or_removed_after_compiling_are_seen(dev):
+    """A replay repeats the hooks its trace ran: a hook registered later must make the next
+    call trace again (as torch.compile's guards do), and so must removing one."""
+    model = mlp()
+    forward = ggrad.compile(lambda x: model(x))
+    x = ggrad.tensor(batches()[0][0])
+    plain = forward(x).numpy()
+    forward(x)
+    assert forward.captured == 1 and forward.traces == 1
+    handles = [model[0].register_forward_hook(lambda m, args, out: out * 2.0),
+               model[2].register_forward_pre_hook(lambda m, args: (args[0] + 1.0,))]
+    hooked = forward(x).numpy()
+    np.testing.assert_array_equal(hooked, model(x).numpy())  # as the eager call with the hooks
+    assert not np.allclose(hooked, plain)
+    forward(x)
+    ggrad.realize()
+    with ggrad.count_transfers() as t:  # the new capture replays, resident
+        forward(x)
+        ggrad.realize()
+    assert t.crossings == 0 and t.dispatches == 1, t
+    assert forward.traces == 2
+    handles[0].remove()
+    np.testing.assert_array_equal(forward(x).numpy(), model(x).numpy())
+    handles[1].remove()
+    np.testing.assert_array_equal(forward(x).numpy(), plain)
+    assert forward.traces == 4
+
+
+def test_a_hook_added_and_removed_inside_the_step_is_traced_once(dev):
+    model = mlp()
+
+    def shifted(x):
+        with model[0].register_forward_hook(lambda m, args, out: out + 1.0):
+            return model(x)
+    forward = ggrad.compile(shifted)
+    x = ggrad.tensor(batches()[0][0])
+    results = [forward(x).numpy() for _ in range(4)]
+    assert forward.traces == 1 and forward.captured == 1
+    for r in results:
+        np.testing.assert_array_equal(r, shifted(x).numpy())
+
+
+def test_a_micro_step_called_twice_per_iteration_is_refused_and_accumulates_as_eager(dev):
+    """nanoGPT's loop: a compiled micro-step (tape and backward, no optimizer) called twice
+    per iteration, then opt.step() and zero_grad() outside. The second call adds into a
+    .grad set by the first: a replay would add into the traced call's buffer, which
+    zero_grad() takes away from the parameter."""
+    data = batches(8)
+    runs = []
+    for compiled in (False, True):
+        model = mlp()
+        opt = Adam(model.parameters(), lr=1e-2)
+
+        def micro(x, y):
+            with ggrad.grad_tape():
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+            return loss
+        step = ggrad.compile(micro) if compiled else micro
+        losses, grads = [], []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(4):
+                for k in range(2):
+                    losses.append(step(*data[2 * i + k]).item())
+                grads.append([None if p.grad is None else p.grad.numpy() for p in model.parameters()])
+                opt.step()
+                opt.zero_grad()
+        runs.append((losses, grads, [p.numpy() for p in model.parameters()], step, caught))
+    (losses_e, grads_e, params_e, _, _), (losses_c, grads_c, params_c, step, caught) = runs
+    assert losses_c == losses_e
+    for eager, comp in zip(grads_e, grads_c):
+        assert all(g is not None for g in comp)
+        for a, b in zip(eager, comp):
+            np.testing.assert_array_equal(a, b)
+    for a, b in zip(params_e, params_c):
+        np.testing.assert_array_equal(a, b)
+    assert step.captured == 0 and "gradient set before the call" in step.reason
+    assert any("not captured" in str(w.message) for w in caught)

@@ -63,9 +63,11 @@ class _Trace:
         self.advances: list[Callable[[], None]] = []
         self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
         self.refusal: str | None = None
-        # gradients that tracked optimizers' parameters held when the call began
+        # gradients that tracked optimizers' parameters held when the call began, and their
+        # values then (an accumulation replaces a gradient's node, not its buffer)
         self.carried = [p._grad for opt in list(_optimizers) for g in opt.param_groups
                         for p in g["params"] if p._grad is not None]
+        self.carried_nodes = [grad.node for grad in self.carried]
 
     def record(self, run: lazy.Run) -> None:
         if self.final:
@@ -179,6 +181,13 @@ def carried_over(grad) -> bool:
     return trace is not None and any(grad is g for g in trace.carried)
 
 
+CARRIED_GRADIENT = ("a gradient set before the call (accumulated over calls, e.g. by a micro-step called "
+                    "several times per optimizer step, or set by hand) is read or added to: a replay "
+                    "would use the buffer of the traced call's .grad, which zero_grad() replaces. "
+                    "Accumulate with the optimizer's accumulate_steps=k (opt.step() inside the step), "
+                    "or compile the whole iteration")
+
+
 def _host_read() -> None:
     refuse("the function read a tensor's values on the host (numpy(), item(), float()...); "
            "its Python would not see the values of later calls")
@@ -286,6 +295,9 @@ class _Capture:
             id(t.handle) for run in runs for e in run.effects for t in e.targets}
         if written & arguments:
             raise _Refused("the function writes into one of its arguments in place")
+        carried = {id(n.handle) for n in trace.carried_nodes if n.handle is not None}
+        if carried & (written | {id(leaf.handle) for run in runs for leaf in run.leaves}):
+            raise _Refused(CARRIED_GRADIENT)
         if trace.exchanged & arguments:
             raise _Refused("the function exchanges one of its arguments across processes; a replay "
                            "would exchange the traced call's buffer")

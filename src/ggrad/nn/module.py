@@ -28,6 +28,14 @@ class StateDictError(ValueError, RuntimeError):
     """A state dict that does not fit (torch raises RuntimeError, ggrad ValueError: both catch it)."""
 
 
+def _hooks_changed() -> None:
+    """A compiled step replays the hooks its trace ran: adding or removing one makes every
+    capture stale, so the next call traces again (torch.compile guards on hooks too). A
+    hook added or removed inside a traced step is part of what that step did."""
+    if not capture.tracing():
+        capture.invalidate()
+
+
 class RemovableHandle:
     """Returned by the hook registrations: `remove()` takes the hook out."""
 
@@ -35,7 +43,8 @@ class RemovableHandle:
         self._hooks, self._key = hooks, key
 
     def remove(self) -> None:
-        self._hooks.pop(self._key, None)
+        if self._hooks.pop(self._key, None) is not None:
+            _hooks_changed()
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -101,12 +110,14 @@ class Module:
         """`hook(module, args)` runs before forward; a non-None result replaces args."""
         key = next(_hook_ids)
         self._forward_pre_hooks[key] = hook
+        _hooks_changed()
         return RemovableHandle(self._forward_pre_hooks, key)
 
     def register_forward_hook(self, hook: Callable) -> RemovableHandle:
         """`hook(module, args, output)` runs after forward; a non-None result replaces output."""
         key = next(_hook_ids)
         self._forward_hooks[key] = hook
+        _hooks_changed()
         return RemovableHandle(self._forward_hooks, key)
 
     def forward(self, *args, **kwargs):
