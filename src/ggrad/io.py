@@ -21,8 +21,9 @@ import glob
 import json
 import math
 import os
+import secrets
 import socket
-import tempfile
+import stat
 import time
 from typing import Any, Callable
 
@@ -75,15 +76,37 @@ def _fsync(path: str, directory: bool = False) -> None:
         os.close(fd)
 
 
+def _create_temp(folder: str) -> str:
+    """A new empty file in `folder`, created as open() creates files: mode 0666 less the
+    umask (mkstemp's are always 0600)."""
+    while True:
+        tmp = os.path.join(folder, f"{_temp_prefix()}{secrets.token_hex(8)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _mode_for(path: str, tmp: str) -> int:
+    """The permissions of the file at `path`, or, where there is none, those open() gave
+    `tmp` (0666 less the umask): a writer (safetensors') may leave its file 0600."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return stat.S_IMODE(os.stat(tmp).st_mode)
+
+
 def _atomic_write(path: str, write) -> str:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     _remove_stale(folder)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(), suffix=".tmp", dir=folder)
-    os.close(fd)
+    tmp = _create_temp(folder)
     try:
+        mode = _mode_for(path, tmp)
         write(tmp)
+        os.chmod(tmp, mode)
         _fsync(tmp)
         os.replace(tmp, path)
     except BaseException:
