@@ -72,6 +72,20 @@ def llama_state() -> dict:
     return {gguf_name(k): v.numpy() for k, v in tiny_llama().state_dict().items()}
 
 
+# ---- item 13: a name safetensors reserves ----
+def test_a_state_named_like_safetensors_metadata_is_refused_before_writing(tmp_path):
+    path = tmp_path / "m.safetensors"
+    ggrad.save({"w": np.arange(3, dtype=np.float32)}, path)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="__metadata__"):
+        ggrad.save({"__metadata__": np.zeros(2, np.float32)}, path)
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["m.safetensors"]
+    nested = {"__metadata__": np.ones(2, np.float32), "epoch": 3}  # its tensor names are ggrad's own
+    back = ggrad.load(ggrad.save(nested, path))
+    assert back.keys() == nested.keys() and back["epoch"] == 3
+    np.testing.assert_array_equal(back["__metadata__"], nested["__metadata__"])
+
+
 # ---- item 21: written files get the mode open() gives, or keep the replaced file's ----
 WRITERS = {
     "save": lambda path: ggrad.save({"w": np.zeros(2, np.float32)}, path),

@@ -32,6 +32,7 @@ import numpy as np
 from .tensor import Tensor
 
 FORMAT_KEY = "ggrad.format"
+SAFETENSORS_METADATA = "__metadata__"  # the header's key for the metadata: no tensor can have this name
 STALE_SECONDS = 3600.0  # a temporary file whose writer cannot be checked is stale after this
 GGUF_MAX_NAME = 63  # ggml's GGML_MAX_NAME is 64 bytes with the terminating NUL
 
@@ -168,10 +169,11 @@ _TAGS = ("__tensor__", "__tuple__", "__items__", "__float__")
 def _tensor_name(path: tuple, tensors: dict) -> str:
     """The tensor's place in the structure, joined by dots ("model.0.weight",
     "optimizer.state.0.exp_avg"); a name taken already (a key with a dot in it) gets a
-    "#n" suffix. The structure refers to tensors by name, so names need only be unique."""
+    "#n" suffix, and so does safetensors' reserved name. The structure refers to tensors by
+    name, so names need only be unique."""
     base = ".".join(path) or "tensor"
     name, n = base, 1
-    while name in tensors:
+    while name in tensors or name == SAFETENSORS_METADATA:
         name, n = f"{base}#{n}", n + 1
     return name
 
@@ -278,6 +280,10 @@ def _save(obj, path: str, metadata: dict[str, str] | None) -> str:
     else:
         raise TypeError(f"save takes a state dict, a Module, an Optimizer or a dict of them and Python values, "
                         f"got {type(obj).__name__}")
+    if SAFETENSORS_METADATA in tensors:  # the file would hold two headers' worth of "__metadata__"
+        raise ValueError(f"save: a state dict entry cannot be named {SAFETENSORS_METADATA!r}: safetensors keeps the "
+                         "file's metadata under that name. Rename it, or save the state dict inside a dict "
+                         "(ggrad.save({'state': state})), which names its tensors itself")
     return _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
