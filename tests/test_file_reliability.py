@@ -72,6 +72,81 @@ def llama_state() -> dict:
     return {gguf_name(k): v.numpy() for k, v in tiny_llama().state_dict().items()}
 
 
+# ---- item 5: the header is checked against the tensors before anything is allocated ----
+def test_a_header_claiming_a_million_blocks_is_refused_before_allocating(tmp_path):
+    path = write_llama(tmp_path / "huge.gguf", llama_state(), block_count=1_000_000)
+    out = run_in_child(LOAD_MODEL, path, timeout=180)
+    assert path in out and "1000000 blocks" in out
+
+
+def test_state_shapes_are_the_models():
+    for tied in (False, True):
+        config = LlamaConfig(**{**CONFIG.__dict__, "n_layers": 2, "tie_embeddings": tied})
+        assert state_shapes(config) == {k: v.shape for k, v in Llama(config).state_dict().items()}
+
+
+# ---- item 9: tensors that do not fit the header are refused, as llama.cpp does ----
+def swapped(state):
+    # wk is (32, 64): a converter that wrote its transpose with the dims swapped
+    return {**state, "blk.0.attn_k.weight": state["blk.0.attn_k.weight"].T}
+
+
+MISFITS = {
+    "two dims swapped": (swapped, {}, "'blk.0.attn_k.weight' has shape [32, 64], expected [64, 32]"),
+    "a tensor missing": (lambda s: {k: v for k, v in s.items() if k != "blk.0.ffn_up.weight"}, {},
+                         "holds 11 tensors"),
+    "a tensor too many": (lambda s: {**s, "rope_freqs.weight": np.ones(8)}, {}, "holds 13 tensors"),
+    "more blocks claimed": (lambda s: s, {"block_count": 2}, "(2 blocks) has 21"),
+    "a size as a string": (lambda s: s, {"embedding_length": "64"}, "'llama.embedding_length' must be a positive"),
+    "a wrong row length": (lambda s: s, {"embedding_length": 32, "head_count": 2, "head_count_kv": 2},
+                           "'token_embd.weight' has shape [64, 260], expected [32, 260]"),
+}
+
+
+@pytest.mark.parametrize("case", MISFITS)
+def test_a_file_whose_tensors_do_not_fit_its_header_is_refused(case, tmp_path):
+    change, keys, message = MISFITS[case]
+    path = write_llama(tmp_path / "m.gguf", change(llama_state()), **keys)
+    with pytest.raises(ValueError) as error:
+        gg.load_model(path)
+    assert path in str(error.value) and message in str(error.value)
+
+
+def patched(path: str, name: str, after: bytes, skip: int, fmt: str, change) -> str:
+    """A copy of `path`, named `name` beside it, with the value of struct format `fmt` that
+    lies `skip` bytes after the first `after` changed."""
+    data = bytearray(open(path, "rb").read())
+    at = data.index(after) + len(after) + skip
+    struct.pack_into(fmt, data, at, *change(struct.unpack_from(fmt, data, at)))
+    out = os.path.join(os.path.dirname(path), name)
+    open(out, "wb").write(data)
+    return out
+
+
+LLAMA_CPP_LOADS = """
+import json, sys
+import llama_cpp
+verdicts = []
+for path in sys.argv[1:]:
+    try:
+        llama_cpp.Llama(path, n_ctx=32, verbose=False)
+        verdicts.append("loaded")
+    except ValueError:
+        verdicts.append("refused")
+print(json.dumps(verdicts))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python (the oracle) is absent")
+def test_llama_cpp_refuses_the_swapped_dims_load_model_refuses(tmp_path):
+    good = gg.save_model(tiny_llama(), str(tmp_path / "m.gguf"))
+    swapped = patched(good, "swapped.gguf", b"blk.0.attn_k.weight", 4, "<QQ", lambda ne: ne[::-1])  # after n_dims
+    assert json.loads(run_in_child(LLAMA_CPP_LOADS, good, swapped).splitlines()[-1]) == ["loaded", "refused"]
+    gg.load_model(good)
+    with pytest.raises(ValueError, match="'blk.0.attn_k.weight' has shape \\[32, 64\\], expected \\[64, 32\\]"):
+        gg.load_model(swapped)
+
+
 # ---- item 13: a name safetensors reserves ----
 def test_a_state_named_like_safetensors_metadata_is_refused_before_writing(tmp_path):
     path = tmp_path / "m.safetensors"

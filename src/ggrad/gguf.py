@@ -9,11 +9,13 @@ module writes what llama.cpp's model loader requires of a llama model.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .io import _host, write_gguf
 from .functional import quantized
-from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name
+from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name, state_shapes
 from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
 from .nn.lora import lora_layers
 
@@ -143,60 +145,123 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
     return write_gguf(path, "llama", keys, tensors)
 
 
-def _float32(value) -> float:
+def _reader(path: str):
+    """gguf's reader over `path`; a ValueError naming the file when it is no readable GGUF."""
+    import gguf
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"load_model: no file at {path}")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:  # what its parser meets in a bad file
+        raise ValueError(f"load_model: {path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+
+def _field(path: str, reader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is not None:
+            return default
+        raise ValueError(f"load_model: {path} has no {key!r}; it is not a llama model llama.cpp would load")
+    return field.contents()
+
+
+def _size(path: str, reader, key: str) -> int:
+    value = _field(path, reader, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"load_model: {path}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _float32(path: str, reader, key: str, default: float | None) -> float:
     """A float32 key as the decimal it was written from (1e-5, not 9.99999975e-06)."""
+    value = _field(path, reader, key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"load_model: {path}: {key!r} must be a number, got {value!r}")
     return float(str(np.float32(value)))
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        raise ValueError(f"load_model: the file has no {key!r}; it is not a llama model llama.cpp would load")
-    return field.contents()
+def _config(path: str, reader, tensors: dict) -> LlamaConfig:
+    """The model's hyperparameters: the header's keys, the vocabulary from the embedding."""
+    embed = tensors.get("token_embd.weight")
+    if embed is None or len(embed.shape) != 2:
+        raise ValueError(f"load_model: {path} has no 2-d tensor 'token_embd.weight'")
+    sizes = dict(dim="llama.embedding_length", n_layers="llama.block_count", n_heads="llama.attention.head_count",
+                 n_kv_heads="llama.attention.head_count_kv", ffn_dim="llama.feed_forward_length",
+                 max_seq_len="llama.context_length")
+    values = {name: _size(path, reader, key) for name, key in sizes.items()}
+    norm_eps = _float32(path, reader, "llama.attention.layer_norm_rms_epsilon", None)
+    rope_theta = _float32(path, reader, "llama.rope.freq_base", 10000.0)
+    try:
+        return LlamaConfig(vocab_size=int(embed.shape[1]), **values, norm_eps=norm_eps, rope_theta=rope_theta,
+                           tie_embeddings="output.weight" not in tensors)
+    except ValueError as e:  # sizes that do not make a llama (dim not divisible by the heads...)
+        raise ValueError(f"load_model: {path}: {e}") from None
+
+
+_BLOCK_TENSORS = sum("{n}" in pattern for pattern in _PATTERNS)
+
+
+def _check_tensors(path: str, config: LlamaConfig, tensors: dict) -> None:
+    """Refuse a file whose tensors are not those of a llama model of its header's sizes, as
+    llama.cpp's loader does (wrong number of tensors; check_tensor_dims): first by count,
+    so a header claiming a million blocks is refused before any per-block work."""
+    import gguf
+
+    expected = 2 + _BLOCK_TENSORS * config.n_layers + (not config.tie_embeddings)
+    if len(tensors) != expected:
+        raise ValueError(f"load_model: {path} holds {len(tensors)} tensors; a llama model of its header's sizes "
+                         f"({config.n_layers} blocks{', tied embeddings' if config.tie_embeddings else ''}) has "
+                         f"{expected}")
+    supported = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
+                 gguf.GGMLQuantizationType.Q8_0)
+    for key, shape in state_shapes(config).items():
+        name = gguf_name(key)
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"load_model: {path} has no tensor {name!r}")
+        ne, want = tuple(int(n) for n in t.shape), tuple(reversed(shape))  # ggml lists the row length first
+        if ne != want:
+            raise ValueError(f"load_model: {path}: tensor {name!r} has shape {list(ne)}, expected {list(want)} "
+                             "from the header's sizes (ggml order, as llama.cpp's check_tensor_dims reads it)")
+        if t.tensor_type not in supported:
+            raise ValueError(f"load_model: {path}: {name} is {t.tensor_type.name}; load_model reads f32, f16, bf16 "
+                             "and q8_0 tensors")
+        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0 and len(ne) == 1:
+            raise ValueError(f"load_model: {path}: {name} is q8_0; load_model reads q8_0 matrices only (norms are "
+                             "float, as llama.cpp's converter writes them)")
 
 
 def load_model(path: str) -> Llama:
     """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes):
     f32, f16 and bf16 tensors become float32 parameters (exact); q8_0 matrices stay in
     their blocks on the device, frozen (QuantizedLinear, QuantizedEmbedding): the model
-    holds them at their quantized size."""
+    holds them at their quantized size. The header and every tensor's name, shape and type
+    are checked before the model is built: a file that does not fit raises a ValueError
+    naming it and what is wrong."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
-    arch = _field(reader, "general.architecture")
+    path = os.fspath(path)
+    reader = _reader(path)
+    arch = _field(path, reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"load_model: {path} holds a {arch!r} model; it reads llama models")
     tensors = {t.name: t for t in reader.tensors}
-    embed = tensors["token_embd.weight"]
-    config = LlamaConfig(
-        vocab_size=int(embed.shape[1]), dim=int(_field(reader, "llama.embedding_length")),
-        n_layers=int(_field(reader, "llama.block_count")), n_heads=int(_field(reader, "llama.attention.head_count")),
-        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv")),
-        ffn_dim=int(_field(reader, "llama.feed_forward_length")),
-        max_seq_len=int(_field(reader, "llama.context_length")),
-        norm_eps=_float32(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        rope_theta=_float32(reader.fields["llama.rope.freq_base"].contents()) if "llama.rope.freq_base" in
-        reader.fields else 10000.0,
-        tie_embeddings="output.weight" not in tensors)
+    config = _config(path, reader, tensors)
+    _check_tensors(path, config, tensors)
     model = Llama(config)
-    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     state = {}
     for key, param in model.state_dict().items():
-        t = tensors.get(gguf_name(key))
-        if t is None:
-            raise ValueError(f"load_model: {path} has no tensor {gguf_name(key)!r}")
+        t = tensors[gguf_name(key)]
         if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:  # kept in its blocks, frozen
             name = key.removesuffix(".weight")
             weight = quantized.from_blocks(np.asarray(t.data), param.shape)
             layer = QuantizedEmbedding(weight) if isinstance(model.get_submodule(name), Embedding) else \
                 QuantizedLinear(weight)
             model.set_submodule(name, layer)
-        elif t.tensor_type in floats:
+        else:
             values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
             state[key] = np.ascontiguousarray(values, dtype=np.float32)
-        else:
-            raise ValueError(f"load_model: {t.name} is {t.tensor_type.name}; load_model reads f32, f16, bf16 and "
-                             "q8_0 tensors")
     model.load_state_dict(state)
     return model
 

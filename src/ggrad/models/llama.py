@@ -87,6 +87,23 @@ class LlamaConfig:
         return self.dim // self.n_heads
 
 
+def state_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """The state-dict keys and shapes of `Llama(config)`, in its order, without building it:
+    a loader checks a file's tensors against them before it allocates anything."""
+    d, ff, vocab = config.dim, config.ffn_dim, config.vocab_size
+    q, kv = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+    block = {"attention_norm.weight": (d,), "attention.wq.weight": (q, d), "attention.wk.weight": (kv, d),
+             "attention.wv.weight": (kv, d), "attention.wo.weight": (d, q), "ffn_norm.weight": (d,),
+             "feed_forward.w1.weight": (ff, d), "feed_forward.w2.weight": (d, ff), "feed_forward.w3.weight": (ff, d)}
+    shapes = {"tok_embeddings.weight": (vocab, d)}
+    for n in range(config.n_layers):
+        shapes.update({f"layers.{n}.{key}": shape for key, shape in block.items()})
+    shapes["norm.weight"] = (d,)
+    if not config.tie_embeddings:
+        shapes["output.weight"] = (vocab, d)
+    return shapes
+
+
 def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     """(b, t, kv, d) -> (b, t, kv * groups, d), each head repeated `groups` times in a row
     (head i is kv head i // groups): one broadcast node, no loop over heads."""
