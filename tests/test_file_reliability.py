@@ -161,6 +161,107 @@ def test_a_state_named_like_safetensors_metadata_is_refused_before_writing(tmp_p
     np.testing.assert_array_equal(back["__metadata__"], nested["__metadata__"])
 
 
+# ---- item 19: every damaged file names itself and what is wrong ----
+def safetensors_file(path, header: dict) -> str:
+    """A safetensors file of `header`, its tensors' bytes zero."""
+    text = json.dumps(header).encode()
+    size = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(size))
+    return str(path)
+
+
+def nested_meta(structure: str) -> dict:
+    return {"__metadata__": {"ggrad.format": "nested", "ggrad.structure": structure},
+            "t": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+
+
+DAMAGED = {
+    "structure not JSON": (nested_meta("{not json"), "metadata is not JSON"),
+    "structure nested deeply": (nested_meta("[" * 100_000 + "]" * 100_000), "nests too deeply"),
+    "structure missing": ({"__metadata__": {"ggrad.format": "nested"}}, "has no 'ggrad.structure'"),
+    "unknown tensor": (nested_meta('{"w": {"__tensor__": "absent"}}'), "tensor 'absent' that the file does not"),
+    "unhashable key": (nested_meta('{"__items__": [[[1], 2]]}'), "unhashable"),
+    "not a dict": (nested_meta("5"), "holds a int"),
+    "optimizer without micro_steps": ({"__metadata__": {"ggrad.format": "optimizer", "ggrad.optimizer": json.dumps(
+        {"param_groups": [], "state": {}, "group_state": []})}}, "no entry 'micro_steps'"),
+    "float8 tensor": ({"t": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}, "'t' is F8_E4M3"),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_a_damaged_checkpoint_names_itself_and_what_is_wrong(case, tmp_path):
+    header, message = DAMAGED[case]
+    path = safetensors_file(tmp_path / "bad.safetensors", header)
+    with pytest.raises(ValueError) as error:
+        ggrad.load(path)
+    assert path in str(error.value) and message in str(error.value)
+
+
+def test_a_gguf_array_whose_count_runs_past_the_end_is_refused_not_looped_over(tmp_path):
+    path = str(tmp_path / "m.gguf")
+    gg.save_model(tiny_llama(), path)
+    data = bytearray(open(path, "rb").read())
+    key = b"tokenizer.ggml.token_type"  # an array of int32: gguf's reader loops on its count
+    count_at = data.index(key) + len(key) + 4 + 4  # then the value type, the item type, the count
+    data[count_at:count_at + 8] = struct.pack("<Q", 1 << 62)
+    open(path, "wb").write(data)
+    out = run_in_child(LOAD_MODEL, path, timeout=180)
+    assert path in out and "'tokenizer.ggml.token_type' runs" in out
+
+
+FUZZ = LIMITED + """
+import json, sys
+import numpy as np
+import ggrad
+from ggrad import gguf
+
+source, kind, folder, seed, cases = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+load = ggrad.load if kind == "safetensors" else gguf.load_model
+original = open(source, "rb").read()
+rng = np.random.default_rng(seed)
+bad = []
+for case in range(cases):
+    data = bytearray(original)
+    if case % 3 == 0:  # truncated
+        data = data[:int(rng.integers(0, len(data)))]
+    else:  # bits flipped, mostly in the header, where flips change the structure
+        span = len(data) if case % 3 == 1 else min(len(data), 4096)
+        for _ in range(int(rng.integers(1, 5))):
+            data[int(rng.integers(0, span))] ^= 1 << int(rng.integers(0, 8))
+    path = f"{folder}/case{case}.{kind}"
+    open(path, "wb").write(data)
+    try:
+        load(path)
+    except ValueError as e:
+        if path not in str(e):
+            bad.append([case, "ValueError without the file's name: " + str(e)[:300]])
+    except Exception as e:
+        bad.append([case, f"{type(e).__name__}: {str(e)[:300]}"])
+print(json.dumps(bad))
+"""
+
+
+def checkpoint_file(path) -> str:
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = Adam(model.parameters(), lr=1e-2)
+    for p in model.parameters():
+        p.grad = np.ones(p.shape, np.float32)
+    opt.step()
+    return ggrad.save({"model": model, "optimizer": opt, "epoch": 2, "note": (1, float("inf"))}, path)
+
+
+@pytest.mark.parametrize("kind", ["safetensors", "gguf-f32", "gguf-q8_0"])
+def test_fuzzed_files_load_or_raise_a_value_error_naming_the_file(kind, tmp_path):
+    if kind == "safetensors":
+        source = checkpoint_file(tmp_path / "source.safetensors")
+    else:
+        source = gg.save_model(tiny_llama(), str(tmp_path / "source.gguf"), dtype=kind.split("-")[1])
+    (tmp_path / "cases").mkdir()
+    out = run_in_child(FUZZ, source, kind.split("-")[0], str(tmp_path / "cases"), "24", "150", timeout=400)
+    assert json.loads(out.strip().splitlines()[-1]) == []
+
+
 # ---- item 21: written files get the mode open() gives, or keep the replaced file's ----
 WRITERS = {
     "save": lambda path: ggrad.save({"w": np.zeros(2, np.float32)}, path),

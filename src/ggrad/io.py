@@ -217,7 +217,10 @@ def _encode(value, tensors: dict[str, np.ndarray], path: tuple = ()):
 def _decode(value, tensors: dict[str, np.ndarray]):
     if isinstance(value, dict):
         if "__tensor__" in value:
-            return tensors[value["__tensor__"]]
+            name = value["__tensor__"]
+            if not isinstance(name, str) or name not in tensors:
+                raise ValueError(f"it refers to a tensor {name!r} that the file does not hold")
+            return tensors[name]
         if "__tuple__" in value:
             return tuple(_decode(v, tensors) for v in value["__tuple__"])
         if "__items__" in value:
@@ -291,27 +294,76 @@ def load(path: str) -> dict:
     """What `save` wrote: a state dict (name -> numpy array), an optimizer state dict, or
     the nested dict (its tensors as numpy arrays, its optimizer state dicts as
     `load_state_dict` takes them). A file of another kind (GGUF, a PyTorch checkpoint,
-    numpy's) is refused with a ValueError saying what it is: nothing is ever unpickled."""
-    from safetensors import SafetensorError, safe_open
-
+    numpy's) is refused with a ValueError saying what it is: nothing is ever unpickled.
+    A damaged file raises a ValueError that names it and says what is wrong."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
     _check_kind(path)
-    try:
-        with safe_open(os.fspath(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except SafetensorError as e:
-        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+    meta, tensors = _read_safetensors(path)
     kind = meta.get(FORMAT_KEY, "state_dict")  # a safetensors file from elsewhere: its tensors
-    if kind == "optimizer":
-        return _unflatten_optimizer(tensors, json.loads(meta["ggrad.optimizer"]))
-    if kind == "nested":
-        return _decode(json.loads(meta["ggrad.structure"]), tensors)
-    if kind != "state_dict":
+    if kind == "state_dict":
+        return tensors
+    if kind not in ("optimizer", "nested"):
         raise ValueError(f"{path} is a ggrad checkpoint of kind {kind!r}, which this ggrad does not know "
                          "(written by a newer version?)")
-    return tensors
+    key = "ggrad.optimizer" if kind == "optimizer" else "ggrad.structure"
+    structure = _structure(path, meta, key)
+    try:
+        if kind == "optimizer":
+            return _unflatten_optimizer(tensors, structure)
+        value = _decode(structure, tensors)
+        if not isinstance(value, dict):
+            raise ValueError(f"it holds a {type(value).__name__}, where save writes a dict")
+        return value
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+        raise ValueError(f"{path} is a damaged ggrad checkpoint: its {key!r} metadata does not describe its "
+                         f"tensors ({_reason(e)})") from None
+
+
+def _reason(error: Exception) -> str:
+    """What a parser's exception says was wrong, in words."""
+    if isinstance(error, RecursionError):
+        return "it nests too deeply to read"
+    if isinstance(error, KeyError):
+        return f"it has no entry {error.args[0]!r}" if error.args else "an entry is missing"
+    if isinstance(error, ValueError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def _read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
+    """The metadata and the tensors of a safetensors file; a ValueError naming the file
+    for anything safetensors or numpy cannot read."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            return f.metadata() or {}, {name: _read_tensor(path, f, name) for name in f.keys()}
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def _read_tensor(path: str, file, name: str) -> np.ndarray:
+    try:
+        return file.get_tensor(name)
+    except (AttributeError, TypeError):  # safetensors' numpy path fails on dtypes numpy lacks (F8_*, F4...)
+        raise ValueError(f"{path}: tensor {name!r} is {file.get_slice(name).get_dtype()}, a type numpy does not "
+                         "have: ggrad.load reads booleans, integers and float16, bfloat16, float32 and float64 "
+                         "tensors") from None
+
+
+def _structure(path: str, meta: dict[str, str], key: str):
+    """The JSON document stored under `key` in the metadata."""
+    if key not in meta:
+        raise ValueError(f"{path} is a damaged ggrad checkpoint: its metadata says {FORMAT_KEY} = "
+                         f"{meta[FORMAT_KEY]!r} but has no {key!r}")
+    try:
+        return json.loads(meta[key])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is a damaged ggrad checkpoint: its {key!r} metadata is not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is a damaged ggrad checkpoint: its {key!r} metadata nests too deeply to "
+                         "read") from None
 
 
 _TORCH_ADVICE = ("ggrad never unpickles: convert it with torch.load + ggrad.save, or load its state_dict into "
