@@ -135,3 +135,37 @@ def test_folding_without_im2col_back_equals_torch(monkeypatch):
     t_x = torch.tensor(x, requires_grad=True)
     (TF.conv2d(t_x, torch.tensor(w), stride=(3, 2), padding=(2, 1), dilation=(2, 3)) * torch.tensor(weights)).sum().backward()
     np.testing.assert_allclose(g_x.grad.numpy(), t_x.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_transpose2d_output_padding_past_the_stride_trains_as_torch(dev):
+    """output_padding >= stride is allowed below the dilation (issue 24, item 18): the
+    extra rows read no column, and backward gave an internal shape error."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(18)
+    x, w = rng.standard_normal((2, 3, 4, 5), np.float32), rng.standard_normal((3, 2, 3, 3), np.float32)
+    kwargs = dict(stride=1, output_padding=(1, 2), dilation=3, padding=1)
+    gx, gw = ggrad.tensor(x, requires_grad=True), ggrad.tensor(w, requires_grad=True)
+    with ggrad.grad_tape():
+        y = F.conv_transpose2d(gx, gw, **kwargs)
+        (y * y).sum().backward()
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = torch.nn.functional.conv_transpose2d(tx, tw, **kwargs)
+    (ty * ty).sum().backward()
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gw.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_bool_strides_and_zero_scale_factors_are_refused():
+    """conv2d(stride=True) is a TypeError as torch's; interpolate(scale_factor=0) a
+    ValueError (was ZeroDivisionError)."""
+    x, w = ggrad.tensor(np.ones((1, 2, 5, 5), np.float32)), ggrad.tensor(np.ones((2, 2, 3, 3), np.float32))
+    for bad in (True, (1, False)):
+        with pytest.raises(TypeError, match="stride"):
+            F.conv2d(x, w, stride=bad)
+    with pytest.raises(TypeError, match="stride"):
+        F.conv1d(ggrad.tensor(np.ones((1, 2, 5), np.float32)), ggrad.tensor(np.ones((2, 2, 3), np.float32)),
+                 stride=True)
+    for factor in (0, -1.0, float("nan"), float("inf"), (2, 0)):
+        with pytest.raises(ValueError, match="scale factor"):
+            F.interpolate(x, scale_factor=factor)
