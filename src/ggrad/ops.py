@@ -20,6 +20,7 @@ from ggml import ggml as G
 
 from . import dtypes
 from .lazy import builder
+from .runtime import launch
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
 
 F32 = G.GGML_TYPE_F32
@@ -336,8 +337,9 @@ def _scatter_rows(ctx, s, node):
     grad, index = reshape(ctx, grad, (n, node.shape[-1])), reshape(ctx, index, (n,))
     rows, width = math.prod(node.shape[:-1]), node.shape[-1]
     from . import runtime
-    if rows <= _ROWS or runtime.current().backend.info.kind != "cuda":  # the CPU's writes row index[i]
-        # unchecked: an index shifted out of range would write outside the table
+    # only CUDA needs the blocks, and only CUDA may have them: the CPU's GET_ROWS_BACK
+    # writes row index[i] unchecked, so a shifted index would write outside the table
+    if rows <= _ROWS or runtime.current().backend.info.kind != "cuda":
         return G.ggml_get_rows_back(ctx, grad, index, template(ctx, node.shape))
     # ggml-cuda's GET_ROWS_BACK starts a block per table row along y (at most 65,535) and
     # each block sums the gradient rows whose index is its row: the table in blocks of
@@ -400,37 +402,39 @@ def pad_axis(ctx, x, dim: int, before: int, after: int):
     return _stack_rows(ctx, pieces)
 
 
-_ROWS = 65535  # ggml-cuda's grid limit along y and z
+_ROWS = launch.GRID_YZ  # ggml-cuda's grid limit along y and z
 
 
-def _two_factors(count: int) -> tuple[int, int]:
-    """(a, b) with a * b == count and both at most 65,535 (count from _row_blocks)."""
+def _two_factors(count: int) -> tuple[int, int] | None:
+    """(a, b) with a * b == count and both at most 65,535, or None if there are none."""
     if count <= _ROWS:
         return count, 1
     for b in range(-(-count // _ROWS), _ROWS + 1):
         if count % b == 0:
             return count // b, b
-    raise AssertionError(f"{count} rows have no two factors below {_ROWS + 1}")
+    return None
 
 
 def _row_blocks(rows: int) -> list[tuple[int, int]]:
     """(first row, count) blocks covering `rows`, each with two factors <= 65,535: one
     block if `rows` has them (nearly always), else a multiple of 65,535 and the rest."""
-    try:
-        _two_factors(rows)
+    if _two_factors(rows) is not None:
         return [(0, rows)]
-    except AssertionError:
-        whole = rows - rows % _ROWS
-        blocks = [(0, whole)] if whole else []
-        return blocks + ([(whole, rows - whole)] if rows - whole else [])
+    whole = rows - rows % _ROWS
+    return [(0, whole), (whole, rows - whole)]
 
 
 def _stack_rows(ctx, pieces: list):
     """Pieces of equal row length, one after the other, as (row, rows) in ggml order."""
-    flat = [G.ggml_reshape_2d(ctx, p, p.contents.ne[0], math.prod(tuple(p.contents.ne)[1:])) for p in pieces]
-    out = flat[0]
-    for piece in flat[1:]:
-        out = G.ggml_concat(ctx, out, piece, 1)
+    return concat_all(ctx, [G.ggml_reshape_2d(ctx, p, p.contents.ne[0], math.prod(tuple(p.contents.ne)[1:]))
+                            for p in pieces], 1)
+
+
+def concat_all(ctx, pieces: list, dim: int):
+    """`pieces` joined along ggml axis `dim`, in order."""
+    out = pieces[0]
+    for piece in pieces[1:]:
+        out = G.ggml_concat(ctx, out, piece, dim)
     return out
 
 

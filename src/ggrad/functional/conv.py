@@ -20,7 +20,7 @@ from ggml import ggml as G
 
 from .. import lazy, runtime
 from ..runtime import launch
-from ..ops import F32, _supported, compute, pad_axis, reshape as ggml_reshape, template
+from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
 from .layout import concat, matmul, matmul_nt, narrow, pad, permute
@@ -201,8 +201,9 @@ def _batch_parts(batch: int, rows_per_sample: int, bytes_per_sample: int) -> lis
     per_part = batch
     if backend.max_tensor_bytes is not None:
         per_part = min(per_part, backend.max_tensor_bytes // bytes_per_sample)
-    if launch.product_rows(backend.info.kind) is not None:
-        per_part = min(per_part, launch.product_rows(backend.info.kind) // rows_per_sample)
+    most_rows = launch.product_rows(backend.info.kind)
+    if most_rows is not None:
+        per_part = min(per_part, most_rows // rows_per_sample)
     if per_part < 1:
         raise RuntimeError(f"one sample's convolution columns ({rows_per_sample:,} rows, {bytes_per_sample:,} bytes) "
                            f"are more than one tensor may hold on {runtime.current().name}")
@@ -447,12 +448,9 @@ def _max_pool(ctx, s, node):
     most = launch.VULKAN_GRID_X * launch.VULKAN_POOL_WORKGROUP // per_plane  # a Vulkan grid's x axis
     if planes > most:
         nb = x.contents.nb
-        parts = [_max_pool_planes(ctx, G.ggml_view_4d(ctx, x, w, h, 1, min(most, planes - first), nb[1], nb[2], nb[3],
-                                                       first * nb[3]), node.arg) for first in range(0, planes, most)]
-        out = parts[0]
-        for part in parts[1:]:
-            out = G.ggml_concat(ctx, out, part, 3)
-        return out
+        return concat_all(ctx, [_max_pool_planes(ctx, G.ggml_view_4d(ctx, x, w, h, 1, min(most, planes - first), nb[1],
+                                                                      nb[2], nb[3], first * nb[3]), node.arg)
+                                for first in range(0, planes, most)], 3)
     return _max_pool_planes(ctx, x, node.arg)
 
 

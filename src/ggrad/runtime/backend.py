@@ -102,7 +102,11 @@ class Backend:
 
     def supports(self, node) -> bool:
         """Whether the backend runs `node` and can launch its kernel at its sizes."""
-        return bool(G.ggml_backend_supports_op(self.handle, node)) and self.launch_problem(node) is None
+        return self.has_op(node) and self.launch_problem(node) is None
+
+    def has_op(self, node) -> bool:
+        """Whether the backend implements `node`'s op for its types (sizes aside)."""
+        return bool(G.ggml_backend_supports_op(self.handle, node))
 
     def launch_problem(self, node) -> str | None:
         """Why `node` is too large for this device to start, or None."""

@@ -215,7 +215,7 @@ class Graph:
                 raise RuntimeError(
                     f"{G.ggml_op_desc(node).decode()} of ggml shape {tuple(node.contents.ne)} is too large for "
                     f"ggml's {backend.info.kind} backend ({self.dev.name}): {limit}; nothing was run")
-            if not backend.supports(node):
+            if not backend.has_op(node):
                 desc = G.ggml_op_desc(node).decode()
                 ne = tuple(node.contents.ne)
                 raise NotImplementedError(
