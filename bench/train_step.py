@@ -19,8 +19,8 @@ noisy machine slows both alike); GPU work is synchronised at the end of each blo
 GradScaler on both sides (a step the scaler may undo runs ggrad's Adam kernel formula
 from elementwise ops; torch's fused Adam takes the scaler's inf check). `--precision` sets
 `set_float32_matmul_precision` on both sides (CUDA: "high" allows TF32). Each row says
-which amp and precision it ran with. After the table, the losses of the first three steps
-(same weights, same batches) of each ggrad runner and of PyTorch eager, and their largest
+which amp and precision it ran with. After the table, the ggml nodes a compiled step computes
+(per op), and the losses of the first three steps (same weights, same batches) of each ggrad runner and of PyTorch eager, and their largest
 relative difference: torch's autocast rounds each product to the low dtype where ggrad keeps it
 float32, so they agree to about 1e-2 under amp, about 1e-5 without (CPU, "highest").
 """
@@ -139,7 +139,15 @@ def ggrad_step_fn(name, data, device, fused, compiled=True, amp="none", resident
         batch = data[i % len(data)]
         return run(*batch) if compiled or resident else run(*(ggrad.tensor(a) for a in batch))
 
+    step.compiled = run if compiled else None
     return step, ggrad.realize
+
+
+def node_note(label: str, step) -> str:
+    """The ggml ops one replay of a compiled step computes (views left out)."""
+    counts = step.compiled.op_counts()
+    top = ", ".join(f"{op} {n}" for op, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"{label}: the compiled step computes {sum(counts.values())} ggml nodes ({top})"
 
 
 def torch_step_fn(name, data, device, fused, cuda_graph=False, amp="none", resident=False):
@@ -251,6 +259,7 @@ def main() -> None:
                    for tag, compiled in ours}
         # the losses of each runner's first steps (same weights, same batches), before any timing
         first = {key: [float(step(i).item()) for i in range(CHECKED)] for key, (step, _) in runners.items()}
+        notes.append(node_note(label, runners[("ggrad", "compiled")][0]))
         for tag, graph in theirs:
             try:
                 runners[("torch", tag)] = torch_step_fn(name, data, args.torch_device, True, graph, args.amp, resident)

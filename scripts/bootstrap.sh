@@ -117,9 +117,10 @@ CPU_ARGS="-DGGML_LLAMAFILE=ON;-DCMAKE_C_FLAGS=-fno-math-errno;-DCMAKE_CXX_FLAGS=
 FLAVOR_SUFFIX="llamafile-noerrno"
 
 # Every wheel is built from ggml-python's sdist patched by scripts/patch_ggml_adamw.py
-# (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam); the suffix
-# names the patches, so a wheel cached before them is not reused.
-PATCH_SUFFIX="adamw"
+# (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam) and
+# scripts/patch_ggml_kernels.py (ggrad's kernel set, version 1); the suffix names the
+# patches, so a wheel cached before them is not reused.
+PATCH_SUFFIX="adamw2-kernels1"
 
 build_wheel() {
   local flavor="$1" args="$2"
@@ -133,6 +134,7 @@ build_wheel() {
     "ggml-python==$GGML_PYTHON_VERSION" >&2
   tar xzf "$out.tmp/sdist/ggml_python-$GGML_PYTHON_VERSION.tar.gz" -C "$out.tmp/src" --strip-components=1
   "$VENV/bin/python" "$ROOT/scripts/patch_ggml_adamw.py" "$out.tmp/src"
+  "$VENV/bin/python" "$ROOT/scripts/patch_ggml_kernels.py" "$out.tmp/src"
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$VENV/bin/pip" wheel -q --no-deps --no-cache-dir -w "$out.tmp" \
     "$out.tmp/src" --config-settings=cmake.args="$args" >&2
   rm -rf "$out.tmp/sdist" "$out.tmp/src" "$out"; mv "$out.tmp" "$out"

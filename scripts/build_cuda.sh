@@ -5,8 +5,8 @@
 #   bash scripts/build_cuda.sh --detect-arch      # print the CUDA_ARCH it would use
 # SDIST: the .tar.gz, or an unpacked source folder (left untouched: it is copied). It is
 # unpacked into a temporary folder and patched there by patch_ggml_adamw.py (the exact
-# AdamW kernel) and patch_ggml_cuda.py (float32
-# products honour the node's precision, issue 13) before building.
+# AdamW kernel), patch_ggml_kernels.py (ggrad's kernel set, issue 25) and
+# patch_ggml_cuda.py (float32 products honour the node's precision, issue 13) before building.
 # CUDA_ARCH: one compute capability (90, 89, 120, 90a...); by default the first GPU's, from
 # nvidia-smi, else 90 with a warning. nvcc: from PATH, else /usr/local/cuda/bin.
 # Optional environment: PYTHON (the python whose pip builds; python3 by default),
@@ -74,6 +74,7 @@ if [ -z "$(ls -A "$SRC")" ]; then
 fi
 "$PYTHON" "$HERE/patch_ggml_cuda.py" "$SRC"
 "$PYTHON" "$HERE/patch_ggml_adamw.py" "$SRC"
+"$PYTHON" "$HERE/patch_ggml_kernels.py" "$SRC"
 
 if [ -n "${SHIM_DIR:-}" ]; then SHIM="$SHIM_DIR"; mkdir -p "$SHIM"; else temp; SHIM="$TMP"; fi
 cat >"$SHIM/allreduce_shim.c" <<'C'
@@ -115,4 +116,7 @@ if ! grep -q ggml_backend_cuda_ggrad_f32_precision <<<"$(nm -D --defined-only "$
 fi
 if ! grep -q ggml_ggrad_adamw_exact <<<"$(nm -D --defined-only "$CHECK"/ggml/lib/libggml-base.so)"; then
   warn "libggml-base.so lacks ggml_ggrad_adamw_exact: patch_ggml_adamw.py did not take"; exit 1
+fi
+if ! grep -q ggml_ggrad_kernels <<<"$(nm -D --defined-only "$CHECK"/ggml/lib/libggml-base.so)"; then
+  warn "libggml-base.so lacks ggml_ggrad_kernels: patch_ggml_kernels.py did not take"; exit 1
 fi

@@ -37,15 +37,35 @@ UPDATE_C = """{indent}/* {mark} */
 """
 
 
+# the CPU's row: the branch on w1 outside the loop and restrict pointers, so the compiler
+# vectorises it (inside, it ran one element at a time: 1.6 ms for 670k parameters, 2 cores)
+CPU_ROW = """/* {mark} */
+static void ggrad_adamw_exact_row(const int64_t n, float * GGML_RESTRICT x, const float * GGML_RESTRICT g,
+                                  float * GGML_RESTRICT m, float * GGML_RESTRICT v, const float * GGML_RESTRICT P) {{
+    const float w1 = P[7];
+    if (w1 < 0.5f) {{
+        for (int64_t i = 0; i < n; ++i) {{
+            m[i] = m[i] + w1*(g[i] - m[i]);
+{rest}        }}
+    }} else {{
+        for (int64_t i = 0; i < n; ++i) {{
+            m[i] = g[i] - (g[i] - m[i])*(1.0f - w1);
+{rest}        }}
+    }}
+}}
+
+""".format(mark=MARK, rest="".join(line + "\n" for line in UPDATE_C.format(
+    indent=" " * 12, mark=MARK, x="x[i]", m="m[i]", v="v[i]", g="g[i]").splitlines()[3:]))
+
 def _replace_once(text: str, old: str, new: str, where: str) -> str:
     if text.count(old) != 1:
         raise SystemExit(f"{where}: expected one {old!r}, found {text.count(old)}")
     return text.replace(old, new)
 
 
-def _patch_file(path: Path, edits: list[tuple[str, str]]) -> None:
+def _patch_file(path: Path, edits: list[tuple[str, str]], mark: str = MARK) -> None:
     text = path.read_text()
-    if MARK in text:
+    if mark in text:
         return
     for old, new in edits:
         text = _replace_once(text, old, new, path.name)
@@ -72,9 +92,9 @@ def patch(tree: Path) -> None:
         ("    const float keep   = 1.f - alpha * wd;\n",
          "    const float keep   = 1.f - alpha * wd;\n    const float * P    = adamw_params_ptr;\n"),
         ("        for (int i00 = 0; i00 < ne00; ++i00) {\n            m[i00] = m[i00]*beta1 +        g[i00]*(1.0f - beta1);",
-         "        for (int i00 = 0; i00 < ne00; ++i00) {\n            if (exact) {\n"
-         + UPDATE_C.format(indent=" " * 16, mark=MARK, x="w[i00]", m="m[i00]", v="v[i00]", g="g[i00]")
-         + "                continue;\n            }\n            m[i00] = m[i00]*beta1 +        g[i00]*(1.0f - beta1);"),
+         "        if (exact) {\n            ggrad_adamw_exact_row(ne00, w, g, m, v, P);\n            continue;\n        }\n"
+         "        for (int i00 = 0; i00 < ne00; ++i00) {\n            m[i00] = m[i00]*beta1 +        g[i00]*(1.0f - beta1);"),
+        ("static void ggml_compute_forward_opt_step_adamw_f32(", CPU_ROW + "static void ggml_compute_forward_opt_step_adamw_f32("),
     ])
     _patch_file(src / "ggml-cuda" / "opt-step-adamw.cu", [
         ("    const float * __restrict__ pars, const int64_t k) {",

@@ -503,6 +503,17 @@ class Compiled:
         self._failures = 0
         return capture.traced_result(returned, values, result)
 
+    def op_counts(self) -> dict[str, int]:
+        """The ggml ops its kept graphs compute, counted per op name (views left out):
+        what one replay launches. Empty before the first capture."""
+        counts: dict[str, int] = {}
+        for variants in self._captures.values():
+            for capture in variants:
+                for graph in capture.graphs:
+                    for name, n in graph.op_counts().items():
+                        counts[name] = counts.get(name, 0) + n
+        return counts
+
     def _refused(self, reason: str) -> None:
         self.reason = reason
         self._failures += 1

@@ -11,6 +11,7 @@ from ggml import ggml as G
 
 from .. import autograd, dtypes, ops
 from ..ops import compute
+from ..runtime.backend import ggrad_kernels
 from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
                     _out, cast, full_like, record, result_type, sum_to)
 
@@ -286,10 +287,9 @@ def relu(x) -> Tensor:
 
 
 def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
-    def rule(ctx, g):
-        slope = ctx.arg
-        return (g * affine(step(ctx.parents[0].detach()), 1.0 - slope, slope),)
-    return _unary("leaky_relu_nan", x, rule, float(negative_slope))
+    def back(g, x, slope):  # linear in g: its own gradient (create_graph)
+        return _apply("leaky_relu_back", (g, x), g.shape, lambda ctx, gg: (back(gg, x, slope), None), slope, g.dtype)
+    return _unary("leaky_relu_nan", x, lambda ctx, g: (back(g, ctx.parents[0].detach(), ctx.arg),), float(negative_slope))
 
 
 def sigmoid(x) -> Tensor:
@@ -517,22 +517,47 @@ def _keep_nan(ctx, x, y):
     return G.ggml_add(ctx, y, G.ggml_div(ctx, G.ggml_scale(ctx, number, 0.0), number))
 
 
+# ggrad's kernel set (scripts/patch_ggml_kernels.py): relu and leaky_relu keep NaN as
+# torch's, and SILU_BACK in these modes is their gradient, each one node
+SILU_BACK_RELU, SILU_BACK_LEAKY_RELU = 1, 2
+
+
+def _silu_back_mode(ctx, g, x, mode: int, slope: float = 0.0):
+    """One SILU_BACK node of ggrad's kernel set: `mode` in op_params[0], `slope` in
+    op_params[1] (float bits). Its kernels read both operands as flat arrays."""
+    out = G.ggml_silu_back(ctx, G.ggml_cont(ctx, g) if not G.ggml_is_contiguous(g) else g,
+                           G.ggml_cont(ctx, x) if not G.ggml_is_contiguous(x) else x)
+    params = out.contents.op_params
+    params[0] = mode
+    params[1] = int.from_bytes(np.float32(slope).tobytes(), "little", signed=True)
+    return out
+
+
+def _kernel_set(node) -> bool:
+    """Whether ggrad's relu kernels serve `node` (float32; others compose)."""
+    return ggrad_kernels() >= 1 and node.dtype is F32
+
+
 @compute("relu_nan")
 def _relu_nan(ctx, s, node):
     """relu(x) / number(x): relu(NaN) is 0 on every backend (or NaN), and 0 / 0 is NaN."""
     y = G.ggml_relu(ctx, s[0])
-    return G.ggml_div(ctx, y, _number(ctx, s[0])) if node.dtype.is_floating_point else y
+    if _kernel_set(node) or not node.dtype.is_floating_point:
+        return y
+    return G.ggml_div(ctx, y, _number(ctx, s[0]))
 
 
 @compute("relu_nan_back")
 def _relu_nan_back(ctx, s, node):
     """g where relu's output (>= 0, or NaN) is not 0, as torch's (a NaN output passes g).
-    NOTE: a product with the 0/1 mask, not a select (ggml's select, get_rows over one-element
-    rows, cost ~20% of a small MLP's step): an inf or NaN g where the output is 0 gives
-    NaN, where torch gives 0. ggml's step is x > 0 on the CPU and CUDA, x >= 0 on Vulkan,
-    0 for NaN everywhere."""
+    NOTE: composed, a product with the 0/1 mask, not a select (ggml's select, get_rows over
+    one-element rows, cost ~20% of a small MLP's step): an inf or NaN g where the output is
+    0 gives NaN, where torch (and the kernel) give 0. ggml's step is x > 0 on the CPU and
+    CUDA, x >= 0 on Vulkan, 0 for NaN everywhere."""
     from .. import runtime
     g, out = s
+    if _kernel_set(node):
+        return _silu_back_mode(ctx, g, out, SILU_BACK_RELU)
     if runtime.current().backend.info.kind == "vulkan":  # 1 - (-out >= 0)
         mask = G.ggml_scale_bias(ctx, G.ggml_step(ctx, G.ggml_neg(ctx, out)), -1.0, 1.0)
     else:  # 1 + (out > 0) - (out + 1 > 0): out + 1 > 0 holds for every number here
@@ -544,7 +569,22 @@ def _relu_nan_back(ctx, s, node):
 @compute("leaky_relu_nan")
 def _leaky_relu_nan(ctx, s, node):
     """leaky_relu(x) / number(x), as relu_nan: leaky_relu(NaN) is 0 (or NaN) everywhere."""
-    return G.ggml_div(ctx, G.ggml_leaky_relu(ctx, s[0], node.arg, False), _number(ctx, s[0]))
+    y = G.ggml_leaky_relu(ctx, s[0], node.arg, False)
+    return y if _kernel_set(node) else G.ggml_div(ctx, y, _number(ctx, s[0]))
+
+
+@compute("leaky_relu_back")
+def _leaky_relu_back(ctx, s, node):
+    """g where x > 0, g * slope elsewhere (NaN too), as torch's."""
+    g, x = s
+    if _kernel_set(node):
+        return _silu_back_mode(ctx, g, x, SILU_BACK_LEAKY_RELU, node.arg)
+    from .. import runtime
+    slope = node.arg
+    above = G.ggml_step(ctx, x)
+    if runtime.current().backend.info.kind == "vulkan":  # its step is x >= 0: take out x == 0
+        above = G.ggml_sub(ctx, above, G.ggml_mul(ctx, above, G.ggml_step(ctx, G.ggml_neg(ctx, x))))
+    return G.ggml_mul(ctx, g, G.ggml_scale_bias(ctx, above, 1.0 - slope, slope))
 
 
 @compute("clamp_nan")

@@ -191,6 +191,21 @@ def adamw_exact() -> bool:
 _adamw_exact: list[bool | None] = [None]
 
 
+def ggrad_kernels() -> int:
+    """The version of ggrad's kernel set in the loaded ggml (scripts/patch_ggml_kernels.py,
+    applied by ggrad's bootstrap), 0 for a ggml without it: relu and leaky_relu keep NaN,
+    SILU_BACK takes relu's and leaky_relu's gradients, ggml-cuda's REPEAT_BACK reduces in
+    parallel. Builders compose the same results from older kernels where it is 0."""
+    if _ggrad_kernels[0] is None:
+        library = _ggml_library("libggml-base.so")
+        marker = getattr(library, "ggml_ggrad_kernels", None)
+        _ggrad_kernels[0] = int(marker()) if marker is not None else 0
+    return _ggrad_kernels[0]
+
+
+_ggrad_kernels: list[int | None] = [None]
+
+
 def _check_cuda_precision() -> None:
     if precision.get_float32_matmul_precision() == "highest" and not cuda_honours_precision():
         warnings.warn("this ggml-cuda build runs float32 matmuls in TF32 whatever the matmul precision; "

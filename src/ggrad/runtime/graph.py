@@ -81,6 +81,10 @@ def node_shape(node) -> tuple[int, int, int, int]:
     return tuple(node.contents.ne)  # type: ignore[return-value]
 
 
+# ops that only describe memory (no kernel runs for them)
+_NO_KERNEL = (G.GGML_OP_NONE, G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE)
+
+
 class Graph:
     """One ggml graph on a device: built once, then run once or many times.
 
@@ -109,6 +113,17 @@ class Graph:
 
     def n_nodes(self) -> int:
         return G.ggml_graph_n_nodes(self.graph)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many nodes of each ggml op the graph computes: views, reshapes and leaves,
+        which launch nothing, are left out (the node budgets of issue 25)."""
+        counts: dict[str, int] = {}
+        for i in range(G.ggml_graph_n_nodes(self.graph)):
+            node = G.ggml_graph_node(self.graph, i)
+            if node.contents.op not in _NO_KERNEL:
+                name = G.ggml_op_desc(node).decode()
+                counts[name] = counts.get(name, 0) + 1
+        return counts
 
     def room(self) -> int:
         """How many more tensors the graph's context can hold."""

@@ -1,0 +1,99 @@
+"""Where a compiled training step's time goes, node by node: each compute node of the
+captured ggml graph is run alone (a one-node view of the graph, over the buffers the step
+allocated), in the step's order, and the times are summed per op. This is a profile of ggml's
+kernels, not of ggrad's Python; the sum is close to a replay's time where launches are
+cheap (CPU) and larger where each launch costs (GPU: one node per dispatch here).
+
+    .venv/bin/python bench/profile_step.py --device cpu --model mlp-mnist
+    python3 bench/profile_step.py --device cuda --model block --block-batch 8     (GPU host)
+
+Prints the compute-node count, the count per op, and the ops by total time. Running
+nodes alone rewrites weights and optimizer state (AdamW runs too): the step's results
+after a profile are not meant to be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import train_step as T  # noqa: E402
+
+from ggml import ggml as G  # noqa: E402
+
+VIEWS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"}
+
+
+def captured_graphs(compiled) -> list:
+    """The ggml graphs of a ggrad.compile'd function's one capture."""
+    captures = [c for kept in compiled._captures.values() for c in kept]
+    if len(captures) != 1:
+        raise SystemExit(f"expected one capture, found {len(captures)}")
+    return captures[0].graphs
+
+
+def compute_nodes(graph) -> list:
+    nodes = (G.ggml_graph_node(graph.graph, i) for i in range(graph.n_nodes()))
+    return [(i, n) for i, n in enumerate(nodes) if G.ggml_op_desc(n).decode() not in VIEWS]
+
+
+def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
+    """Seconds per op name. The step's nodes run in their order, each as a dispatch of its
+    own (so each reads what the nodes before it wrote, as in the whole graph); the whole
+    sequence runs `repeats` times and each node's median is kept."""
+    nodes = [(graph, i, node) for graph in graphs for i, node in compute_nodes(graph)]
+    views = [G.ggml_graph_view(graph.graph, i, i + 1) for graph, i, _ in nodes]
+    runs: list[list[float]] = [[] for _ in nodes]
+    for _ in range(repeats):
+        for view, seen in zip(views, runs):
+            t0 = time.perf_counter()
+            backend.compute(ctypes.pointer(view))
+            G.ggml_backend_synchronize(backend.handle)
+            seen.append(time.perf_counter() - t0)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for (_, _, node), seen in zip(nodes, runs):
+        times[G.ggml_op_desc(node).decode()].append(sorted(seen)[len(seen) // 2])
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="mlp-small", choices=list(T.MODELS))
+    ap.add_argument("--block-batch", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=20)
+    args = ap.parse_args()
+    import ggrad
+    from ggrad import runtime
+
+    sample, classes, batch = T.MODELS[args.model][1:]
+    data = T.batches(sample, classes, args.block_batch if args.model == "block" else batch)
+    step, sync = T.ggrad_step_fn(args.model, data, args.device, True)
+    for i in range(3):
+        step(i)
+    sync()
+    compiled = dict(zip(step.__code__.co_freevars, (c.cell_contents for c in step.__closure__)))["run"]
+    graphs = captured_graphs(compiled)
+    counts = compiled.op_counts()
+    t0 = time.perf_counter()
+    for i in range(20):
+        step(i)
+    sync()
+    replay = (time.perf_counter() - t0) / 20
+    times = profile(graphs, runtime.current().backend, args.repeats)
+    total = sum(sum(v) for v in times.values())
+    print(f"{args.model} on {args.device}: "
+          f"{len(graphs)} graph(s), {sum(counts.values())} compute nodes; replay {replay * 1e3:.3f} ms, "
+          f"nodes alone {total * 1e3:.3f} ms")
+    print("| op | nodes | ms | share |\n| --- | --- | --- | --- |")
+    for op, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {op} | {len(ts)} | {sum(ts) * 1e3:.3f} | {sum(ts) / total:.0%} |")
+
+
+if __name__ == "__main__":
+    main()

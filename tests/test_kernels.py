@@ -1,0 +1,164 @@
+"""ggrad's kernel set (scripts/patch_ggml_kernels.py, issue 25) against PyTorch and against
+the composed form it replaced, NaN, infinities and signed zeros included, on every device;
+and the node budgets of compiled training steps, so a change cannot grow them silently."""
+
+import numpy as np
+import pytest
+import torch
+
+import ggrad
+import ggrad.functional as F
+from ggrad import nn
+from ggrad.functional import elementwise
+from ggrad.optim import Adam
+from ggrad.runtime import backend
+
+needs_kernels = pytest.mark.skipif(backend.ggrad_kernels() < 1, reason="ggml built without ggrad's kernel set")
+
+SPECIAL = np.array([-0.0, 0.0, np.nan, -np.inf, np.inf, -1.5, 2.5, -1e-30, 1e-30, 3e38, -3e38], np.float32)
+
+
+def _grads(fn, x: np.ndarray, g: np.ndarray):
+    """(y, dy/dx . g) of ggrad's `fn` (a name in ggrad.functional) and of torch's."""
+    ours = ggrad.tensor(x, requires_grad=True)
+    with ggrad.grad_tape():
+        y = fn(F, ours)
+        y.backward(ggrad.tensor(g))
+    theirs = torch.tensor(x, requires_grad=True)
+    y_t = fn(torch.nn.functional, theirs)
+    y_t.backward(torch.tensor(g))
+    return (y.numpy(), ours.grad.numpy()), (y_t.detach().numpy(), theirs.grad.numpy())
+
+
+def _special_pairs():
+    """Every special value against gradients that include inf and NaN."""
+    x = np.repeat(SPECIAL, 4)
+    g = np.tile(np.array([1.0, -2.0, np.inf, np.nan], np.float32), SPECIAL.size)
+    return x, g
+
+
+ACTIVATIONS = {
+    "relu": lambda m, a: m.relu(a),
+    "leaky_relu": lambda m, a: m.leaky_relu(a, 0.125),
+    "leaky_relu default": lambda m, a: m.leaky_relu(a),
+}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_activation_kernels_are_torchs_bit_for_bit(dev, name):
+    """Values, signs of zero and gradients equal torch's, NaN and inf in both the input
+    and the incoming gradient (torch's relu sends 0 where its output is 0, even for an
+    inf gradient; a product with a 0/1 mask gave NaN)."""
+    x, g = _special_pairs()
+    (y, dx), (y_t, dx_t) = _grads(ACTIVATIONS[name], x, g)
+    np.testing.assert_array_equal(y, y_t)
+    np.testing.assert_array_equal(np.signbit(y), np.signbit(y_t))
+    np.testing.assert_array_equal(dx, dx_t)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_activation_kernels_equal_the_composed_form(dev, name, monkeypatch):
+    """The one-node kernels and the composed fallback (an unpatched ggml's path) agree
+    wherever the fallback is exact: finite gradients, zeros compared by value."""
+    x = np.repeat(SPECIAL, 2)
+    g = np.tile(np.array([1.0, -2.0], np.float32), SPECIAL.size)
+    kernel = _grads(ACTIVATIONS[name], x, g)[0]
+    monkeypatch.setattr(elementwise, "ggrad_kernels", lambda: 0)
+    composed = _grads(ACTIVATIONS[name], x[:, None].repeat(3, 1), g[:, None].repeat(3, 1))[0]  # a new graph shape
+    for ours, fallback in zip(kernel, composed):
+        np.testing.assert_array_equal(ours, fallback[:, 0])
+
+
+@needs_kernels
+def test_activation_kernels_are_one_node_each(dev):
+    """relu and leaky_relu forward and backward: one ggml node each (were 5 and 6)."""
+    x = ggrad.tensor(np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6), requires_grad=True)
+
+    @ggrad.compile
+    def step(x):
+        with ggrad.grad_tape():
+            y = (F.relu(x) + F.leaky_relu(x, 0.5)).sum()
+            y.backward()
+        return y
+
+    step(x)
+    step(x)
+    counts = step.op_counts()
+    assert counts.get("RELU") == 1 and counts.get("LEAKY_RELU") == 1 and counts.get("SILU_BACK") == 2, counts
+    assert "STEP" not in counts and "DIV" not in counts, counts
+
+
+@pytest.mark.parametrize("shape,kept", [
+    ((3000, 37), (1, 37)),          # a bias gradient: many rows, 32 threads per column
+    ((40, 5), (5,)),                # few rows: 8 threads
+    ((5, 7), (1, 7)),               # one thread per column
+    ((6, 4, 50, 3), (1, 4, 1, 3)),  # repeats along several axes
+    ((70, 33, 2), (70, 1, 2)),      # the middle axis summed
+])
+def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
+    """A broadcast operand's gradient (REPEAT_BACK; on CUDA ggrad's parallel kernel) is
+    the float64 sum over its repeats."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    b = ggrad.tensor(np.zeros(kept, np.float32), requires_grad=True)
+    g = rng.standard_normal(shape).astype(np.float32)
+    with ggrad.grad_tape():
+        (ggrad.tensor(x) + b).backward(ggrad.tensor(g))
+    axes = tuple(range(len(shape) - len(kept))) + tuple(
+        i + len(shape) - len(kept) for i, n in enumerate(kept) if n == 1 and shape[i + len(shape) - len(kept)] > 1)
+    expected = g.astype(np.float64).sum(axis=axes).reshape(kept)
+    # float32 rounding of a sum grows with its terms' magnitudes; a row missed or counted
+    # twice would be off by one term (~0.8 on average)
+    bound = 1e-6 * np.abs(g).astype(np.float64).sum(axis=axes).reshape(kept)
+    assert np.all(np.abs(b.grad.numpy() - expected) <= bound + 1e-6)
+
+
+def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
+    opt = Adam(model.parameters(), lr=1e-3)
+
+    @ggrad.compile
+    def step(x, *y):
+        with ggrad.grad_tape():
+            out = model(x)
+            loss = F.cross_entropy(out, y[0]) if y else (out * out).mean()
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(2):
+        step(x, *([] if y is None else [y]))
+    assert step.captured == 1, step.reason
+    return step.op_counts()
+
+
+# Compute nodes of a compiled step (views left out) per backend, measured with ggrad's
+# kernel set; issue 25's target for the MLP is 30 (its fused cross-entropy and group Adam
+# are still to come). Lower them as kernels land, never raise them silently.
+BUDGETS = {"mlp": {"cpu": 101, "vulkan": 107, "cuda": 107}, "block": {"cpu": 143, "vulkan": 155, "cuda": 155}}
+
+
+def _budget(model: str) -> int:
+    return BUDGETS[model][ggrad.runtime.current().backend.info.kind]
+
+
+@needs_kernels
+def test_node_budget_of_a_compiled_mlp_step(dev):
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    rng = np.random.default_rng(0)
+    counts = _compiled_step_nodes(model, rng.standard_normal((64, 64)).astype(np.float32),
+                                  rng.integers(0, 10, 64))
+    assert sum(counts.values()) <= _budget("mlp"), counts
+    assert counts["SILU_BACK"] == 2, counts  # one node per relu gradient
+
+
+@needs_kernels
+def test_node_budget_of_a_compiled_transformer_block_step(dev):
+    ggrad.manual_seed(0)
+    block = nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, dropout=0.0, batch_first=True, norm_first=True)
+    x = np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)
+    counts = _compiled_step_nodes(block, x)
+    assert sum(counts.values()) <= _budget("block"), counts
