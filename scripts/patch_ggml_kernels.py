@@ -10,8 +10,9 @@
        (a NaN output passes g; an inf g where y is 0 gives 0, not inf * 0)
     2: leaky_relu's gradient from its input x, slope in op_params[1] (float bits):
        x > 0 ? g : g * slope
-- REPEAT_BACK on CUDA sums each output over its repeats with 32 threads per output column
-  and a shared-memory reduction (ggml's kernel walks every repeat in one thread: 72% of a
+- REPEAT_BACK on CUDA sums each output over its repeats along the outer axes with up to
+  32 threads per output and a shared-memory reduction (ggrad sums along the first axis
+  with SUM_ROWS) (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
 
@@ -53,14 +54,17 @@ static __global__ void k_repeat_back_rows(
     const int64_t tid23 = blockIdx.z;
     const int64_t tid2  = tid23 % ne2;
     const int64_t tid3  = tid23 / ne2;
-    const int64_t r0 = (ne00 - tid0 + ne0 - 1) / ne0, r1 = (ne01 - tid1 + ne1 - 1) / ne1;
-    const int64_t r2 = (ne02 - tid2 + ne2 - 1) / ne2, r3 = (ne03 - tid3 + ne3 - 1) / ne3;
-    const int64_t repeats = tid0 < ne0 ? r0*r1*r2*r3 : 0;
+    // the repeats of one output: r0 along its row (inner loop), the rest split between threads
+    const int r0 = ne00/ne0, r1 = ne01/ne1, r2 = ne02/ne2;
+    const int outer = tid0 < ne0 ? r1*r2*int(ne03/ne3) : 0;
     float sum = 0.0f;
     ggml_cuda_pdl_sync();
-    for (int64_t k = threadIdx.y; k < repeats; k += blockDim.y) {
-        const int64_t k0 = k % r0, k1 = (k / r0) % r1, k2 = (k / (r0*r1)) % r2, k3 = k / (r0*r1*r2);
-        sum += (float) src[(tid3 + k3*ne3)*s03 + (tid2 + k2*ne2)*s02 + (tid1 + k1*ne1)*s01 + (tid0 + k0*ne0)*s00];
+    for (int o = threadIdx.y; o < outer; o += blockDim.y) {
+        const int k1 = o % r1, k2 = (o / r1) % r2, k3 = o / (r1*r2);
+        const T * row = src + (tid3 + k3*ne3)*s03 + (tid2 + k2*ne2)*s02 + (tid1 + k1*ne1)*s01 + tid0*s00;
+        for (int k0 = 0; k0 < r0; ++k0) {
+            sum += (float) row[k0*ne0*s00];
+        }
     }
     partial[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
@@ -141,8 +145,8 @@ def patch(tree: Path) -> None:
         ("template <typename T>\nstatic void repeat_back_cuda(", CUDA_REPEAT_BACK),
         ("    const dim3 block_dims(WARP_SIZE, 1, 1);\n    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
          "    k_repeat_back<T><<<block_nums, block_dims, 0, stream>>>",
-         "    const int64_t repeats = (ne00/ne0)*(ne01/ne1)*(ne02/ne2)*(ne03/ne3);\n"
-         "    const dim3 block_dims(WARP_SIZE, repeats >= 256 ? 32 : repeats >= 32 ? 8 : 1, 1);\n"
+         "    const int64_t outer = (ne01/ne1)*(ne02/ne2)*(ne03/ne3);  /* split between threads along y */\n"
+         "    const dim3 block_dims(WARP_SIZE, outer >= 256 ? 32 : outer >= 32 ? 8 : 1, 1);\n"
          "    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
          "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
     ])

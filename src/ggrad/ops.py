@@ -235,11 +235,18 @@ def _sum_to(ctx, s, node):
     if all(n == 1 for n in keep):
         return reshape(ctx, G.ggml_sum(ctx, x), node.shape)
     kept = ggml_ne(keep)
+    full = tuple(x.contents.ne)
+    inner = next(d for d in range(MAX_DIMS) if kept[d] != 1 or full[d] == 1)
+    if inner and all(kept[d] == full[d] for d in range(inner, MAX_DIMS)):
+        # only the innermost axes are summed: rows, which SUM_ROWS reduces in parallel on
+        # every backend (REPEAT_BACK gives each output one thread; on the CPU one in all)
+        rows = G.ggml_reshape_2d(ctx, G.ggml_cont(ctx, x) if not G.ggml_is_contiguous(x) else x,
+                                 math.prod(full[:inner]), math.prod(full[inner:]))
+        return reshape(ctx, G.ggml_sum_rows(ctx, rows), node.shape)
     if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS:
         return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
     # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535):
     # move the summed axes innermost and sum rows, which starts one block per row along x
-    full = tuple(x.contents.ne)
     summed = [d for d in range(MAX_DIMS) if kept[d] == 1 and full[d] > 1]
     order = summed + [d for d in range(MAX_DIMS) if d not in summed]
     moved = G.ggml_cont(ctx, G.ggml_permute(ctx, x, *[order.index(d) for d in range(MAX_DIMS)]))
