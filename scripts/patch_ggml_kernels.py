@@ -26,14 +26,95 @@ Idempotent; fails loudly when ggml's source no longer matches what it rewrites.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 1
+KERNELS_VERSION = 3
 
+
+VULKAN_DISPATCH = """
+/* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
+static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
+    const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 3) {
+        for (int i = 0; i < 4; ++i) {
+            if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
+                return false;
+            }
+        }
+        return true;
+    }
+    if (kernel != 1 && kernel != 2) {
+        return false;
+    }
+    const ggml_tensor * w = op->src[kernel == 1 ? 2 : 3];
+    return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_I32 && op->type == GGML_TYPE_F32 &&
+           ggml_is_contiguous_rows(op->src[0]) && op->src[0]->ne[2] == 1 && op->src[0]->ne[3] == 1 &&
+           (w == nullptr || ggml_is_contiguous(w));
+}
+
+// a subbuffer starts at the aligned-down offset: the shaders add the difference, in elements
+static uint32_t ggml_vk_ggrad_misalign(const vk_subbuffer & sb, const ggml_tensor * tensor) {
+    return (uint32_t) ((sb.size - ggml_nbytes(tensor)) / ggml_type_size(tensor->type));
+}
+
+static void ggml_vk_ggrad_adam_hyper(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_adam_hyper_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer b[5];
+    uint32_t off[5];
+    for (int i = 0; i < 5; ++i) {
+        const ggml_tensor * t = i < 4 ? dst->src[i] : dst;
+        b[i] = ggml_vk_tensor_subbuffer(ctx, t, true);
+        off[i] = ggml_vk_ggrad_misalign(b[i], t);
+    }
+    const std::array<uint32_t, 5> pc = { off[0], off[1], off[2], off[3], off[4] };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4] }, pc, { 1, 1, 1 });
+}
+
+static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const int kernel = ggml_get_op_params_i32(dst, 0);
+    if (kernel == 3) {
+        ggml_vk_ggrad_adam_hyper(ctx, subctx, dst);
+        return;
+    }
+    const bool back = kernel == 2;
+    const ggml_tensor * x = dst->src[0];
+    const ggml_tensor * t = dst->src[1];
+    const ggml_tensor * d = back ? dst->src[2] : nullptr;
+    const ggml_tensor * w = dst->src[back ? 3 : 2];
+    vk_pipeline pipeline = back ? ctx->device->pipeline_ggrad_ce_back_f32 : ctx->device->pipeline_ggrad_ce_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const auto misalign = ggml_vk_ggrad_misalign;
+    vk_subbuffer x_buf = ggml_vk_tensor_subbuffer(ctx, x, true);
+    vk_subbuffer t_buf = ggml_vk_tensor_subbuffer(ctx, t, true);
+    vk_subbuffer d_buf = d ? ggml_vk_tensor_subbuffer(ctx, d, true) : x_buf;
+    vk_subbuffer w_buf = w ? ggml_vk_tensor_subbuffer(ctx, w, true) : x_buf;
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const uint32_t N = (uint32_t) ggml_nrows(x);
+    const vk_op_ggrad_push_constants pc = {
+        (uint32_t) x->ne[0], N,
+        (uint32_t) (x->nb[1] / sizeof(float)), (uint32_t) (t->nb[0] / sizeof(int32_t)),
+        d ? (uint32_t) (d->nb[0] / sizeof(float)) : 0u, (uint32_t) (dst->nb[1] / sizeof(float)),
+        misalign(x_buf, x), misalign(t_buf, t), d ? misalign(d_buf, d) : 0u, w ? misalign(w_buf, w) : 0u,
+        misalign(o_buf, dst),
+        ggml_get_op_params_i32(dst, 1), ggml_get_op_params_f32(dst, 2), ggml_get_op_params_f32(dst, 3),
+        w ? 1u : 0u,
+    };
+    std::array<uint32_t, 3> elements = N > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(N, 262144) }
+                                     : N > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(N, 512), 1 }
+                                                  : std::array<uint32_t, 3>{ N, 1, 1 };
+    if (back) {
+        ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, t_buf, d_buf, w_buf, o_buf }, pc, elements);
+    } else {
+        ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, t_buf, w_buf, o_buf }, pc, elements);
+    }
+}
+"""
 
 
 def _patch_file(path: Path, edits: list[tuple[str, str]]) -> None:
@@ -42,6 +123,39 @@ def _patch_file(path: Path, edits: list[tuple[str, str]]) -> None:
 
 # modes of SILU_BACK, shared with ggrad/functional/elementwise.py
 RELU_BACK, LEAKY_RELU_BACK = 1, 2
+
+# the kernels' sources, copied into ggml's tree
+SOURCES = Path(__file__).parent / "ggml_kernels"
+
+GGRAD_OP_C = """/* """ + MARK + """: GGML_OP_GGRAD, ggrad's own kernels; op_params[0] names the kernel
+   (scripts/ggml_kernels/ggrad_cpu.inc says what each computes), the caller sets the rest */
+__attribute__((visibility("default"))) struct ggml_tensor * ggml_ggrad(
+        struct ggml_context * ctx, int32_t kernel, enum ggml_type type, int64_t ne0, int64_t ne1,
+        struct ggml_tensor * a, struct ggml_tensor * b, struct ggml_tensor * c, struct ggml_tensor * d);
+struct ggml_tensor * ggml_ggrad(
+        struct ggml_context * ctx, int32_t kernel, enum ggml_type type, int64_t ne0, int64_t ne1,
+        struct ggml_tensor * a, struct ggml_tensor * b, struct ggml_tensor * c, struct ggml_tensor * d) {
+    struct ggml_tensor * result = ggml_new_tensor_2d(ctx, type, ne0, ne1);
+    ggml_set_op_params_i32(result, 0, kernel);
+    result->op     = GGML_OP_GGRAD;
+    result->src[0] = a;
+    result->src[1] = b;
+    result->src[2] = c;
+    result->src[3] = d;
+    return result;
+}
+
+"""
+
+
+def _replace_all(path: Path, old: str, new: str, count: int) -> None:
+    """Replace `old`, which must occur `count` times (a table's size asserted twice)."""
+    text = path.read_text()
+    if text.count(new) == count:
+        return
+    if text.count(old) != count:
+        raise SystemExit(f"{path.name}: expected {count} of {old!r}, found {text.count(old)}")
+    path.write_text(text.replace(old, new))
 
 CUDA_REPEAT_BACK = """template <typename T>
 static __global__ void k_repeat_back_rows(
@@ -59,6 +173,14 @@ static __global__ void k_repeat_back_rows(
     const int outer = tid0 < ne0 ? r1*r2*int(ne03/ne3) : 0;
     float sum = 0.0f;
     ggml_cuda_pdl_sync();
+    if (outer == r1 && r0 == 1) {  // a bias's gradient: one strided column, unrolled so loads overlap
+        const T * col = src + tid3*s03 + tid2*s02 + tid1*s01 + tid0*s00;
+        const int64_t stride = ne1*s01;
+#pragma unroll 8
+        for (int o = threadIdx.y; o < outer; o += blockDim.y) {
+            sum += (float) col[o*stride];
+        }
+    } else
     for (int o = threadIdx.y; o < outer; o += blockDim.y) {
         const int k1 = o % r1, k2 = (o / r1) % r2, k3 = o / (r1*r2);
         const T * row = src + (tid3 + k3*ne3)*s03 + (tid2 + k2*ne2)*s02 + (tid1 + k1*ne1)*s01 + tid0*s00;
@@ -85,7 +207,16 @@ def patch(tree: Path) -> None:
     if base is None:
         raise SystemExit(f"no ggml/src/ggml.c under {tree}")
     src = base.parent
+    _patch_file(src.parent / "include" / "ggml.h", [
+        ("        GGML_OP_GLU,\n\n        GGML_OP_COUNT,",
+         f"        GGML_OP_GLU,\n\n        GGML_OP_GGRAD, /* {MARK} */\n\n        GGML_OP_COUNT,"),
+    ])
+    _replace_all(base, "static_assert(GGML_OP_COUNT == 97, \"GGML_OP_COUNT != 97\");",
+                 "static_assert(GGML_OP_COUNT == 98, \"GGML_OP_COUNT != 98\");", 2)
     _patch_file(base, [
+        ("    \"glu(x)\",\n};", "    \"glu(x)\",\n\n    \"ggrad(x)\",\n};"),
+        ("    \"GLU\",\n};", "    \"GLU\",\n\n    \"GGRAD\",\n};"),
+        ("// ggml hardswish\n", GGRAD_OP_C + "// ggml hardswish\n"),
         ("// ggml hardswish\n",
          f"/* {MARK}: tells ggrad which of its kernels this build has (scripts/patch_ggml_kernels.py) */\n"
          f"__attribute__((visibility(\"default\"))) int ggml_ggrad_kernels(void) {{ return {KERNELS_VERSION}; }}\n\n"
@@ -94,6 +225,27 @@ def patch(tree: Path) -> None:
     _patch_file(src / "ggml-cpu" / "unary-ops.cpp", [
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
+    ])
+    shutil.copy(SOURCES / "ggrad_cpu.inc", src / "ggml-cpu" / "ggrad_cpu.inc")
+    _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
+        ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
+         "            }\n            break;\n",
+         "        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
+         f"            }}\n            break;\n        case GGML_OP_GGRAD: /* {MARK} */\n            {{\n"
+         "                ggml_compute_forward_ggrad(params, tensor);\n            }\n            break;\n"),
+        ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                n_tasks = n_threads;",
+         "        case GGML_OP_OPT_STEP_SGD:\n        case GGML_OP_GGRAD:\n            {\n                n_tasks = n_threads;"),
+    ])
+    _patch_file(src / "ggml-cpu" / "ggml-cpu.cpp", [
+        ("    switch (op->op) {\n        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n",
+         f"    switch (op->op) {{\n        case GGML_OP_GGRAD: /* {MARK}: the kernels ggrad_cpu.inc has */\n"
+         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 3;\n"
+         "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
+    ])
+    _patch_file(src / "ggml-cpu" / "ops.h", [
+        ("void ggml_compute_forward_opt_step_sgd(const struct ggml_compute_params * params, struct ggml_tensor * dst);\n",
+         "void ggml_compute_forward_opt_step_sgd(const struct ggml_compute_params * params, struct ggml_tensor * dst);\n"
+         f"void ggml_compute_forward_ggrad(const struct ggml_compute_params * params, struct ggml_tensor * dst); /* {MARK} */\n"),
     ])
     _patch_file(src / "ggml-cpu" / "vec.h", [
         ("y[i] = ((x[i] > 0.f) ? x[i] : 0.f) + ns * ((x[i] < 0.0f) ? x[i] : 0.f); }",
@@ -117,7 +269,22 @@ def patch(tree: Path) -> None:
          "    }\n"
          "    for (int i1 = ir0; i1 < ir1 && mode == 0; i1++) {\n        ggml_vec_silu_backward_f32(nc,"),
     ])
+    # ops.cpp's last line: ggrad's CPU kernels (after the other edits of ops.cpp: one mark per file)
+    ops = src / "ggml-cpu" / "ops.cpp"
+    if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
+        ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
+    for name in ("ggrad.cu", "ggrad.cuh"):
+        shutil.copy(SOURCES / name, cuda / name)
+    _patch_file(cuda / "ggml-cuda.cu", [
+        ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),
+        ("        case GGML_OP_OPT_STEP_SGD:\n            ggml_cuda_opt_step_sgd(ctx, dst);\n            break;\n",
+         "        case GGML_OP_OPT_STEP_SGD:\n            ggml_cuda_opt_step_sgd(ctx, dst);\n            break;\n"
+         "        case GGML_OP_GGRAD:\n            ggml_cuda_op_ggrad(ctx, dst);\n            break;\n"),
+        ("        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n",
+         "        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n"
+         "        case GGML_OP_GGRAD:\n            return ggml_cuda_ggrad_supported(op);\n"),
+    ])
     _patch_file(cuda / "unary.cu", [
         ("static __device__ __forceinline__ float op_relu(float x) {\n    return fmaxf(x, 0);",
          f"static __device__ __forceinline__ float op_relu(float x) {{ /* {MARK} */\n    return x < 0.0f ? 0.0f : x;"),
@@ -151,6 +318,15 @@ def patch(tree: Path) -> None:
          "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
     ])
     vk = src / "ggml-vulkan"
+    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp"):
+        shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
+    _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
+        ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
+         '    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n'
+         f'    string_to_spv("ggrad_ce_f32", "ggrad_ce.comp", {{}}); // {MARK}\n'
+         '    string_to_spv("ggrad_ce_back_f32", "ggrad_ce.comp", {{"BACK", "1"}});\n'
+         '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'),
+    ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
          f"float op_relu(float x) {{ // {MARK}\n    return x < 0.0f ? 0.0f : x;"),
@@ -165,9 +341,31 @@ def patch(tree: Path) -> None:
          "        data_d[i] = D_TYPE(xi > 0.0f ? float(data_g[i]) : float(data_g[i]) * p.param2);\n        return;\n    }"),
     ])
     _patch_file(vk / "ggml-vulkan.cpp", [
-        ("GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0, 0.0f, 0.0f, 0.0f, 0.0f });",
+        ("GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0, 0.0f, 0.0f, 0.0f, 0.0f });\n}\n",
          "GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0,\n"
-         f"        (float)ggml_get_op_params_i32(dst, 0), ggml_get_op_params_f32(dst, 1), 0.0f, 0.0f }}); /* {MARK} */"),
+         f"        (float)ggml_get_op_params_i32(dst, 0), ggml_get_op_params_f32(dst, 1), 0.0f, 0.0f }}); /* {MARK} */\n}}\n"
+         + VULKAN_DISPATCH),
+        ("    vk_pipeline pipeline_silu_back_f32;\n",
+         "    vk_pipeline pipeline_silu_back_f32;\n"
+         "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"),
+        ("struct vk_op_push_constants {\n",
+         "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
+         "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
+         "    uint32_t has_w;\n};\n\nstruct vk_op_push_constants {\n"),
+        ('"silu_back_f32", silu_back_f32_len, silu_back_f32_data, "main", 3, sizeof(vk_op_push_constants), {512, 1, 1}, {}, 1);\n',
+         '"silu_back_f32", silu_back_f32_len, silu_back_f32_data, "main", 3, sizeof(vk_op_push_constants), {512, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ce_f32, "ggrad_ce_f32", ggrad_ce_f32_len, ggrad_ce_f32_data, '
+         '"main", 4, sizeof(vk_op_ggrad_push_constants), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ce_back_f32, "ggrad_ce_back_f32", ggrad_ce_back_f32_len, '
+         'ggrad_ce_back_f32_data, "main", 5, sizeof(vk_op_ggrad_push_constants), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adam_hyper_f32, "ggrad_adam_hyper_f32", '
+         'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
+        ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
+         "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
+         "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),
+        ("        case GGML_OP_SILU_BACK:\n        case GGML_OP_RMS_NORM_BACK:\n",
+         "        case GGML_OP_GGRAD:\n            return ggml_vk_ggrad_supported(op);\n"
+         "        case GGML_OP_SILU_BACK:\n        case GGML_OP_RMS_NORM_BACK:\n"),
     ])
 
 

@@ -11,9 +11,9 @@ import ggrad.functional as F
 from ggrad import nn
 from ggrad.functional import elementwise
 from ggrad.optim import Adam
-from ggrad.runtime import backend
+from ggrad.runtime import kernels
 
-needs_kernels = pytest.mark.skipif(backend.ggrad_kernels() < 1, reason="ggml built without ggrad's kernel set")
+needs_kernels = pytest.mark.skipif(kernels.version() < 1, reason="ggml built without ggrad's kernel set")
 
 SPECIAL = np.array([-0.0, 0.0, np.nan, -np.inf, np.inf, -1.5, 2.5, -1e-30, 1e-30, 3e38, -3e38], np.float32)
 
@@ -65,7 +65,7 @@ def test_activation_kernels_equal_the_composed_form(dev, name, monkeypatch):
     x = np.repeat(SPECIAL, 2)
     g = np.tile(np.array([1.0, -2.0], np.float32), SPECIAL.size)
     kernel = _grads(ACTIVATIONS[name], x, g)[0]
-    monkeypatch.setattr(elementwise, "ggrad_kernels", lambda: 0)
+    monkeypatch.setattr(elementwise, "_kernel_set", lambda node: False)
     composed = _grads(ACTIVATIONS[name], x[:, None].repeat(3, 1), g[:, None].repeat(3, 1))[0]  # a new graph shape
     for ours, fallback in zip(kernel, composed):
         np.testing.assert_array_equal(ours, fallback[:, 0])
@@ -113,6 +113,80 @@ def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
     # twice would be off by one term (~0.8 on average)
     bound = 1e-6 * np.abs(g).astype(np.float64).sum(axis=axes).reshape(kept)
     assert np.all(np.abs(b.grad.numpy() - expected) <= bound + 1e-6)
+
+
+needs_cross_entropy_kernel = pytest.mark.skipif(kernels.version() < 2, reason="ggml built without ggrad's op")
+
+# logits with NaN, infinities and huge values, some in rows whose target is ignored
+CE_LOGITS = np.array([[0.5, -1.0, 2.0, 0.0, 1.5],
+                      [np.nan, 1.0, 0.0, -2.0, 3.0],      # ignored: its NaN must not reach the loss
+                      [-np.inf, 0.0, 1.0, 2.0, -1.0],     # -inf at a class that is not the target
+                      [1e30, -1e30, 0.0, 5.0, 2.0],
+                      [-np.inf, -np.inf, 1.0, 0.0, 0.0],  # ignored, -inf at its safe index 0
+                      [3.0, 3.0, 3.0, 3.0, 3.0]], np.float32)
+CE_TARGETS = np.array([2, -100, 1, 0, -100, 4])
+CE_CASES = {
+    "mean": {},
+    "sum": {"reduction": "sum"},
+    "none": {"reduction": "none"},
+    "weight": {"weight": np.array([0.5, 2.0, 1.0, 0.25, 3.0], np.float32)},
+    "smoothing": {"label_smoothing": 0.1},
+    "weight smoothing none": {"weight": np.array([0.5, 2.0, 1.0, 0.25, 3.0], np.float32), "label_smoothing": 0.3,
+                              "reduction": "none"},
+}
+
+
+def _cross_entropy(logits: np.ndarray, targets: np.ndarray, kwargs: dict, module):
+    x = module.tensor(logits, requires_grad=True)
+    kw = {k: module.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    if module is torch:
+        loss = torch.nn.functional.cross_entropy(x, torch.tensor(targets), **kw)
+        loss.backward(torch.ones_like(loss))
+        return loss.detach().numpy(), x.grad.numpy()
+    with ggrad.grad_tape():
+        loss = F.cross_entropy(x, ggrad.tensor(targets), **kw)
+        loss.backward(ggrad.ones_like(loss))
+    return loss.numpy(), x.grad.numpy()
+
+
+@needs_cross_entropy_kernel
+@pytest.mark.parametrize("case", list(CE_CASES))
+def test_cross_entropy_kernel_is_torchs_and_the_composed_forms(dev, case, monkeypatch):
+    """The fused class-target cross-entropy (one node forward, one backward) gives torch's
+    losses and gradients, and the composed form's, for rows with NaN and infinities,
+    ignored targets and each option."""
+    kwargs = CE_CASES[case]
+    fused = _cross_entropy(CE_LOGITS, CE_TARGETS, kwargs, ggrad)
+    theirs = _cross_entropy(CE_LOGITS, CE_TARGETS, kwargs, torch)
+    monkeypatch.setattr(kernels, "supported", lambda backend, kernel: False)
+    composed = _cross_entropy(CE_LOGITS, CE_TARGETS, kwargs, ggrad)
+    for ours, torchs in zip(fused, theirs):
+        np.testing.assert_allclose(ours, torchs, rtol=2e-6, atol=1e-7, equal_nan=True)
+    for ours, fallback in zip(fused, composed):
+        np.testing.assert_allclose(ours, fallback, rtol=2e-6, atol=1e-7, equal_nan=True)
+    # ignored rows: the loss takes nothing from them; their gradient is torch's
+    # 0 - softmax * 0 (exact zeros, NaN where a NaN logit makes the softmax NaN)
+    assert np.all(fused[1][4] == 0.0) and np.all(np.isnan(fused[1][1]))
+
+
+@needs_cross_entropy_kernel
+def test_cross_entropy_kernel_is_one_node_each_way(dev):
+    """Forward and backward of a class-target cross-entropy each run one GGRAD node."""
+    x = ggrad.tensor(np.random.default_rng(0).standard_normal((8, 5)).astype(np.float32), requires_grad=True)
+
+    @ggrad.compile
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(x, y)
+            loss.backward()
+        return loss
+
+    y = np.array([0, 1, 2, 3, 4, -100, 1, 2])
+    step(x, y)
+    step(x, y)
+    counts = step.op_counts()
+    assert counts.get("GGRAD") == 2, counts
+    assert sum(counts.values()) <= 15, counts  # with the loss seed and x.grad accumulated
 
 
 def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:

@@ -11,7 +11,7 @@ from ggml import ggml as G
 
 from .. import autograd, dtypes, ops
 from ..ops import compute
-from ..runtime.backend import ggrad_kernels
+from ..runtime import kernels
 from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
                     _out, cast, full_like, record, result_type, sum_to)
 
@@ -535,7 +535,7 @@ def _silu_back_mode(ctx, g, x, mode: int, slope: float = 0.0):
 
 def _kernel_set(node) -> bool:
     """Whether ggrad's relu kernels serve `node` (float32; others compose)."""
-    return ggrad_kernels() >= 1 and node.dtype is F32
+    return kernels.version() >= 1 and node.dtype is F32
 
 
 @compute("relu_nan")

@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from ggml import ggml as G
 
-from .. import autograd, capture, checks, dtypes
+from .. import autograd, capture, checks, dtypes, runtime
+from ..ops import compute
+from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .compare import eq, ne, where
 from .elementwise import _with_rule, abs, affine, clamp, exp, log, relu, sigmoid, square, step
@@ -134,6 +137,17 @@ def _class_targets(target: Tensor, classes: int, ignore_index: int, what: str) -
     """Class indices safe to gather with (ignored ones as 0) and the bool mask of the
     kept ones. Host-known targets are checked on the host (every new batch of a
     compiled step too), device-computed ones on the device (checks.py)."""
+    host = _checked_on_host(target, classes, ignore_index, what)
+    kept = ne(target, ignore_index)
+    safe = where(kept, target, 0)
+    if host is None:
+        safe = checks.bounded(safe, classes, f"{what} class index ({classes} classes)")
+    return safe, kept
+
+
+def _checked_on_host(target: Tensor, classes: int, ignore_index: int, what: str) -> np.ndarray | None:
+    """Host-known class targets, checked on the host (every new batch of a compiled step
+    too): each in [0, classes) or ignore_index. None for device-computed targets."""
     if target.dtype.category != dtypes.int32.category:
         raise TypeError(f"{what} needs integer class targets (or float probabilities), got {target.dtype}")
     ignore_index = int(ignore_index)
@@ -145,11 +159,7 @@ def _class_targets(target: Tensor, classes: int, ignore_index: int, what: str) -
                 raise IndexError(f"{what}: class index out of range for {classes} classes (got {values[bad].flat[0]})")
         check(host)
         capture.on_input(target.node, check)
-    kept = ne(target, ignore_index)
-    safe = where(kept, target, 0)
-    if host is None:
-        safe = checks.bounded(safe, classes, f"{what} class index ({classes} classes)")
-    return safe, kept
+    return host
 
 
 def _kept_weights(kept: Tensor, w: Tensor | None, safe: Tensor, dtype) -> Tensor:
@@ -197,6 +207,13 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
         per = _apply("softmax_cross_entropy", (scores, target), (rows,), _cross_entropy_rule, dtype=dtype)
         return _reduce(reshape(per, loss_shape), reduction)
     w = _class_weight(weight, classes, scores.dtype)
+    if scores.dtype is dtypes.float32 and kernels.supported(runtime.current().backend, kernels.CLASS_CROSS_ENTROPY) \
+            and _checked_on_host(target, classes, ignore_index, "cross_entropy") is not None:
+        both = _fused_class_cross_entropy(scores, target, w, int(ignore_index), label_smoothing)
+        if reduction == "none":
+            return reshape(both[0], loss_shape)
+        totals = sum(both, -1)  # one SUM_ROWS: the losses' sum and the weights'
+        return totals[0] if reduction == "sum" else totals[0] / totals[1].detach()
     safe, kept = _class_targets(target, classes, ignore_index, "cross_entropy")
     per = _apply("class_cross_entropy", (scores, safe), (rows,), _class_cross_entropy_rule, dtype=scores.dtype)
     scale = _kept_weights(kept, w, safe, scores.dtype)
@@ -206,6 +223,27 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
         spread = -sum(logp * w if w is not None else logp, -1)
         per = per * (1.0 - label_smoothing) + _only_kept(spread, kept) * (label_smoothing / classes)
     return _weighted_mean(per, scale, loss_shape, reduction)
+
+
+def _fused_class_cross_entropy(scores: Tensor, target: Tensor, w: Tensor | None, ignore_index: int,
+                               label_smoothing: float) -> Tensor:
+    """(2, rows): each target's loss, and its weight in the mean, from ggrad's cross-entropy
+    kernel: one node forward, one backward, where the composition took about 50
+    (runtime/kernels.py). The targets were checked on the host; an ignored one's loss and
+    weight are exact zeros, whatever its row holds. The gradient reaches the scores only,
+    from the losses' row (the weights' row has none)."""
+    rows, classes = scores.shape
+    params = (ignore_index, float(np.float32(1.0 - label_smoothing)), float(np.float32(label_smoothing / classes)))
+    target = reshape(target, (rows,))
+    inputs = (scores, target) + ((w.detach(),) if w is not None else ())
+
+    def rule(ctx, g):
+        logits, index = ctx.parents[:2]
+        per_target = reshape(g[0], (rows,))
+        grad = _apply("class_cross_entropy_kernel_back", (logits.detach(), index, per_target) + tuple(ctx.parents[2:]),
+                      logits.shape, arg=params, dtype=logits.dtype)
+        return (grad,) + (None,) * (len(ctx.parents) - 1)
+    return _apply("class_cross_entropy_kernel", inputs, (2, rows), rule, arg=params, dtype=scores.dtype)
 
 
 def _gather_weights(w: Tensor, index: Tensor) -> Tensor:
@@ -350,3 +388,23 @@ def _bce_with_logits_rule(w, pw):
                 g_y = g * ((pw - 1.0) * (relu(-x) + log(affine(exp(-abs(x)), 1.0, 1.0))) - x)
         return g_x, g_y
     return rule
+
+
+def _rows_of(ctx, x):
+    """`x` as contiguous rows of its first ggml axis: ggrad's kernels index rows by stride."""
+    x = x if G.ggml_is_contiguous(x) else G.ggml_cont(ctx, x)
+    return G.ggml_reshape_2d(ctx, x, x.contents.ne[0], G.ggml_nrows(x))
+
+
+@compute("class_cross_entropy_kernel", keep_int=True)
+def _class_cross_entropy_kernel(ctx, s, node):
+    logits, target = _rows_of(ctx, s[0]), _rows_of(ctx, s[1])
+    return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY, (logits.contents.ne[1], 2),
+                      [logits, target, s[2] if len(s) > 2 else None], list(node.arg))
+
+
+@compute("class_cross_entropy_kernel_back", keep_int=True)
+def _class_cross_entropy_kernel_back(ctx, s, node):
+    logits, target, per_target = (_rows_of(ctx, x) for x in s[:3])
+    return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY_BACK, tuple(logits.contents.ne[:2]),
+                      [logits, target, per_target, s[3] if len(s) > 3 else None], list(node.arg))

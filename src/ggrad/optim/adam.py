@@ -8,9 +8,11 @@ import functools
 
 import numpy as np
 
-from .. import capture, dtypes
+from .. import capture, dtypes, runtime
 from .. import functional as F
-from ..runtime import backend
+from ..functional._core import _apply
+from ..ops import compute
+from ..runtime import backend, kernels
 from ..tensor import Tensor, inplace
 from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like, float32, store
 
@@ -121,15 +123,21 @@ class Adam(Optimizer):
         constants = shared["constants_of"]
         shared["step"] += 1
         capture.on_replay(advance=functools.partial(_count_step, shared))
-        # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
-        shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"])
         exact = backend.adamw_exact()
-        corrections = shared["corrections"]
-        if exact:  # lr, beta1, beta2, eps, wd, lr / c1, sqrt(c2), 1 - beta1, 1 - beta2
-            hyper = F.concat([lr, shared["constants"], lr / corrections[:1], F.sqrt(corrections[1:]),
-                              shared["inflow"]])
-        else:  # lr, beta1, beta2, eps, wd, 1 / c1, 1 / c2
-            hyper = F.concat([lr, shared["constants"], corrections ** -1])
+        if exact and kernels.supported(runtime.current().backend, kernels.ADAM_HYPER):
+            # one kernel: this step's corrections and the 9 constants, as composed below
+            both = _apply("adam_hyper", (shared["corrections"], lr, shared["constants"], shared["inflow"]), (11,))
+            shared["corrections"]._assign(both[9:])
+            hyper = both[:9]
+        else:
+            # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
+            shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"])
+            corrections = shared["corrections"]
+            if exact:  # lr, beta1, beta2, eps, wd, lr / c1, sqrt(c2), 1 - beta1, 1 - beta2
+                hyper = F.concat([lr, shared["constants"], lr / corrections[:1], F.sqrt(corrections[1:]),
+                                  shared["inflow"]])
+            else:  # lr, beta1, beta2, eps, wd, 1 / c1, 1 / c2
+                hyper = F.concat([lr, shared["constants"], corrections ** -1])
         for p, g, state in items:
             if state["step"] != shared["step"]:
                 capture.refuse("a parameter skipped steps: its Adam step uses host constants")
@@ -211,3 +219,10 @@ class AdamW(Adam):
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False,
                  fused: bool | None = None, accumulate_steps: int = 1, average: bool = True) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, fused, accumulate_steps, average)
+
+
+@compute("adam_hyper")
+def _adam_hyper(ctx, s, node):
+    """This step's bias corrections and the exact AdamW kernel's 9 constants, one node
+    (runtime/kernels.py ADAM_HYPER)."""
+    return kernels.op(ctx, kernels.ADAM_HYPER, (11, 1), list(s), [])

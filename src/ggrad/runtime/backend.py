@@ -164,7 +164,7 @@ def _set_vulkan_float16(name: str) -> None:
 def cuda_honours_precision() -> bool:
     """Whether the loaded ggml-cuda runs GGML_PREC_F32 products in float32 (a build by
     `make cuda`; scripts/patch_ggml_cuda.py)."""
-    return hasattr(_ggml_library("libggml-cuda.so"), "ggml_backend_cuda_ggrad_f32_precision")
+    return hasattr(ggml_library("libggml-cuda.so"), "ggml_backend_cuda_ggrad_f32_precision")
 
 
 def ggml_library_path(name: str) -> str:
@@ -173,7 +173,7 @@ def ggml_library_path(name: str) -> str:
     return os.path.join(os.path.dirname(ggml.__file__), "lib", name)
 
 
-def _ggml_library(name: str):
+def ggml_library(name: str):
     try:
         return ctypes.CDLL(ggml_library_path(name))
     except OSError:
@@ -184,26 +184,11 @@ def adamw_exact() -> bool:
     """Whether ggml's AdamW kernel takes the 9-element form that computes PyTorch's exact
     update (scripts/patch_ggml_adamw.py, applied by ggrad's bootstrap)."""
     if _adamw_exact[0] is None:
-        _adamw_exact[0] = hasattr(_ggml_library("libggml-base.so"), "ggml_ggrad_adamw_exact")
+        _adamw_exact[0] = hasattr(ggml_library("libggml-base.so"), "ggml_ggrad_adamw_exact")
     return _adamw_exact[0]
 
 
 _adamw_exact: list[bool | None] = [None]
-
-
-def ggrad_kernels() -> int:
-    """The version of ggrad's kernel set in the loaded ggml (scripts/patch_ggml_kernels.py,
-    applied by ggrad's bootstrap), 0 for a ggml without it: relu and leaky_relu keep NaN,
-    SILU_BACK takes relu's and leaky_relu's gradients, ggml-cuda's REPEAT_BACK reduces in
-    parallel. Builders compose the same results from older kernels where it is 0."""
-    if _ggrad_kernels[0] is None:
-        library = _ggml_library("libggml-base.so")
-        marker = getattr(library, "ggml_ggrad_kernels", None)
-        _ggrad_kernels[0] = int(marker()) if marker is not None else 0
-    return _ggrad_kernels[0]
-
-
-_ggrad_kernels: list[int | None] = [None]
 
 
 def _check_cuda_precision() -> None:

@@ -1,0 +1,156 @@
+// ggrad's kernels on CUDA: GGML_OP_GGRAD, the kernel in op_params[0]; the CPU's
+// ggrad_cpu.inc says what each computes. One warp per row of logits.
+#include "ggrad.cuh"
+
+#include <cmath>
+#include <cstdint>
+
+// the row's max and sum of exp(x - max), reduced over the warp in a fixed order
+static __device__ __forceinline__ float2 ggrad_row_stats(const float * row, const int C) {
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+        m = fmaxf(m, row[c]);
+    }
+    m = warp_reduce_max(m);
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+        s += expf(row[c] - m);
+    }
+    return make_float2(m, warp_reduce_sum(s));
+}
+
+static __global__ void ggrad_class_ce_f32(const float * x, const int64_t row_stride, const int32_t * t,
+                                          const int64_t t_stride, const float * wc, float * per, const int C,
+                                          const int64_t N, const int32_t ignore, const float keep,
+                                          const float spread) {
+    const int64_t i = blockIdx.x;
+    const float * row = x + i*row_stride;
+    const int32_t ti = t[i*t_stride];
+    if (ti == ignore || ti < 0 || ti >= C) {
+        if (threadIdx.x == 0) {
+            per[i] = 0.0f;
+            per[N + i] = 0.0f;
+        }
+        return;
+    }
+    const float2 ms = ggrad_row_stats(row, C);
+    const float ls = logf(ms.y);
+    float sum = 0.0f;
+    if (spread != 0.0f) {
+        for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+            const float lp = (row[c] - ms.x) - ls;
+            sum += wc ? lp*wc[c] : lp;
+        }
+        sum = warp_reduce_sum(sum);
+    }
+    if (threadIdx.x == 0) {
+        const float wt = wc ? wc[ti] : 1.0f;
+        float loss = ls - (row[ti] - ms.x);
+        if (wc) {
+            loss = loss*wt;
+        }
+        if (spread != 0.0f) {
+            loss = loss*keep + (-sum)*spread;
+        }
+        per[i] = loss;
+        per[N + i] = wt;
+    }
+}
+
+static __global__ void ggrad_class_ce_back_f32(const float * x, const int64_t row_stride, const int32_t * t,
+                                               const int64_t t_stride, const float * d, const int64_t d_stride,
+                                               const float * wc, float * out, const int64_t out_stride, const int C,
+                                               const int32_t ignore, const float keep, const float spread) {
+    const int64_t i = blockIdx.x;
+    const float * row = x + i*row_stride;
+    float * o = out + i*out_stride;
+    const int32_t ti = t[i*t_stride];
+    const float2 ms = ggrad_row_stats(row, C);
+    if (ti == ignore || ti < 0 || ti >= C) {  // torch's 0 - softmax * 0: NaN where the softmax is
+        for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+            o[c] = 0.0f - expf(row[c] - ms.x)/ms.y*0.0f;
+        }
+        return;
+    }
+    float W = (float) C;
+    if (wc && spread != 0.0f) {
+        float sum = 0.0f;
+        for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+            sum += wc[c];
+        }
+        W = warp_reduce_sum(sum);
+    }
+    const float inv = 1.0f/ms.y;
+    const float di = d[i*d_stride];
+    const float g = wc ? di*wc[ti] : di;
+    for (int c = threadIdx.x; c < C; c += WARP_SIZE) {
+        const float p = expf(row[c] - ms.x)*inv;
+        float grad = g*(p - (c == ti ? 1.0f : 0.0f));
+        if (spread != 0.0f) {
+            grad = grad*keep + di*spread*(W*p - (wc ? wc[c] : 1.0f));
+        }
+        o[c] = grad;
+    }
+}
+
+// Adam's per-step constants (ggrad_cpu.inc): round-to-nearest intrinsics, never fused
+static __global__ void ggrad_adam_hyper_f32(const float * c, const float * lr, const float * k, const float * in,
+                                            float * h) {
+    const float c1 = __fadd_rn(__fmul_rn(c[0], k[0]), in[0]);
+    const float c2 = __fadd_rn(__fmul_rn(c[1], k[1]), in[1]);
+    h[0] = lr[0]; h[1] = k[0]; h[2] = k[1]; h[3] = k[2]; h[4] = k[3];
+    h[5] = __fdiv_rn(lr[0], c1); h[6] = __fsqrt_rn(c2); h[7] = in[0]; h[8] = in[1]; h[9] = c1; h[10] = c2;
+}
+
+bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
+    const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 3) {
+        for (int i = 0; i < 4; ++i) {
+            if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
+                return false;
+            }
+        }
+        return true;
+    }
+    if (kernel != 1 && kernel != 2) {
+        return false;
+    }
+    const ggml_tensor * w = op->src[kernel == 1 ? 2 : 3];
+    return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_I32 &&
+           op->src[0]->nb[0] == sizeof(float) && (w == nullptr || ggml_is_contiguous(w));
+}
+
+void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * x = dst->src[0];
+    const ggml_tensor * t = dst->src[1];
+    const int kernel = ggml_get_op_params_i32(dst, 0);
+    const int32_t ignore = ggml_get_op_params_i32(dst, 1);
+    const float keep   = ggml_get_op_params_f32(dst, 2);
+    const float spread = ggml_get_op_params_f32(dst, 3);
+    const int C = (int) x->ne[0];
+    const int64_t N = ggml_nrows(x);
+    cudaStream_t stream = ctx.stream();
+    if (kernel == 3) {
+        ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
+                                                  (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,
+                                                  (float *) dst->data);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    const dim3 blocks(N, 1, 1);
+    const dim3 threads(WARP_SIZE, 1, 1);
+    if (kernel == 1) {
+        const float * wc = dst->src[2] ? (const float *) dst->src[2]->data : nullptr;
+        ggrad_class_ce_f32<<<blocks, threads, 0, stream>>>(
+            (const float *) x->data, x->nb[1]/sizeof(float), (const int32_t *) t->data, t->nb[0]/sizeof(int32_t), wc,
+            (float *) dst->data, C, N, ignore, keep, spread);
+    } else {
+        const ggml_tensor * d = dst->src[2];
+        const float * wc = dst->src[3] ? (const float *) dst->src[3]->data : nullptr;
+        ggrad_class_ce_back_f32<<<blocks, threads, 0, stream>>>(
+            (const float *) x->data, x->nb[1]/sizeof(float), (const int32_t *) t->data, t->nb[0]/sizeof(int32_t),
+            (const float *) d->data, d->nb[0]/sizeof(float), wc, (float *) dst->data, dst->nb[1]/sizeof(float), C,
+            ignore, keep, spread);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}

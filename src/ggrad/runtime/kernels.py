@@ -1,0 +1,89 @@
+"""ggrad's own ggml kernels (scripts/patch_ggml_kernels.py, applied to every wheel ggrad's
+bootstrap builds): where torch's semantics took many ggml nodes, one kernel.
+
+Two kinds. Kernels that changed an existing ggml op (relu and leaky_relu keep NaN, SILU_BACK
+modes for their gradients, a parallel REPEAT_BACK on CUDA) are used wherever `version()` is
+at least 1. Kernels of ggrad's op, GGML_OP_GGRAD (one op, the kernel named in op_params[0]),
+exist only on the backends that implement them: `supported(backend, kernel)` asks. Where a
+kernel is missing (an unpatched ggml, a backend without it) the builders compose the same
+result from ggml's ops, which stay the kernels' test oracle.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+
+from ggml import ggml as G
+
+from . import backend
+
+# GGML_OP_GGRAD's kernels (scripts/ggml_kernels/ggrad_cpu.inc says what each computes)
+CLASS_CROSS_ENTROPY = 1       # logits (C, N), targets i32 (N), weights (C) | None -> (N, 2)
+CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weights | None -> (C, N)
+ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
+SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3}  # the version that added each
+
+
+@functools.cache
+def version() -> int:
+    """The kernel set's version in the loaded ggml, 0 without it."""
+    marker = getattr(backend.ggml_library("libggml-base.so"), "ggml_ggrad_kernels", None)
+    return int(marker()) if marker is not None else 0
+
+
+@functools.cache
+def _constructor():
+    make = getattr(backend.ggml_library("libggml-base.so"), "ggml_ggrad", None)
+    if make is None:
+        return None
+    tensor = ctypes.POINTER(G.ggml_tensor)
+    make.restype = tensor
+    make.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                     tensor, tensor, tensor, tensor]
+    return make
+
+
+def op(ctx, kernel: int, shape: tuple[int, int], srcs: list, params: list[int | float], dtype=None):
+    """A GGML_OP_GGRAD node running `kernel` over `srcs` (up to 4, None for absent ones) into
+    a new tensor of ggml shape `shape` (ne0, ne1), float32 unless `dtype` (a ggml type)
+    says; `params` go to op_params[1:] (ints as int32, floats as float32 bits)."""
+    srcs = list(srcs) + [None] * (4 - len(srcs))
+    node = _constructor()(ctx, kernel, G.GGML_TYPE_F32 if dtype is None else dtype, shape[0], shape[1], *srcs)
+    op_params = node.contents.op_params
+    for i, value in enumerate(params, start=1):
+        op_params[i] = value if isinstance(value, int) else struct.unpack("<i", struct.pack("<f", value))[0]
+    return node
+
+
+def supported(dev_backend, kernel: int) -> bool:
+    """Whether `dev_backend` (a started runtime Backend) runs ggrad's `kernel`: asked of
+    ggml's supports_op once per backend and kernel, over a small float32 example."""
+    key = (id(dev_backend), kernel)
+    if key not in _supported:
+        _supported[key] = version() >= SINCE[kernel] and _constructor() is not None and _ask(dev_backend, kernel)
+    return _supported[key]
+
+
+_supported: dict[tuple[int, int], bool] = {}
+
+
+def _ask(dev_backend, kernel: int) -> bool:
+    params = G.ggml_init_params(mem_size=12 * G.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True)
+    ctx = G.ggml_init(params)
+    try:
+        logits = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)
+        targets = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_I32, 2)
+        if kernel == CLASS_CROSS_ENTROPY:
+            node = op(ctx, kernel, (2, 2), [logits, targets], [-100, 1.0, 0.0])
+        elif kernel == CLASS_CROSS_ENTROPY_BACK:
+            grad = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 2)
+            node = op(ctx, kernel, (4, 2), [logits, targets, grad], [-100, 1.0, 0.0])
+        elif kernel == ADAM_HYPER:
+            node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
+        else:
+            return False
+        return dev_backend.has_op(node)
+    finally:
+        G.ggml_free(ctx)
