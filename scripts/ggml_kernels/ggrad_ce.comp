@@ -83,6 +83,17 @@ void main() {
         m = max(m, data_x[x0 + c]);
     }
     m = reduce_max(m);
+    // a row holding NaN or +inf (or only -inf) has a NaN softmax, as torch's; found from the
+    // bits, since drivers may clamp exp's argument or drop NaN in max (lavapipe does both)
+    float bad = 0.0;
+    for (uint c = tid; c < p.C; c += 64) {
+        const uint bits = floatBitsToUint(data_x[x0 + c]);
+        if ((bits & 0x7fffffffu) > 0x7f800000u || bits == 0x7f800000u) {
+            bad = 1.0;
+        }
+    }
+    const bool poisoned = reduce_max(bad) > 0.0 || floatBitsToUint(m) == 0xff800000u;
+    const float qnan = uintBitsToFloat(0x7fc00000u);
     float s = 0.0;
     for (uint c = tid; c < p.C; c += 64) {
         s += exp(data_x[x0 + c] - m);
@@ -91,10 +102,9 @@ void main() {
     const uint ti = uint(t);
 #ifdef BACK
     const uint o0 = p.o_off + row * p.o_stride;
-    if (!kept) {  // torch's 0 - softmax * 0: NaN where the softmax is
+    if (!kept || poisoned) {  // torch's 0 - softmax * 0 where ignored: NaN where the softmax is
         for (uint c = tid; c < p.C; c += 64) {
-            precise float zero = 0.0 - exp(data_x[x0 + c] - m) / s * 0.0;  // precise: not folded to 0
-            data_o[o0 + c] = zero;
+            data_o[o0 + c] = poisoned ? qnan : 0.0;
         }
         return;
     }
@@ -136,7 +146,7 @@ void main() {
         if (p.spread != 0.0) {
             loss = loss * p.keep + (-total) * p.spread;
         }
-        data_o[p.o_off + row] = loss;
+        data_o[p.o_off + row] = poisoned ? qnan : loss;
         data_o[p.o_off + p.N + row] = wt;
     }
 #endif
