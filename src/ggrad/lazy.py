@@ -126,6 +126,8 @@ class _ThreadState(threading.local):
         self.host_read_hook: Callable[[], None] | None = None  # called before a host read
         # "pass" while a grad tape is recording, else "persistent": see `_landing`.
         self.default_scope = "persistent"
+        # while a graph is filled: ggml tensors builders share within it (`build_memo`)
+        self.memo: dict | None = None
 
 
 local = _ThreadState()
@@ -412,7 +414,22 @@ def _build(dev, order: list[Node], outputs: list[Node], stores: list, effects: l
             raise
 
 
+def build_memo() -> dict | None:
+    """A dict that lives while one graph is filled, None otherwise: builders keep ggml
+    tensors there that later builders of the same graph may reuse (a weight's cast to
+    bfloat16 made once per graph, not once per product that reads it)."""
+    return local.memo
+
+
 def _fill(graph: Graph, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> None:
+    local.memo = {}
+    try:
+        _fill_nodes(graph, order, outputs, stores, effects)
+    finally:
+        local.memo = None
+
+
+def _fill_nodes(graph: Graph, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> None:
     def room(needed: int = BUILDER_ROOM) -> None:
         if graph.room() < needed:
             raise _GraphFull

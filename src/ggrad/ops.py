@@ -18,7 +18,7 @@ import math
 
 from ggml import ggml as G
 
-from . import dtypes
+from . import dtypes, lazy
 from .lazy import builder
 from .runtime import launch
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
@@ -28,7 +28,17 @@ I32 = G.GGML_TYPE_I32
 
 
 def as_type(ctx, x, ggml_type):
-    return x if x.contents.type == ggml_type else G.ggml_cast(ctx, x, ggml_type)
+    """`x` in `ggml_type`: one cast per source and type in a graph (lazy.build_memo), so a
+    weight read by a product forward and by its gradient's product is cast once."""
+    if x.contents.type == ggml_type:
+        return x
+    memo = lazy.build_memo()
+    if memo is None:
+        return G.ggml_cast(ctx, x, ggml_type)
+    key = ("cast", ctypes.addressof(x.contents), ggml_type)
+    if key not in memo:
+        memo[key] = G.ggml_cast(ctx, x, ggml_type)
+    return memo[key]
 
 
 def compute(name: str, keep_int: bool = False):
@@ -595,6 +605,46 @@ OUT_PROD_BACKENDS = {"cuda"}
 CPU_OUT_PROD_MAX_ELEMENTS = 256 * 256
 
 
+def _transposed_copy(ctx, y):
+    """y^T made contiguous, once per graph (lazy.build_memo): a weight read by several
+    gradient products is copied once."""
+    memo = lazy.build_memo()
+    key = ("transposed", ctypes.addressof(y.contents))
+    if memo is None:
+        return G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
+    if key not in memo:
+        memo[key] = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
+    return memo[key]
+
+
+def _transposed_operand(ctx, y, arg):
+    """y^T contiguous, as a product of `arg` reads it: under autocast the low cast comes
+    first, so the forward product's cast of the same tensor is reused (lazy.build_memo) and
+    the copy moves half the bytes; Vulkan multiplies rounded float32 operands (_product)."""
+    low = arg[1]
+    if low is not None and _backend_kind() != "vulkan":
+        y = as_type(ctx, y, DTYPES[low])
+    return _transposed_copy(ctx, y)
+
+
+@compute("matmul_nn")
+def _matmul_nn(ctx, s, node):
+    """x @ y (a product's input gradient, x the output's gradient and y the weight): on
+    the backends in OUT_PROD_BACKENDS, OUT_PROD(y, x^T) reads x^T as a view (cuBLAS takes
+    it transposed) where mul_mat needed y^T copied first; elsewhere, and under autocast,
+    mul_mat(y^T, x)."""
+    x, y = s
+    if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS:
+        product = _supported(G.ggml_out_prod(ctx, y, G.ggml_transpose(ctx, x)))
+        if product is not None:
+            return reshape(ctx, _marked(product, node.arg), node.shape)
+    yt = _transposed_operand(ctx, y, node.arg)
+    ne_x, ne_y = x.contents.ne, yt.contents.ne
+    if tuple(ne_y[2:]) != tuple(ne_x[2:]) and _supported(G.ggml_mul_mat(ctx, yt, x)) is None:
+        yt = G.ggml_repeat_4d(ctx, yt, ne_y[0], ne_y[1], ne_x[2], ne_x[3])
+    return reshape(ctx, _product(ctx, yt, x, node.arg), node.shape)
+
+
 @compute("matmul_tn")
 def _matmul_tn(ctx, s, node):
     """x^T @ y over the last two axes (the weight gradient of a product): ggml's OUT_PROD
@@ -607,8 +657,7 @@ def _matmul_tn(ctx, s, node):
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
-    yt = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
-    xt = G.ggml_cont(ctx, G.ggml_transpose(ctx, x))
+    yt, xt = _transposed_operand(ctx, y, node.arg), _transposed_operand(ctx, x, node.arg)
     return reshape(ctx, _product(ctx, yt, xt, node.arg), node.shape)
 
 

@@ -53,9 +53,20 @@ def _matmul_nt_rule(ctx, g):
     """The gradients' products are computed as the forward one was (autocast included)."""
     a, b = ctx.parents
     arg = ctx.saved["arg"]
-    ga = sum_to(_matmul_nt(g, transpose(b.detach()), arg), a.shape) if a.requires_grad else None
+    ga = None
+    if a.requires_grad:
+        bt = transpose(b.detach())  # free where b is itself a swap (a swap undoes itself)
+        copied = bt.node.pending and bt.node.op == "permute" and bt.node.srcs[0] is b.node
+        ga = sum_to(_matmul_nn(g, b.detach(), arg) if copied else _matmul_nt(g, bt, arg), a.shape)
     gb = sum_to(_matmul_tn(g, a.detach(), arg), b.shape) if b.requires_grad else None
     return ga, gb
+
+
+def _matmul_nn(x: Tensor, y: Tensor, arg: tuple) -> Tensor:
+    """x @ y over the last two axes (a product's input gradient; y's batch dims divide
+    x's): ops builds it without transposing y into a copy where the backend can."""
+    batch = x.shape[:-2]
+    return _apply("matmul_nn", (x, y), batch + (x.shape[-2], y.shape[-1]), dtype=x.dtype, arg=arg)
 
 
 def _matmul_tn(x: Tensor, y: Tensor, arg: tuple) -> Tensor:
