@@ -634,7 +634,9 @@ def _matmul_nn(ctx, s, node):
     it transposed) where mul_mat needed y^T copied first; elsewhere, and under autocast,
     mul_mat(y^T, x)."""
     x, y = s
-    if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS:
+    # ggml-cuda's OUT_PROD asserts unit strides: both operands contiguous
+    if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS and G.ggml_is_contiguous(x) \
+            and G.ggml_is_contiguous(y):
         product = _supported(G.ggml_out_prod(ctx, y, G.ggml_transpose(ctx, x)))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
