@@ -33,13 +33,18 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 3
+KERNELS_VERSION = 4
 
 
 VULKAN_DISPATCH = """
 /* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
 static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 4) {
+        return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32 &&
+               ggml_is_contiguous_rows(op->src[0]) && ggml_is_contiguous_rows(op->src[1]) &&
+               op->src[0]->ne[2] == 1 && op->src[0]->ne[3] == 1 && op->src[1]->ne[2] == 1 && op->src[1]->ne[3] == 1;
+    }
     if (kernel == 3) {
         for (int i = 0; i < 4; ++i) {
             if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
@@ -76,10 +81,34 @@ static void ggml_vk_ggrad_adam_hyper(ggml_backend_vk_context * ctx, vk_context& 
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4] }, pc, { 1, 1, 1 });
 }
 
+static void ggml_vk_ggrad_layer_norm_back(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * x = dst->src[0];
+    const ggml_tensor * g = dst->src[1];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_ln_back_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer x_buf = ggml_vk_tensor_subbuffer(ctx, x, true);
+    vk_subbuffer g_buf = ggml_vk_tensor_subbuffer(ctx, g, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const uint32_t R = (uint32_t) ggml_nrows(x);
+    struct { uint32_t D, R, x_stride, g_stride, o_stride, x_off, g_off, o_off; float eps; } pc = {
+        (uint32_t) x->ne[0], R, (uint32_t) (x->nb[1] / sizeof(float)), (uint32_t) (g->nb[1] / sizeof(float)),
+        (uint32_t) (dst->nb[1] / sizeof(float)), ggml_vk_ggrad_misalign(x_buf, x), ggml_vk_ggrad_misalign(g_buf, g),
+        ggml_vk_ggrad_misalign(o_buf, dst), ggml_get_op_params_f32(dst, 1),
+    };
+    std::array<uint32_t, 3> elements = R > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(R, 262144) }
+                                     : R > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(R, 512), 1 }
+                                                  : std::array<uint32_t, 3>{ R, 1, 1 };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
+}
+
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
     if (kernel == 3) {
         ggml_vk_ggrad_adam_hyper(ctx, subctx, dst);
+        return;
+    }
+    if (kernel == 4) {
+        ggml_vk_ggrad_layer_norm_back(ctx, subctx, dst);
         return;
     }
     const bool back = kernel == 2;
@@ -239,7 +268,7 @@ def patch(tree: Path) -> None:
     _patch_file(src / "ggml-cpu" / "ggml-cpu.cpp", [
         ("    switch (op->op) {\n        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n",
          f"    switch (op->op) {{\n        case GGML_OP_GGRAD: /* {MARK}: the kernels ggrad_cpu.inc has */\n"
-         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 3;\n"
+         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 4;\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ops.h", [
@@ -318,14 +347,15 @@ def patch(tree: Path) -> None:
          "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
     ])
     vk = src / "ggml-vulkan"
-    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp"):
+    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
          '    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n'
          f'    string_to_spv("ggrad_ce_f32", "ggrad_ce.comp", {{}}); // {MARK}\n'
          '    string_to_spv("ggrad_ce_back_f32", "ggrad_ce.comp", {{"BACK", "1"}});\n'
-         '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'),
+         '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'
+         '    string_to_spv("ggrad_ln_back_f32", "ggrad_ln_back.comp", {});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -347,7 +377,8 @@ def patch(tree: Path) -> None:
          + VULKAN_DISPATCH),
         ("    vk_pipeline pipeline_silu_back_f32;\n",
          "    vk_pipeline pipeline_silu_back_f32;\n"
-         "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
+         "    vk_pipeline pipeline_ggrad_ln_back_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -359,7 +390,9 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ce_back_f32, "ggrad_ce_back_f32", ggrad_ce_back_f32_len, '
          'ggrad_ce_back_f32_data, "main", 5, sizeof(vk_op_ggrad_push_constants), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adam_hyper_f32, "ggrad_adam_hyper_f32", '
-         'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
+         'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ln_back_f32, "ggrad_ln_back_f32", '
+         'ggrad_ln_back_f32_len, ggrad_ln_back_f32_data, "main", 3, 9 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

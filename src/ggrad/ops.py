@@ -496,6 +496,12 @@ def _adamw(ctx, s, effect):
     return steps
 
 
+def contiguous_rows(ctx, x):
+    """`x` as contiguous rows of its first ggml axis (ggrad's kernels index rows by stride)."""
+    x = x if G.ggml_is_contiguous(x) else G.ggml_cont(ctx, x)
+    return G.ggml_reshape_2d(ctx, x, x.contents.ne[0], G.ggml_nrows(x))
+
+
 # ---- fused row-wise ops: one lazy node, several ggml nodes ---------------------------
 def _rows(ctx, x, shape):
     """`x` as a (rows, cols) matrix over its last axis."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from ggml import ggml as G
 
 from .. import autograd, capture, checks, dtypes, runtime
-from ..ops import compute
+from ..ops import compute, contiguous_rows
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .compare import eq, ne, where
@@ -390,21 +389,15 @@ def _bce_with_logits_rule(w, pw):
     return rule
 
 
-def _rows_of(ctx, x):
-    """`x` as contiguous rows of its first ggml axis: ggrad's kernels index rows by stride."""
-    x = x if G.ggml_is_contiguous(x) else G.ggml_cont(ctx, x)
-    return G.ggml_reshape_2d(ctx, x, x.contents.ne[0], G.ggml_nrows(x))
-
-
 @compute("class_cross_entropy_kernel", keep_int=True)
 def _class_cross_entropy_kernel(ctx, s, node):
-    logits, target = _rows_of(ctx, s[0]), _rows_of(ctx, s[1])
+    logits, target = contiguous_rows(ctx, s[0]), contiguous_rows(ctx, s[1])
     return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY, (logits.contents.ne[1], 2),
                       [logits, target, s[2] if len(s) > 2 else None], list(node.arg))
 
 
 @compute("class_cross_entropy_kernel_back", keep_int=True)
 def _class_cross_entropy_kernel_back(ctx, s, node):
-    logits, target, per_target = (_rows_of(ctx, x) for x in s[:3])
+    logits, target, per_target = (contiguous_rows(ctx, x) for x in s[:3])
     return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY_BACK, tuple(logits.contents.ne[:2]),
                       [logits, target, per_target, s[3] if len(s) > 3 else None], list(node.arg))

@@ -118,10 +118,8 @@ class LayerNorm(Module):
         self.bias = param(np.zeros(self.normalized_shape, np.float32)) if elementwise_affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        y, _, _ = _normalize(x, _check_trailing(x, self.normalized_shape, "LayerNorm"), self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        return y + self.bias if self.bias is not None else y
+        _check_trailing(x, self.normalized_shape, "LayerNorm")
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -23,7 +23,8 @@ from . import backend
 CLASS_CROSS_ENTROPY = 1       # logits (C, N), targets i32 (N), weights (C) | None -> (N, 2)
 CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weights | None -> (C, N)
 ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
-SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3}  # the version that added each
+LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R) -> (D, R); eps
+SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4}  # version of each
 
 
 @functools.cache
@@ -80,6 +81,8 @@ def _ask(dev_backend, kernel: int) -> bool:
         elif kernel == CLASS_CROSS_ENTROPY_BACK:
             grad = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 2)
             node = op(ctx, kernel, (4, 2), [logits, targets, grad], [-100, 1.0, 0.0])
+        elif kernel == LAYER_NORM_BACK:
+            node = op(ctx, kernel, (4, 2), [logits, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)], [1e-5])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
