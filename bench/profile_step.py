@@ -66,13 +66,16 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default="mlp-small", choices=list(T.MODELS))
     ap.add_argument("--block-batch", type=int, default=2)
+    ap.add_argument("--block-seq", type=int, default=T.MODELS["block"][1][0])
     ap.add_argument("--repeats", type=int, default=20)
     args = ap.parse_args()
     import ggrad
     from ggrad import runtime
 
     sample, classes, batch = T.MODELS[args.model][1:]
-    data = T.batches(sample, classes, args.block_batch if args.model == "block" else batch)
+    if args.model == "block":
+        sample, batch = (args.block_seq, sample[1]), args.block_batch
+    data = T.batches(sample, classes, batch)
     step, sync = T.ggrad_step_fn(args.model, data, args.device, True)
     for i in range(3):
         step(i)

@@ -33,7 +33,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 4
+KERNELS_VERSION = 5
 
 
 VULKAN_DISPATCH = """
@@ -268,7 +268,7 @@ def patch(tree: Path) -> None:
     _patch_file(src / "ggml-cpu" / "ggml-cpu.cpp", [
         ("    switch (op->op) {\n        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n",
          f"    switch (op->op) {{\n        case GGML_OP_GGRAD: /* {MARK}: the kernels ggrad_cpu.inc has */\n"
-         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 4;\n"
+         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5;\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ops.h", [

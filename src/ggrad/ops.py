@@ -20,7 +20,7 @@ from ggml import ggml as G
 
 from . import dtypes, lazy
 from .lazy import builder
-from .runtime import launch
+from .runtime import kernels, launch
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
 
 F32 = G.GGML_TYPE_F32
@@ -617,10 +617,22 @@ def _transposed_copy(ctx, y):
     memo = lazy.build_memo()
     key = ("transposed", ctypes.addressof(y.contents))
     if memo is None:
-        return G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
+        return _transpose(ctx, y)
     if key not in memo:
-        memo[key] = G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
+        memo[key] = _transpose(ctx, y)
     return memo[key]
+
+
+def _transpose(ctx, y):
+    """y^T contiguous: ggrad's tiled kernel for a float32 matrix where the backend has it
+    (the CPU: ggml's CONT of a transposed view was a fifth of a transformer step there),
+    else CONT of the transposed view."""
+    from . import runtime
+    ne = y.contents.ne
+    if y.contents.type == F32 and y.contents.nb[0] == 4 and ne[2] == 1 and ne[3] == 1 \
+            and kernels.supported(runtime.current().backend, kernels.TRANSPOSE):
+        return kernels.op(ctx, kernels.TRANSPOSE, (ne[1], ne[0]), [y], [])
+    return G.ggml_cont(ctx, G.ggml_transpose(ctx, y))
 
 
 def _transposed_operand(ctx, y, arg):

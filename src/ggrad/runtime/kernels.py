@@ -24,7 +24,9 @@ CLASS_CROSS_ENTROPY = 1       # logits (C, N), targets i32 (N), weights (C) | No
 CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weights | None -> (C, N)
 ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
 LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R) -> (D, R); eps
-SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4}  # version of each
+TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contiguous (cpu only)
+SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
+         TRANSPOSE: 5}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -60,8 +62,8 @@ def op(ctx, kernel: int, shape: tuple[int, int], srcs: list, params: list[int | 
 
 def supported(dev_backend, kernel: int) -> bool:
     """Whether `dev_backend` (a started runtime Backend) runs ggrad's `kernel`: asked of
-    ggml's supports_op once per backend and kernel, over a small float32 example."""
-    key = (id(dev_backend), kernel)
+    ggml's supports_op once per device and kernel, over a small float32 example."""
+    key = (dev_backend.name, kernel)  # the device's name: a released backend's id is reused
     if key not in _supported:
         _supported[key] = version() >= SINCE[kernel] and _constructor() is not None and _ask(dev_backend, kernel)
     return _supported[key]
@@ -83,6 +85,8 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 2), [logits, targets, grad], [-100, 1.0, 0.0])
         elif kernel == LAYER_NORM_BACK:
             node = op(ctx, kernel, (4, 2), [logits, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)], [1e-5])
+        elif kernel == TRANSPOSE:
+            node = op(ctx, kernel, (2, 4), [logits], [])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
