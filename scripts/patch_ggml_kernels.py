@@ -12,7 +12,8 @@
        x > 0 ? g : g * slope
 - REPEAT_BACK on CUDA sums each output over its repeats along the outer axes with up to
   32 threads per output and a shared-memory reduction (ggrad sums along the first axis
-  with SUM_ROWS) (ggml's kernel walks every repeat in one thread: 72% of a
+  with SUM_ROWS); on the CPU its threads share the columns (it ran on one thread), each
+  column summed in ggml's order (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 5
+KERNELS_VERSION = 6
 
 
 VULKAN_DISPATCH = """
@@ -146,8 +147,9 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
 """
 
 
-def _patch_file(path: Path, edits: list[tuple[str, str]]) -> None:
-    _patch_with_mark(path, edits, MARK)
+def _patch_file(path: Path, edits: list[tuple[str, str]], mark: str = MARK) -> None:
+    """`edits` once: a file that already holds `mark` is left as it is."""
+    _patch_with_mark(path, edits, mark)
 
 
 # modes of SILU_BACK, shared with ggrad/functional/elementwise.py
@@ -271,6 +273,14 @@ def patch(tree: Path) -> None:
          "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5;\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
     ])
+    _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
+        ("        case GGML_OP_REPEAT:\n        case GGML_OP_REPEAT_BACK:\n        case GGML_OP_LEAKY_RELU:\n"
+         "            {\n                n_tasks = 1;\n            } break;\n",
+         "        case GGML_OP_REPEAT:\n        case GGML_OP_LEAKY_RELU:\n"
+         "            {\n                n_tasks = 1;\n            } break;\n"
+         f"        case GGML_OP_REPEAT_BACK: /* {MARK}: threads share its columns */\n"
+         "            {\n                n_tasks = n_threads;\n            } break;\n"),
+    ], mark=MARK + ": threads share")
     _patch_file(src / "ggml-cpu" / "ops.h", [
         ("void ggml_compute_forward_opt_step_sgd(const struct ggml_compute_params * params, struct ggml_tensor * dst);\n",
          "void ggml_compute_forward_opt_step_sgd(const struct ggml_compute_params * params, struct ggml_tensor * dst);\n"
@@ -298,6 +308,27 @@ def patch(tree: Path) -> None:
          "    }\n"
          "    for (int i1 = ir0; i1 < ir1 && mode == 0; i1++) {\n        ggml_vec_silu_backward_f32(nc,"),
     ])
+    # the CPU's REPEAT_BACK: each thread sums its own range of columns, in the same order
+    _patch_file(src / "ggml-cpu" / "ops.cpp", [
+        ("    const ggml_tensor * src0 = dst->src[0];\n\n    if (params->ith != 0) {\n        return;\n    }\n\n"
+         "    GGML_ASSERT(ggml_can_repeat(dst, src0));",
+         "    const ggml_tensor * src0 = dst->src[0];\n\n    GGML_ASSERT(ggml_can_repeat(dst, src0));"),
+        ("    if (ggml_is_contiguous(dst)) {\n        ggml_vec_set_f32(ne0*ne1*ne2*ne3, (float *)dst->data, 0);\n    } else {\n"
+         "        for         (int k3 = 0; k3 < ne3; k3++) {",
+         f"    /* {MARK}: this thread's columns [c0, c1), in blocks of 16 */\n"
+         "    const int64_t per = ((ne0 + params->nth - 1)/params->nth + 15)/16*16;\n"
+         "    const int64_t c0 = MIN(per*params->ith, ne0), c1 = MIN(c0 + per, ne0);\n"
+         "    if (c0 == c1) {\n        return;\n    }\n    {\n"
+         "        for         (int k3 = 0; k3 < ne3; k3++) {"),
+        ("                    ggml_vec_set_f32(ne0,\n                        (float *) ((char *) dst->data + k1*nb1 + k2*nb2 + k3*nb3),\n",
+         "                    ggml_vec_set_f32(c1 - c0,\n                        (float *) ((char *) dst->data + k1*nb1 + k2*nb2 + k3*nb3) + c0,\n"),
+        ("                                ggml_vec_acc_f32(ne0,\n"
+         "                                        (float *) ((char *)  dst->data + (         k3)*nb3  + (         k2)*nb2  + (         k1)*nb1),\n"
+         "                                        (float *) ((char *) src0->data + (i3*ne3 + k3)*nb03 + (i2*ne2 + k2)*nb02 + (i1*ne1 + k1)*nb01 + (i0*ne0)*nb00));",
+         "                                ggml_vec_acc_f32(c1 - c0,\n"
+         "                                        (float *) ((char *)  dst->data + (         k3)*nb3  + (         k2)*nb2  + (         k1)*nb1) + c0,\n"
+         "                                        (float *) ((char *) src0->data + (i3*ne3 + k3)*nb03 + (i2*ne2 + k2)*nb02 + (i1*ne1 + k1)*nb01 + (i0*ne0)*nb00) + c0);"),
+    ], mark=MARK + ": this thread's columns")
     # ops.cpp's last line: ggrad's CPU kernels (after the other edits of ops.cpp: one mark per file)
     ops = src / "ggml-cpu" / "ops.cpp"
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():

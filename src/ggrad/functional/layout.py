@@ -58,7 +58,14 @@ def _matmul_nt_rule(ctx, g):
         bt = transpose(b.detach())  # free where b is itself a swap (a swap undoes itself)
         copied = bt.node.pending and bt.node.op == "permute" and bt.node.srcs[0] is b.node
         ga = sum_to(_matmul_nn(g, b.detach(), arg) if copied else _matmul_nt(g, bt, arg), a.shape)
-    gb = sum_to(_matmul_tn(g, a.detach(), arg), b.shape) if b.requires_grad else None
+    gb = None
+    if b.requires_grad and b.ndim == 2 and a.ndim > 2:
+        # a matrix shared by every batch (a layer's weight): one product over all the rows,
+        # not one per batch summed after (a REPEAT_BACK of batch x the weight's size)
+        rows_g, rows_a = reshape(g, (-1, g.shape[-1])), reshape(a.detach(), (-1, a.shape[-1]))
+        gb = _matmul_tn(rows_g, rows_a, arg)
+    elif b.requires_grad:
+        gb = sum_to(_matmul_tn(g, a.detach(), arg), b.shape)
     return ga, gb
 
 
