@@ -26,9 +26,6 @@ import train_step as T  # noqa: E402
 
 from ggml import ggml as G  # noqa: E402
 
-VIEWS = {"VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE", "NONE"}
-
-
 def captured_graphs(compiled) -> list:
     """The ggml graphs of a ggrad.compile'd function's one capture."""
     captures = [c for kept in compiled._captures.values() for c in kept]
@@ -37,16 +34,11 @@ def captured_graphs(compiled) -> list:
     return captures[0].graphs
 
 
-def compute_nodes(graph) -> list:
-    nodes = (G.ggml_graph_node(graph.graph, i) for i in range(graph.n_nodes()))
-    return [(i, n) for i, n in enumerate(nodes) if G.ggml_op_desc(n).decode() not in VIEWS]
-
-
 def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
     """Seconds per op name. The step's nodes run in their order, each as a dispatch of its
     own (so each reads what the nodes before it wrote, as in the whole graph); the whole
     sequence runs `repeats` times and each node's median is kept."""
-    nodes = [(graph, i, node) for graph in graphs for i, node in compute_nodes(graph)]
+    nodes = [(graph, i, node) for graph in graphs for i, node in graph.compute_nodes()]
     views = [G.ggml_graph_view(graph.graph, i, i + 1) for graph, i, _ in nodes]
     runs: list[list[float]] = [[] for _ in nodes]
     for _ in range(repeats):

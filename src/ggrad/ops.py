@@ -27,18 +27,28 @@ F32 = G.GGML_TYPE_F32
 I32 = G.GGML_TYPE_I32
 
 
-def as_type(ctx, x, ggml_type):
-    """`x` in `ggml_type`: one cast per source and type in a graph (lazy.build_memo), so a
-    weight read by a product forward and by its gradient's product is cast once."""
-    if x.contents.type == ggml_type:
-        return x
+def once_per_graph(key: tuple, make):
+    """`make()`, made once per graph being filled (lazy.build_memo) for ggml tensors named
+    by `key` (what and from which source tensor), each time outside a fill."""
     memo = lazy.build_memo()
     if memo is None:
-        return G.ggml_cast(ctx, x, ggml_type)
-    key = ("cast", ctypes.addressof(x.contents), ggml_type)
+        return make()
     if key not in memo:
-        memo[key] = G.ggml_cast(ctx, x, ggml_type)
+        memo[key] = make()
     return memo[key]
+
+
+def contiguous(ctx, x):
+    """`x`, copied into a contiguous tensor where it is a strided view."""
+    return x if G.ggml_is_contiguous(x) else G.ggml_cont(ctx, x)
+
+
+def as_type(ctx, x, ggml_type):
+    """`x` in `ggml_type`: one cast per source and type in a graph, so a weight read by a
+    product forward and by its gradient's product is cast once."""
+    if x.contents.type == ggml_type:
+        return x
+    return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), lambda: G.ggml_cast(ctx, x, ggml_type))
 
 
 def compute(name: str, keep_int: bool = False):
@@ -250,8 +260,7 @@ def _sum_to(ctx, s, node):
     if inner and all(kept[d] == full[d] for d in range(inner, MAX_DIMS)):
         # only the innermost axes are summed: rows, which SUM_ROWS reduces in parallel on
         # every backend (REPEAT_BACK gives each output one thread; on the CPU one in all)
-        rows = G.ggml_reshape_2d(ctx, G.ggml_cont(ctx, x) if not G.ggml_is_contiguous(x) else x,
-                                 math.prod(full[:inner]), math.prod(full[inner:]))
+        rows = G.ggml_reshape_2d(ctx, contiguous(ctx, x), math.prod(full[:inner]), math.prod(full[inner:]))
         return reshape(ctx, G.ggml_sum_rows(ctx, rows), node.shape)
     if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS:
         return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
@@ -404,8 +413,7 @@ def pad_axis(ctx, x, dim: int, before: int, after: int):
     first d + 1 axes, so the runs become the rows of a 3-d (run, a, b) tensor with a * b
     runs, each at most 65,535 (ggml-cuda's PAD starts a block per row along y and z, and
     aborts past that: issue 24). Returned flat: (padded run, a, b) in ggml order."""
-    if not G.ggml_is_contiguous(x):
-        x = G.ggml_cont(ctx, x)
+    x = contiguous(ctx, x)
     ne = tuple(x.contents.ne)
     run, runs = math.prod(ne[:dim + 1]), math.prod(ne[dim + 1:])
     inner = run // ne[dim]
@@ -498,7 +506,7 @@ def _adamw(ctx, s, effect):
 
 def contiguous_rows(ctx, x):
     """`x` as contiguous rows of its first ggml axis (ggrad's kernels index rows by stride)."""
-    x = x if G.ggml_is_contiguous(x) else G.ggml_cont(ctx, x)
+    x = contiguous(ctx, x)
     return G.ggml_reshape_2d(ctx, x, x.contents.ne[0], G.ggml_nrows(x))
 
 
@@ -612,15 +620,9 @@ CPU_OUT_PROD_MAX_ELEMENTS = 256 * 256
 
 
 def _transposed_copy(ctx, y):
-    """y^T made contiguous, once per graph (lazy.build_memo): a weight read by several
-    gradient products is copied once."""
-    memo = lazy.build_memo()
-    key = ("transposed", ctypes.addressof(y.contents))
-    if memo is None:
-        return _transpose(ctx, y)
-    if key not in memo:
-        memo[key] = _transpose(ctx, y)
-    return memo[key]
+    """y^T made contiguous, once per graph: a weight read by several gradient products is
+    copied once."""
+    return once_per_graph(("transposed", ctypes.addressof(y.contents)), lambda: _transpose(ctx, y))
 
 
 def _transpose(ctx, y):

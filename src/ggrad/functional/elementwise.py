@@ -525,11 +525,9 @@ SILU_BACK_RELU, SILU_BACK_LEAKY_RELU = 1, 2
 def _silu_back_mode(ctx, g, x, mode: int, slope: float = 0.0):
     """One SILU_BACK node of ggrad's kernel set: `mode` in op_params[0], `slope` in
     op_params[1] (float bits). Its kernels read both operands as flat arrays."""
-    out = G.ggml_silu_back(ctx, G.ggml_cont(ctx, g) if not G.ggml_is_contiguous(g) else g,
-                           G.ggml_cont(ctx, x) if not G.ggml_is_contiguous(x) else x)
-    params = out.contents.op_params
-    params[0] = mode
-    params[1] = int.from_bytes(np.float32(slope).tobytes(), "little", signed=True)
+    out = G.ggml_silu_back(ctx, ops.contiguous(ctx, g), ops.contiguous(ctx, x))
+    out.contents.op_params[0] = mode
+    out.contents.op_params[1] = kernels.param(float(slope))
     return out
 
 

@@ -29,12 +29,19 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         rows = reshape(x, (math.prod(x.shape) // width, width))
         y = reshape(_apply("layer_norm_rows", (rows,), rows.shape, _layer_norm_rule, float(eps), x.dtype), x.shape)
     else:
-        mean = x.mean(axes, keepdim=True)
-        centered = x - mean
-        y = centered / sqrt(square(centered).mean(axes, keepdim=True) + eps)
+        y = _normalize(x, axes, eps)[0]
     if weight is not None:
         y = y * weight
     return y + bias if bias is not None else y
+
+
+def _normalize(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(x - mean) / sqrt(var + eps) over `axes` (biased variance), the mean and the variance,
+    composed from ggrad's ops (nn's batch and group norms use it too)."""
+    mean = x.mean(axes, keepdim=True)
+    centered = x - mean
+    var = square(centered).mean(axes, keepdim=True)
+    return centered / sqrt(var + eps), mean, var
 
 
 def _layer_norm_rule(ctx, g):

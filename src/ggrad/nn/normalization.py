@@ -11,16 +11,9 @@ import numpy as np
 from .. import dtypes
 from .. import functional as F
 from ..autograd import no_grad
+from ..functional.normalization import _normalize
 from ..tensor import Tensor, param, tensor
 from .module import Module
-
-
-def _normalize(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(x - mean) / sqrt(var + eps) over `axes` (biased variance), the mean and the variance."""
-    mean = x.mean(axes, keepdim=True)
-    centered = x - mean
-    var = F.square(centered).mean(axes, keepdim=True)
-    return centered / F.sqrt(var + eps), mean, var
 
 
 class _BatchNorm(Module):

@@ -114,15 +114,18 @@ class Graph:
     def n_nodes(self) -> int:
         return G.ggml_graph_n_nodes(self.graph)
 
+    def compute_nodes(self) -> list[tuple[int, object]]:
+        """(index, node) of each node that runs a kernel: views, reshapes and leaves, which
+        only describe memory, are left out."""
+        nodes = ((i, G.ggml_graph_node(self.graph, i)) for i in range(G.ggml_graph_n_nodes(self.graph)))
+        return [(i, node) for i, node in nodes if node.contents.op not in _NO_KERNEL]
+
     def op_counts(self) -> dict[str, int]:
-        """How many nodes of each ggml op the graph computes: views, reshapes and leaves,
-        which launch nothing, are left out (the node budgets of issue 25)."""
+        """How many nodes of each ggml op the graph computes (the node budgets of issue 25)."""
         counts: dict[str, int] = {}
-        for i in range(G.ggml_graph_n_nodes(self.graph)):
-            node = G.ggml_graph_node(self.graph, i)
-            if node.contents.op not in _NO_KERNEL:
-                name = G.ggml_op_desc(node).decode()
-                counts[name] = counts.get(name, 0) + 1
+        for _, node in self.compute_nodes():
+            name = G.ggml_op_desc(node).decode()
+            counts[name] = counts.get(name, 0) + 1
         return counts
 
     def room(self) -> int:

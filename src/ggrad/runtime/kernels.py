@@ -56,8 +56,14 @@ def op(ctx, kernel: int, shape: tuple[int, int], srcs: list, params: list[int | 
     node = _constructor()(ctx, kernel, G.GGML_TYPE_F32 if dtype is None else dtype, shape[0], shape[1], *srcs)
     op_params = node.contents.op_params
     for i, value in enumerate(params, start=1):
-        op_params[i] = value if isinstance(value, int) else struct.unpack("<i", struct.pack("<f", value))[0]
+        op_params[i] = param(value)
     return node
+
+
+def param(value: int | float) -> int:
+    """An op_params slot's int32: an int as it is, a float as its float32 bits (ggml's
+    ggml_get_op_params_f32 reads them back)."""
+    return value if isinstance(value, int) else struct.unpack("<i", struct.pack("<f", value))[0]
 
 
 def supported(dev_backend, kernel: int) -> bool:
