@@ -6,7 +6,7 @@ import atexit
 import sys
 import traceback
 
-from .rendezvous import Fingerprint, Lifeline, agree
+from .rendezvous import Fingerprint, Lifeline, abort_job, agree
 
 _state: dict = {}
 
@@ -52,9 +52,7 @@ def init_process_group(backend: str = "auto") -> None:
 
     def abort_all(kind, value, tb):  # an exception no one caught ends every rank, not just this one
         traceback.print_exception(kind, value, tb)
-        sys.stderr.flush()
-        comm.Abort(1)
-        previous(kind, value, tb)
+        abort_job(comm)
     _state["excepthook"] = previous
     sys.excepthook = abort_all
     atexit.register(_leave)
