@@ -191,3 +191,30 @@ def test_take_along_last_checks_its_indices(dev):
     on_device = ggrad.tensor(index) * 2  # computed: checked where it is, raised at the next read
     with pytest.raises(IndexError):
         F.take_along_last(ggrad.tensor(x), on_device).numpy()
+
+
+# ---- host memory a tensor was made from ----------------------------------------------------
+def test_tensors_copy_the_host_memory_they_are_made_from(dev):
+    """A tensor made from an array held that array until its first upload: a later write
+    into it (a torch parameter's .numpy() after torch's optimizer step, a reused batch
+    buffer) changed the tensor, as torch.from_numpy would, where torch.tensor copies.
+    A word-level LM loaded from torch's state_dict started from torch's updated weights."""
+    a = np.ones(3, np.float32)
+    made = ggrad.tensor(a)
+    theirs = torch.nn.Linear(2, 1)
+    ours = nn.Linear(2, 1)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    before = theirs.weight.detach().numpy().copy()
+    rows = np.ones((4, 4), np.float32)
+    column = ggrad.tensor(rows[:, 1])
+    grad_source = np.ones((1, 2), np.float32)
+    ours.weight.grad = grad_source
+    a[0] = 5.0
+    with torch.no_grad():
+        theirs.weight.add_(1.0)
+    rows[:] = 3.0
+    grad_source[:] = 9.0
+    assert made.tolist() == [1.0, 1.0, 1.0]
+    np.testing.assert_array_equal(ours.weight.numpy(), before)
+    assert column.tolist() == [1.0] * 4
+    assert ours.weight.grad.tolist() == [[1.0, 1.0]]

@@ -18,9 +18,12 @@ from . import autograd, dtypes, lazy, runtime
 from .runtime.graph import as_host_array
 
 
-def _host_array(data, dtype=None) -> tuple[np.ndarray, dtypes.dtype]:
+def _host_array(data, dtype=None, keep: bool = True) -> tuple[np.ndarray, dtypes.dtype]:
     """Host data in its dtype's storage form, and that dtype (see dtypes.py for the
-    rules: float64 -> float32, Python ints -> int64, ...)."""
+    rules: float64 -> float32, Python ints -> int64, ...). `keep`: the array is kept until
+    it is uploaded, so it is a copy of the caller's memory, as torch.tensor's: a later
+    write into the caller's array (a torch parameter's .numpy(), a reused batch buffer)
+    must not change the tensor."""
     try:
         array = np.asarray(data)
     except ValueError as err:
@@ -28,7 +31,10 @@ def _host_array(data, dtype=None) -> tuple[np.ndarray, dtypes.dtype]:
     if array.dtype == object:
         raise TypeError(f"tensor data must be numeric, got {type(data).__name__} of objects")
     dt = dtypes.of_numpy(array.dtype) if dtype is None else dtypes.as_dtype(dtype)
-    return as_host_array(dtypes.to_storage(array, dt), "tensor data"), dt
+    stored = as_host_array(dtypes.to_storage(array, dt), "tensor data")
+    if keep and (stored is data or not stored.flags.owndata):
+        stored = stored.copy()
+    return stored, dt
 
 
 # Called before a value is read on the host: errors found on the device are raised there
@@ -240,7 +246,7 @@ class Tensor:
             node.scope = "persistent"  # claimed: a second claim of this node copies
             self._grad = Tensor._wrap(node)
         else:
-            self._grad._assign(self._grad + g)
+            self._grad._assign(self._grad + g, temporary=True)
 
     def backward(self, grad=None) -> None:
         autograd.backward(self, grad)
@@ -249,8 +255,10 @@ class Tensor:
         return Tensor._wrap(self._node)
 
     # ---- in place --------------------------------------------------------------------
-    def _assign(self, value: Tensor) -> Tensor:
-        """Make `value` this tensor's new value; a kept buffer is written in place."""
+    def _assign(self, value: Tensor, temporary: bool = False) -> Tensor:
+        """Make `value` this tensor's new value; a kept buffer is written in place.
+        `temporary`: `value` is a Tensor only the caller holds, about to be dropped, so its
+        node needs no copy of its own."""
         if autograd.is_recording() and self.requires_grad:
             raise RuntimeError("in-place update of a tensor that requires grad inside a grad_tape; "
                                "do it under `with ggrad.no_grad():`")
@@ -259,7 +267,7 @@ class Tensor:
         if value.dtype != self.dtype:
             raise TypeError(f"dtype mismatch: cannot assign {value.dtype} into {self.dtype}")
         old, new = self._node, value.node
-        if new.owners > 0 or not new.pending:  # never let two tensors share a written node
+        if new.owners > int(temporary) or not new.pending:  # never let two tensors share a written node
             new = lazy.apply("cont", (new,), new.shape, new.dtype)
         new.scope = old.scope
         if not old.pending and old.scope == "persistent":
