@@ -5,8 +5,9 @@ a transposed copy costs (the measurements behind issue 25's CPU choices; docs/pe
 
 For W of ggml shape (I, O) and g of (O, N): a transposed copy of W then mul_mat, against
 OUT_PROD(W, g^T) reading g^T as a view; and ggml's CONT of a transposed view against
-ggrad's tiled transpose kernel (GGML_OP_GGRAD 5, where the loaded ggml has it). Medians
-of 30 runs on two threads.
+ggrad's tiled transpose kernel (GGML_OP_GGRAD 5, where the loaded ggml has it); ggml's
+mul_mat against ggrad's GEMM kernel (GGML_OP_GGRAD 6, OpenBLAS). Medians of 30 runs on two
+threads.
 """
 
 from __future__ import annotations
@@ -42,6 +43,24 @@ def median_ms(build, shapes) -> float:
     return sorted(times)[len(times) // 2] * 1e3
 
 
+def gemm_table() -> None:
+    """mlp-mnist's products (784-512-512-10, batch 128) as ggml's mul_mat (over transposed
+    copies where an operand is transposed) and as ggrad's GEMM kernel (OpenBLAS, reading
+    transposed operands in place)."""
+    if not kernels.blas_sgemm():
+        print("\n(no GEMM kernel: a ggml without kernel set 7, or no scipy-openblas32)")
+        return
+    print("\n| product | ggml mul_mat ms | GEMM kernel ms | ratio |\n| --- | --- | --- | --- |")
+    for name, (m, k, n) in {"forward 128x784 @ 784x512": (128, 784, 512),
+                            "weight gradient 512x128 @ 128x784": (512, 128, 784),
+                            "input gradient 128x10 @ 10x512": (128, 10, 512),
+                            "forward 128x512 @ 512x512": (128, 512, 512)}.items():
+        # C (m, n) = A (m, k) @ B (k, n); ggml's mul_mat takes A and B^T with K innermost
+        ggml_ms = median_ms(lambda c, bt, a: G.ggml_mul_mat(c, bt, a), [(k, n), (k, m)])
+        gemm_ms = median_ms(lambda c, a, b: kernels.op(c, kernels.GEMM, (n, m), [a, b], [0, 0]), [(k, m), (n, k)])
+        print(f"| {name} | {ggml_ms:.3f} | {gemm_ms:.3f} | {gemm_ms / ggml_ms:.2f} |")
+
+
 def main() -> None:
     print("| N | I | O | W^T copy + mul_mat ms | OUT_PROD(W, g^T) ms | ratio |\n| --- | --- | --- | --- | --- | --- |")
     for n in (64, 256):
@@ -57,6 +76,7 @@ def main() -> None:
         cont = median_ms(lambda c, w: G.ggml_cont(c, G.ggml_transpose(c, w)), [(a, b)])
         mine = median_ms(lambda c, w: kernels.op(c, kernels.TRANSPOSE, (b, a), [w], []), [(a, b)]) if tiled else None
         print(f"| {a}x{b} | {cont:.3f} | {'-' if mine is None else f'{mine:.3f}'} |")
+    gemm_table()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 6
+KERNELS_VERSION = 7
 
 
 VULKAN_DISPATCH = """
@@ -270,8 +270,12 @@ def patch(tree: Path) -> None:
     _patch_file(src / "ggml-cpu" / "ggml-cpu.cpp", [
         ("    switch (op->op) {\n        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n",
          f"    switch (op->op) {{\n        case GGML_OP_GGRAD: /* {MARK}: the kernels ggrad_cpu.inc has */\n"
-         "            return ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5;\n"
+         "            return (ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) == 6 && ggml_ggrad_cpu_gemm_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
+        ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
+         f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n\n"
+         "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_REPEAT:\n        case GGML_OP_REPEAT_BACK:\n        case GGML_OP_LEAKY_RELU:\n"

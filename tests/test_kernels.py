@@ -286,6 +286,96 @@ def test_product_gradients_equal_float64(dev, n, k, m):
     np.testing.assert_allclose(w.grad.numpy(), g64.T @ a.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 
+# torch-style products and the layouts they reach the kernels in: transposed views,
+# batches broadcast on either side, sizes of 1, and sizes that cut the output between
+# threads (the CPU's GEMM kernel) or cross tile edges
+PRODUCTS = {
+    "a @ b": ((5, 7), (7, 3), lambda m, a, b: a @ b),
+    "a @ b.T": ((5, 7), (3, 7), lambda m, a, b: a @ b.T),
+    "a.T @ b": ((7, 5), (7, 3), lambda m, a, b: a.T @ b),
+    "a.T @ b.T": ((7, 5), (3, 7), lambda m, a, b: a.T @ b.T),
+    "batched @ matrix": ((4, 5, 7), (7, 3), lambda m, a, b: a @ b),
+    "batched @ batched.mT": ((4, 5, 7), (4, 3, 7), lambda m, a, b: a @ b.transpose(-1, -2)),
+    "broadcast both": ((2, 1, 5, 7), (3, 7, 6), lambda m, a, b: a @ b),
+    "row @ column": ((1, 7), (7, 1), lambda m, a, b: a @ b),
+    "k = 1": ((5, 1), (1, 3), lambda m, a, b: a @ b),
+    "tall, cut by rows": ((300, 70), (70, 17), lambda m, a, b: a @ b),
+    "wide, cut by columns": ((13, 70), (70, 300), lambda m, a, b: a @ b),
+    "a linear layer's": ((130, 70), (90, 70), lambda m, a, b: a @ b.T),
+}
+
+
+def _product_and_grads(fn, a: np.ndarray, b: np.ndarray, g: np.ndarray):
+    x, y = ggrad.tensor(a, requires_grad=True), ggrad.tensor(b, requires_grad=True)
+    with ggrad.grad_tape():
+        out = fn(F, x, y)
+        out.backward(ggrad.tensor(g))
+    return out.numpy(), x.grad.numpy(), y.grad.numpy()
+
+
+@pytest.mark.parametrize("path", ["kernel", "composed"])
+@pytest.mark.parametrize("case", list(PRODUCTS))
+def test_products_and_their_gradients_equal_float64(dev, case, path, monkeypatch):
+    """Every layout a product reaches ggml in, forward and both gradients, against float64
+    (torch's autograd in float64), through the CPU's GEMM kernel where it is loaded and
+    through the composed ggml products (OUT_PROD, mul_mat over transposed copies)."""
+    from ggrad import ops
+    if path == "composed":
+        monkeypatch.setattr(ops, "_gemm", lambda *args: None)
+    shape_a, shape_b, fn = PRODUCTS[case]
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
+    ta, tb = torch.tensor(a, dtype=torch.float64, requires_grad=True), torch.tensor(b, dtype=torch.float64, requires_grad=True)
+    out_t = fn(torch.nn.functional, ta, tb)
+    g = rng.standard_normal(tuple(out_t.shape)).astype(np.float32)
+    out_t.backward(torch.tensor(g, dtype=torch.float64))
+    # sums of up to 300 float32 terms of size ~1: a misplaced or missing term is off by ~1
+    for ours, theirs in zip(_product_and_grads(fn, a, b, g), (out_t.detach(), ta.grad, tb.grad)):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-5, atol=1e-4)
+
+
+def _gemm_loaded() -> bool:
+    return kernels.supported(ggrad.runtime.current().backend, kernels.GEMM)
+
+
+def test_cpu_products_are_gemm_nodes_without_transposed_copies(dev):
+    """On the CPU with OpenBLAS loaded, a linear layer's forward and both gradients are
+    three GEMM nodes, reading the transposed operands in place: no MUL_MAT, no copy."""
+    if not _gemm_loaded():
+        pytest.skip(f"no GEMM kernel on {dev} (the CPU's, with scipy-openblas32)")
+    x = ggrad.tensor(np.ones((16, 24), np.float32), requires_grad=True)
+    w = ggrad.tensor(np.ones((8, 24), np.float32), requires_grad=True)
+
+    @ggrad.compile
+    def step(x, w):
+        with ggrad.grad_tape():
+            y = (x @ w.T).sum()
+            y.backward()
+        return y
+
+    step(x, w)
+    step(x, w)
+    counts = step.op_counts()
+    assert counts.get("GGRAD") == 3, counts
+    assert not {"MUL_MAT", "OUT_PROD", "CONT", "TRANSPOSE"} & set(counts), counts
+
+
+def test_products_propagate_nan_and_inf_as_torch(dev):
+    """NaN and infinities in either operand: the same outputs are NaN and infinite as
+    torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((40, 33)).astype(np.float32), rng.standard_normal((33, 50)).astype(np.float32)
+    a[3, 5], a[7, :] = np.nan, 0.0
+    a[7, 2], b[2, 9], b[4, 11], a[11, 4] = np.inf, -np.inf, np.inf, -np.inf
+    ours = (ggrad.tensor(a) @ ggrad.tensor(b)).numpy()
+    theirs = (torch.tensor(a) @ torch.tensor(b)).numpy()
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+    np.testing.assert_array_equal(np.isinf(ours) * np.sign(ours), np.isinf(theirs) * np.sign(theirs))
+    assert np.isnan(theirs).any() and np.isinf(theirs).any()
+    finite = np.isfinite(theirs)
+    np.testing.assert_allclose(ours[finite], theirs[finite], rtol=1e-5, atol=1e-4)
+
+
 def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
     opt = Adam(model.parameters(), lr=1e-3)
 
@@ -310,7 +400,7 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # bound: CUDA has no LayerNorm gradient kernel, so that gradient is composed there).
 # Issue 25's target for the MLP is 30 (Adam over a whole group in one node is still to
 # come). Lower them as kernels land, never raise them silently.
-BUDGETS = {"mlp": {"cpu": 43, "vulkan": 49, "cuda": 41}, "block": {"cpu": 99, "vulkan": 111, "cuda": 136}}
+BUDGETS = {"mlp": {"cpu": 41, "vulkan": 49, "cuda": 41}, "block": {"cpu": 94, "vulkan": 111, "cuda": 136}}
 
 
 def _budget(model: str) -> int:

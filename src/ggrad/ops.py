@@ -190,6 +190,9 @@ def _product(ctx, src0, src1, arg):
     float32 products GGML_PREC_F32, which a ggml-cuda built by `make cuda` runs without
     TF32 (runtime/precision.py)."""
     low = arg[1]
+    gemm = _gemm(ctx, src1, src0, False, True, arg)
+    if gemm is not None:
+        return gemm
     if low is not None:
         src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
         # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
@@ -200,6 +203,22 @@ def _product(ctx, src0, src1, arg):
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
+
+
+def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg):
+    """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
+    as ggrad's GEMM kernel: the CPU's float32 products where OpenBLAS is loaded (a transposed
+    view is read in place, no copy). None where the kernel does not serve: other backends,
+    autocast, layouts or batch shapes it cannot read."""
+    from . import runtime
+    if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
+            or not kernels.supported(runtime.current().backend, kernels.GEMM):
+        return None
+    ne_a, ne_b = a.contents.ne, b.contents.ne
+    m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
+    b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
+    product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b], [int(trans_a), int(trans_b)]))
+    return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 
 def _backend_kind() -> str:
@@ -654,6 +673,9 @@ def _matmul_nn(ctx, s, node):
     it transposed) where mul_mat needed y^T copied first; elsewhere, and under autocast,
     mul_mat(y^T, x)."""
     x, y = s
+    gemm = _gemm(ctx, x, y, False, False, node.arg)
+    if gemm is not None:
+        return reshape(ctx, gemm, node.shape)
     # ggml-cuda's OUT_PROD asserts unit strides: both operands contiguous
     if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS and G.ggml_is_contiguous(x) \
             and G.ggml_is_contiguous(y):
@@ -672,6 +694,9 @@ def _matmul_tn(ctx, s, node):
     """x^T @ y over the last two axes (the weight gradient of a product): ggml's OUT_PROD
     where it is used, else both operands transposed into mul_mat."""
     x, y = s
+    gemm = _gemm(ctx, x, y, True, False, node.arg)
+    if gemm is not None:
+        return reshape(ctx, gemm, node.shape)
     kind = _backend_kind()
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
     low = node.arg[1]

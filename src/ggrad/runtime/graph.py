@@ -151,10 +151,12 @@ class Graph:
 
     def computed(self, tensor):
         """`tensor` as a node of its own: a slot or a view of one is copied out (a later
-        write into that buffer in this graph must not change it)."""
-        if tensor.contents.op == G.GGML_OP_NONE or tensor.contents.view_src:
-            return G.ggml_cont(self.ctx, tensor)
-        return tensor
+        write into that buffer in this graph must not change it). A view of a computed
+        node (a reshape of a gradient) is copied by the write itself."""
+        root = tensor
+        while root.contents.view_src:
+            root = root.contents.view_src
+        return G.ggml_cont(self.ctx, tensor) if root.contents.op == G.GGML_OP_NONE else tensor
 
     def expand(self, node) -> None:
         """Add `node` (and what it needs) to the graph: for ops that write in place."""

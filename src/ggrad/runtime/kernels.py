@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 
 from ggml import ggml as G
@@ -25,8 +26,9 @@ CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weight
 ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
 LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R) -> (D, R); eps
 TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contiguous (cpu only)
+GEMM = 6                      # A, B; transpose flags -> op(A) @ op(B) (cpu with OpenBLAS only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
-         TRANSPOSE: 5}  # the kernel set's version that added each
+         TRANSPOSE: 5, GEMM: 7}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -66,12 +68,38 @@ def param(value: int | float) -> int:
     return value if isinstance(value, int) else struct.unpack("<i", struct.pack("<f", value))[0]
 
 
+@functools.cache
+def blas_sgemm() -> bool:
+    """Hand the CPU's GEMM kernel OpenBLAS's sgemm (the scipy-openblas32 package, a
+    dependency on Linux): True where it took. OpenBLAS runs each call on the calling thread;
+    ggml's threads share a product's output. ggml's own float32 products dot each output
+    along K and ran at half of OpenBLAS's speed on the short K of every weight gradient
+    (bench/cpu_products.py)."""
+    install = getattr(backend.ggml_library("libggml-cpu.so"), "ggml_ggrad_cpu_set_sgemm", None)
+    try:
+        import scipy_openblas32
+    except ImportError:
+        return False
+    if install is None:
+        return False
+    blas = ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True)))
+    blas.scipy_openblas_set_num_threads(1)
+    install.argtypes = [ctypes.c_void_p]
+    install(ctypes.cast(blas.scipy_cblas_sgemm, ctypes.c_void_p))
+    _keep.append(blas)
+    return True
+
+
+_keep: list = []  # the loaded BLAS, alive as long as ggml may call it
+
+
 def supported(dev_backend, kernel: int) -> bool:
     """Whether `dev_backend` (a started runtime Backend) runs ggrad's `kernel`: asked of
     ggml's supports_op once per device and kernel, over a small float32 example."""
     key = (dev_backend.name, kernel)  # the device's name: a released backend's id is reused
     if key not in _supported:
-        _supported[key] = version() >= SINCE[kernel] and _constructor() is not None and _ask(dev_backend, kernel)
+        usable = version() >= SINCE[kernel] and _constructor() is not None and (kernel != GEMM or blas_sgemm())
+        _supported[key] = usable and _ask(dev_backend, kernel)
     return _supported[key]
 
 
@@ -93,6 +121,8 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 2), [logits, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)], [1e-5])
         elif kernel == TRANSPOSE:
             node = op(ctx, kernel, (2, 4), [logits], [])
+        elif kernel == GEMM:
+            node = op(ctx, kernel, (2, 2), [logits, logits], [0, 1])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:

@@ -1,0 +1,106 @@
+"""A word-level LSTM language model's training step (PyTorch's examples/word_language_model
+at issue 25's size: 2 layers, 64 wide, bptt 20, batch 10, a 10,000-word vocabulary),
+ggrad compiled against PyTorch eager in the same process, interleaved blocks.
+
+    .venv/bin/python bench/word_lm.py [--arch lstm|gru|transformer] [--blocks 9]
+
+Both sides: embedding, the recurrent layers (or a 2-layer TransformerEncoder), a linear
+decoder, cross_entropy, clip_grad_norm_ and SGD as the example has them, on the same
+initial weights and batches. Prints medians and the first losses of both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+
+def build(lib, nn, arch: str, vocab: int, dim: int, layers: int):
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Embedding(vocab, dim)
+            if arch == "transformer":
+                layer = nn.TransformerEncoderLayer(dim, 2, dim_feedforward=dim * 2, dropout=0.0)
+                self.rnn = nn.TransformerEncoder(layer, layers)
+            else:
+                self.rnn = (nn.LSTM if arch == "lstm" else nn.GRU)(dim, dim, layers)
+            self.decoder = nn.Linear(dim, vocab)
+
+        def forward(self, ids):
+            x = self.encoder(ids)
+            out = self.rnn(x) if arch == "transformer" else self.rnn(x)[0]
+            return self.decoder(out)
+    return Model()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", choices=["lstm", "gru", "transformer"], default="lstm")
+    ap.add_argument("--vocab", type=int, default=10000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--bptt", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--blocks", type=int, default=9)
+    args = ap.parse_args()
+
+    import torch
+    import ggrad
+    import ggrad.functional as F
+    from ggrad import nn
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    theirs = build(torch, torch.nn, args.arch, args.vocab, args.dim, args.layers)
+    ours = build(ggrad, nn, args.arch, args.vocab, args.dim, args.layers)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, args.vocab, (args.bptt, args.batch)), rng.integers(0, args.vocab, args.bptt * args.batch))
+               for _ in range(args.steps)]
+    opt_t = torch.optim.SGD(theirs.parameters(), lr=20.0)
+    opt_g = ggrad.optim.SGD(ours.parameters(), lr=20.0)
+
+    def torch_step(i):
+        x, y = batches[i % len(batches)]
+        opt_t.zero_grad()
+        loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)).reshape(-1, args.vocab), torch.from_numpy(y))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.25)
+        opt_t.step()
+        return loss
+
+    @ggrad.compile
+    def ggrad_step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(ours(x).reshape(-1, args.vocab), y)
+            loss.backward()
+        ggrad.optim.clip_grad_norm_(ours.parameters(), 0.25)  # torch.nn.utils.clip_grad_norm_
+        opt_g.step()
+        opt_g.zero_grad()
+        return loss
+
+    inputs = [(ggrad.tensor(x.astype(np.int32)), ggrad.tensor(y.astype(np.int32))) for x, y in batches]
+    first_t = [float(torch_step(i)) for i in range(3)]
+    first_g = [ggrad_step(*inputs[i]).item() for i in range(3)]
+    times = {"ggrad": [], "torch": []}
+    for _ in range(args.blocks):
+        for name in ("ggrad", "torch"):
+            start = time.perf_counter()
+            for i in range(args.steps):
+                loss = ggrad_step(*inputs[i]) if name == "ggrad" else torch_step(i)
+            float(loss.item())
+            times[name].append((time.perf_counter() - start) / args.steps * 1e3)
+    g, t = statistics.median(times["ggrad"]), statistics.median(times["torch"])
+    nodes = sum(ggrad_step.op_counts().values())
+    print(f"{args.arch} LM, vocab {args.vocab}, dim {args.dim}, {args.layers} layers, bptt {args.bptt}, batch "
+          f"{args.batch}: ggrad compiled {g:.2f} ms ({nodes} nodes), PyTorch eager {t:.2f} ms, ratio {g / t:.2f}")
+    print(f"losses of steps 1-3: ggrad {first_g}, PyTorch {first_t}")
+
+
+if __name__ == "__main__":
+    main()
