@@ -206,6 +206,41 @@ def test_cross_entropy_kernel_is_one_node_each_way(dev):
     assert sum(counts.values()) <= 15, counts  # with the loss seed and x.grad accumulated
 
 
+def test_cross_entropy_kernel_over_long_rows_is_torchs(dev):
+    """Rows longer than the kernels' vector lanes and their 1024-value chunks (a language
+    model's vocabulary), with NaN and infinities at places no lane boundary protects."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((6, 2500)) * 4).astype(np.float32)
+    logits[1, 1030] = np.nan
+    logits[2, 17] = np.inf
+    logits[3, :] = -np.inf
+    logits[4, 2499] = 80.0  # the row's largest value in its last, partial lane group
+    targets = np.array([5, 7, 2499, 0, 2499, -100])
+    for kwargs in ({}, {"reduction": "none", "label_smoothing": 0.2}):
+        fused = _cross_entropy(logits, targets, kwargs, ggrad)
+        theirs = _cross_entropy(logits, targets, kwargs, torch)
+        for ours, torchs in zip(fused, theirs):
+            np.testing.assert_allclose(ours, torchs, rtol=2e-6, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+def test_binary_ops_with_one_value_per_row_are_exact(dev, op):
+    """A tensor and one value per row (a scalar computed on the device, a column): every
+    element is the one float32 operation numpy does, NaN and infinities included (the
+    CPU runs these rows in one loop, not one call per element)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 257)).astype(np.float32)
+    x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+    column = rng.standard_normal((300, 1)).astype(np.float32)
+    column[5, 0] = 0.0
+    fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
+    scalar = ggrad.tensor(np.float32(1.7)) * 1.0  # computed: one value on the device
+    with np.errstate(all="ignore"):
+        for other, expected in ((scalar, fn(x, np.float32(1.7))), (ggrad.tensor(column), fn(x, column))):
+            got = getattr(ggrad.tensor(x), f"__{op}__" if op != "div" else "__truediv__")(other).numpy()
+            np.testing.assert_array_equal(got, expected)
+
+
 needs_layer_norm_kernel = pytest.mark.skipif(kernels.version() < 4, reason="ggml built without ggrad's LayerNorm kernel")
 
 LAYER_NORM_CASES = {
@@ -302,6 +337,10 @@ PRODUCTS = {
     "tall, cut by rows": ((300, 70), (70, 17), lambda m, a, b: a @ b),
     "wide, cut by columns": ((13, 70), (70, 300), lambda m, a, b: a @ b),
     "a linear layer's": ((130, 70), (90, 70), lambda m, a, b: a @ b.T),
+    "a sequence's rows, one product": ((6, 5, 7), (3, 7), lambda m, a, b: a @ b.T),
+    "one row a batch": ((6, 1, 7), (3, 7), lambda m, a, b: a @ b.T),
+    "one row a batch, spaced": ((6, 3, 7), (3, 7), lambda m, a, b: a[:, 1:2] @ b.T),
+    "rows not evenly spaced": ((4, 6, 7), (3, 7), lambda m, a, b: a[:, 1:] @ b.T),
 }
 
 
