@@ -16,6 +16,10 @@
   column summed in ggml's order (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
+- On the CPU: SUM_ROWS's threads share its rows (each row summed in ggml's order);
+  IM2COL_BACK scatters each image's column rows once (ggml gathered strided taps);
+  ADD/SUB/MUL/DIV with one value per row run one loop per row (ggml called its row loop
+  once per element); the cross_entropy kernels use ggml's vectorised exp.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -34,7 +38,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 8
+KERNELS_VERSION = 9
 
 
 VULKAN_DISPATCH = """
@@ -355,6 +359,50 @@ def patch(tree: Path) -> None:
          "                                        (float *) ((char *)  dst->data + (         k3)*nb3  + (         k2)*nb2  + (         k1)*nb1) + c0,\n"
          "                                        (float *) ((char *) src0->data + (i3*ne3 + k3)*nb03 + (i2*ne2 + k2)*nb02 + (i1*ne1 + k1)*nb01 + (i0*ne0)*nb00) + c0);"),
     ], mark=MARK + ": this thread's columns")
+    # the CPU's SUM_ROWS: the threads share its rows (it ran on one thread: 11 ms for a conv
+    # bias's 4.7M-value gradient), each row summed by ggml's own loop (the same bits)
+    rows_mark = MARK + ": SUM_ROWS threads"
+    _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
+        ("        case GGML_OP_SUM:\n        case GGML_OP_SUM_ROWS:\n        case GGML_OP_MEAN:\n        case GGML_OP_ARGMAX:\n"
+         "            {\n                n_tasks = 1;\n            } break;\n",
+         "        case GGML_OP_SUM:\n        case GGML_OP_MEAN:\n        case GGML_OP_ARGMAX:\n"
+         "            {\n                n_tasks = 1;\n            } break;\n"
+         f"        case GGML_OP_SUM_ROWS: /* {rows_mark} */\n"
+         "            {\n                n_tasks = n_threads;\n            } break;\n"),
+    ], mark=rows_mark)
+    _patch_file(src / "ggml-cpu" / "ops.cpp", [
+        ("static void ggml_compute_forward_sum_rows_f32(\n        const ggml_compute_params * params,\n        ggml_tensor * dst) {\n\n"
+         "    const ggml_tensor * src0 = dst->src[0];\n\n    if (params->ith != 0) {\n        return;\n    }\n",
+         "static void ggml_compute_forward_sum_rows_f32(\n        const ggml_compute_params * params,\n        ggml_tensor * dst) {\n\n"
+         f"    const ggml_tensor * src0 = dst->src[0]; /* {rows_mark} */\n"),
+        ("    for (int64_t i3 = 0; i3 < ne03; i3++) {\n        for (int64_t i2 = 0; i2 < ne02; i2++) {\n"
+         "            for (int64_t i1 = 0; i1 < ne01; i1++) {\n"
+         "                float * src_row = (float *) ((char *) src0->data + i1*nb01 + i2*nb02 + i3*nb03);\n"
+         "                float * dst_row = (float *) ((char *) dst->data  + i1*nb1  + i2*nb2  + i3*nb3);\n"
+         "                float row_sum = 0;\n                ggml_vec_sum_f32(ne00, &row_sum, src_row);\n"
+         "                dst_row[0] = row_sum;\n            }\n        }\n    }\n",
+         "    const int64_t nr = ne01*ne02*ne03;\n    const int64_t dr = (nr + params->nth - 1)/params->nth;\n"
+         "    for (int64_t ir = dr*params->ith; ir < MIN(nr, dr*(params->ith + 1)); ir++) {\n"
+         "        const int64_t i3 = ir/(ne01*ne02), i2 = (ir/ne01) % ne02, i1 = ir % ne01;\n"
+         "        float * src_row = (float *) ((char *) src0->data + i1*nb01 + i2*nb02 + i3*nb03);\n"
+         "        float * dst_row = (float *) ((char *) dst->data  + i1*nb1  + i2*nb2  + i3*nb3);\n"
+         "        float row_sum = 0;\n        ggml_vec_sum_f32(ne00, &row_sum, src_row);\n"
+         "        dst_row[0] = row_sum;\n    }\n"),
+    ], mark=rows_mark)
+    # the CPU's IM2COL_BACK as a scatter over each image's column rows (ggrad_cpu.inc)
+    anchor = ("    GGML_ASSERT(nb0  == sizeof(float));\n\n    // im2col: [N, IC, IH, IW] => [N, OH, OW, IC*KH*KW]\n"
+              "    {\n        float * const wdata = (float *) dst->data;\n\n        for (int64_t in = 0; in < N; in++) {\n"
+              "            for (int64_t iic = ith; iic < IC; iic += nth) {\n                for (int64_t iih = 0; iih < IH; iih++) {\n")
+    _patch_file(src / "ggml-cpu" / "ops.cpp", [
+        (anchor, f"    GGML_ASSERT(nb0  == sizeof(float));\n    if (ggrad_im2col_back_scatter(params, dst, is_2D, N, IC, IH, IW, KH, KW, "
+                 f"OH, OW, s0, s1, p0, p1, d0, d1, ofs0, ofs1)) {{ /* {MARK}: IM2COL_BACK as a scatter */\n        return;\n    }}\n"
+                 + anchor[len("    GGML_ASSERT(nb0  == sizeof(float));\n"):]),
+        ("void ggml_compute_forward_im2col_back_f32(\n",
+         "static bool ggrad_im2col_back_scatter(const ggml_compute_params * params, ggml_tensor * dst, bool is_2D, "
+         "int64_t N, int64_t IC, int64_t IH, int64_t IW, int64_t KH, int64_t KW, int64_t OH, int64_t OW, "
+         "int s0, int s1, int p0, int p1, int d0, int d1, int64_t ofs0, int64_t ofs1);\n\n"
+         "void ggml_compute_forward_im2col_back_f32(\n"),
+    ], mark=MARK + ": IM2COL_BACK")
     # ops.cpp's last line: ggrad's CPU kernels (after the other edits of ops.cpp: one mark per file)
     ops = src / "ggml-cpu" / "ops.cpp"
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():

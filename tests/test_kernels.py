@@ -96,6 +96,9 @@ def test_activation_kernels_are_one_node_each(dev):
     ((5, 7), (1, 7)),               # one thread per column
     ((6, 4, 50, 3), (1, 4, 1, 3)),  # repeats along several axes
     ((70, 33, 2), (70, 1, 2)),      # the middle axis summed
+    ((9, 5, 6, 7), (1, 5, 1, 1)),   # a conv bias's gradient: rows summed, then the batch
+    ((9, 5, 6, 7), (1, 1, 1, 1)),   # everything
+    ((3, 300, 40), (3, 1, 1)),      # rows of 12,000 summed, then nothing more
 ])
 def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
     """A broadcast operand's gradient (REPEAT_BACK; on CUDA ggrad's parallel kernel) is

@@ -276,11 +276,17 @@ def _sum_to(ctx, s, node):
     kept = ggml_ne(keep)
     full = tuple(x.contents.ne)
     inner = next(d for d in range(MAX_DIMS) if kept[d] != 1 or full[d] == 1)
-    if inner and all(kept[d] == full[d] for d in range(inner, MAX_DIMS)):
-        # only the innermost axes are summed: rows, which SUM_ROWS reduces in parallel on
-        # every backend (REPEAT_BACK gives each output one thread; on the CPU one in all)
+    if inner:
+        # the innermost axes are summed first: rows, which SUM_ROWS reduces in parallel on
+        # every backend (REPEAT_BACK gives each output one thread and reads a conv bias's
+        # gradient across strides: 25 ms of the cnn's CPU step); outer axes still summed
+        # (the batch) are left to the small result
         rows = G.ggml_reshape_2d(ctx, contiguous(ctx, x), math.prod(full[:inner]), math.prod(full[inner:]))
-        return reshape(ctx, G.ggml_sum_rows(ctx, rows), node.shape)
+        x = G.ggml_sum_rows(ctx, rows)
+        if all(kept[d] == full[d] for d in range(inner, MAX_DIMS)):
+            return reshape(ctx, x, node.shape)
+        full = (1,) * inner + full[inner:]
+        x = G.ggml_reshape_4d(ctx, x, *full)
     if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS:
         return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
     # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535):
