@@ -20,7 +20,7 @@ case "$mode" in
   cuda)
     t0=$(date +%s)
     # no registry here: pip builds with the host's scikit-build-core and cmake
-    wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py | md5sum | cut -c1-8)   # a warm host may hold one built from older patches
+    wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)   # a warm host may hold one built from older patches
     ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
     echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
