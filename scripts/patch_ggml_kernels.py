@@ -16,7 +16,8 @@
   column summed in ggml's order (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
-- On the CPU: SUM_ROWS's threads share its rows (each row summed in ggml's order);
+- On the CPU: SUM_ROWS's threads share its rows (each row summed in ggml's order), and
+  POOL_2D's and POOL_2D_BACK's their planes;
   IM2COL_BACK scatters each image's column rows once (ggml gathered strided taps);
   ADD/SUB/MUL/DIV with one value per row run one loop per row (ggml called its row loop
   once per element); the cross_entropy kernels use ggml's vectorised exp.
@@ -38,7 +39,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 9
+KERNELS_VERSION = 10
 
 
 VULKAN_DISPATCH = """
@@ -389,6 +390,41 @@ def patch(tree: Path) -> None:
          "        float row_sum = 0;\n        ggml_vec_sum_f32(ne00, &row_sum, src_row);\n"
          "        dst_row[0] = row_sum;\n    }\n"),
     ], mark=rows_mark)
+    # the CPU's POOL_2D and POOL_2D_BACK: the threads share the planes (they ran on one
+    # thread: 23 ms of the cnn step), each plane computed as ggml computes it (the same bits)
+    pool_mark = MARK + ": POOL_2D threads"
+    planes = ("    const int64_t nplanes = ggml_nbytes({t})/{t}->nb[2];\n"
+              "    const int64_t per = (nplanes + params->nth - 1)/params->nth;\n"
+              "    const int64_t first = MIN(nplanes, per*params->ith), last = MIN(nplanes, first + per);\n")
+    _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
+        ("        case GGML_OP_POOL_1D:\n        case GGML_OP_POOL_2D:\n        case GGML_OP_POOL_2D_BACK:\n"
+         "            {\n                n_tasks = 1;\n            } break;\n",
+         "        case GGML_OP_POOL_1D:\n            {\n                n_tasks = 1;\n            } break;\n"
+         f"        case GGML_OP_POOL_2D: /* {pool_mark} */\n        case GGML_OP_POOL_2D_BACK:\n"
+         "            {\n                n_tasks = n_threads;\n            } break;\n"),
+    ], mark=pool_mark)
+    _patch_file(src / "ggml-cpu" / "ops.cpp", [
+        ("    assert(src->type == GGML_TYPE_F32 || src->type == GGML_TYPE_F16);\n\n    if (params->ith != 0) {\n        return;\n    }\n\n"
+         "    const int32_t * opts = (const int32_t *)dst->op_params;\n\n    ggml_op_pool op = static_cast<ggml_op_pool>(opts[0]);\n"
+         "    const int k0 = opts[1];\n    const int k1 = opts[2];\n",
+         f"    assert(src->type == GGML_TYPE_F32 || src->type == GGML_TYPE_F16); /* {pool_mark} */\n\n"
+         "    const int32_t * opts = (const int32_t *)dst->op_params;\n\n    ggml_op_pool op = static_cast<ggml_op_pool>(opts[0]);\n"
+         "    const int k0 = opts[1];\n    const int k1 = opts[2];\n"),
+        ("    const char * cdata = (const char*)src->data;\n    const char * const data_end = cdata + ggml_nbytes(src);\n",
+         planes.format(t="src") + "    const char * cdata = (const char*)src->data + first*src->nb[2];\n"
+         "    const char * const data_end = (const char*)src->data + last*src->nb[2];\n"),
+        ("    float * dplane = (float *)dst->data;\n", "    float * dplane = (float *)dst->data + first*pa;\n"),
+        ("    assert(dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16);\n\n    if (params->ith != 0) {\n        return;\n    }\n",
+         "    assert(dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_F16);\n"),
+        ("    char       * cdata  = (char       *) dst->data;\n    const char * cdataf = (const char *) dstf->data;\n"
+         "    const char * const data_end = cdata + ggml_nbytes(dst);\n\n    GGML_ASSERT(params->ith == 0);\n"
+         "    memset(cdata, 0, ggml_nbytes(dst));\n",
+         planes.format(t="dst") + "    char       * cdata  = (char       *) dst->data + first*dst->nb[2];\n"
+         "    const char * cdataf = (const char *) dstf->data + first*dst->nb[2];\n"
+         "    const char * const data_end = (const char *) dst->data + last*dst->nb[2];\n\n"
+         "    memset(cdata, 0, (last - first)*dst->nb[2]);\n"),
+        ("    const float * splane = (const float *) src->data;\n", "    const float * splane = (const float *) src->data + first*pa;\n"),
+    ], mark=pool_mark)
     # the CPU's IM2COL_BACK as a scatter over each image's column rows (ggrad_cpu.inc)
     anchor = ("    GGML_ASSERT(nb0  == sizeof(float));\n\n    // im2col: [N, IC, IH, IW] => [N, OH, OW, IC*KH*KW]\n"
               "    {\n        float * const wdata = (float *) dst->data;\n\n        for (int64_t in = 0; in < N; in++) {\n"
