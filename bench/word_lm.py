@@ -3,6 +3,7 @@ at issue 25's size: 2 layers, 64 wide, bptt 20, batch 10, a 10,000-word vocabula
 ggrad compiled against PyTorch eager in the same process, interleaved blocks.
 
     .venv/bin/python bench/word_lm.py [--arch lstm|gru|transformer] [--blocks 9]
+    python3 bench/word_lm.py --device cuda --torch-device cuda      (GPU host)
 
 Both sides: embedding, the recurrent layers (or a 2-layer TransformerEncoder), a linear
 decoder, cross_entropy, clip_grad_norm_ and SGD as the example has them, on the same
@@ -47,6 +48,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--blocks", type=int, default=9)
+    ap.add_argument("--device", default="cpu", help="ggrad's device")
+    ap.add_argument("--torch-device", default="cpu")
     args = ap.parse_args()
 
     import torch
@@ -56,19 +59,22 @@ def main() -> None:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
+    ggrad.set_device(args.device)
     theirs = build(torch, torch.nn, args.arch, args.vocab, args.dim, args.layers)
     ours = build(ggrad, nn, args.arch, args.vocab, args.dim, args.layers)
     ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    theirs.to(args.torch_device)
     rng = np.random.default_rng(0)
     batches = [(rng.integers(0, args.vocab, (args.bptt, args.batch)), rng.integers(0, args.vocab, args.bptt * args.batch))
                for _ in range(args.steps)]
+    on_torch = [(torch.from_numpy(x).to(args.torch_device), torch.from_numpy(y).to(args.torch_device)) for x, y in batches]
     opt_t = torch.optim.SGD(theirs.parameters(), lr=20.0)
     opt_g = ggrad.optim.SGD(ours.parameters(), lr=20.0)
 
     def torch_step(i):
-        x, y = batches[i % len(batches)]
+        x, y = on_torch[i % len(on_torch)]
         opt_t.zero_grad()
-        loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)).reshape(-1, args.vocab), torch.from_numpy(y))
+        loss = torch.nn.functional.cross_entropy(theirs(x).reshape(-1, args.vocab), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(theirs.parameters(), 0.25)
         opt_t.step()
@@ -85,7 +91,7 @@ def main() -> None:
         return loss
 
     inputs = [(ggrad.tensor(x.astype(np.int32)), ggrad.tensor(y.astype(np.int32))) for x, y in batches]
-    first_t = [float(torch_step(i)) for i in range(3)]
+    first_t = [torch_step(i).item() for i in range(3)]
     first_g = [ggrad_step(*inputs[i]).item() for i in range(3)]
     times = {"ggrad": [], "torch": []}
     for _ in range(args.blocks):
@@ -98,7 +104,8 @@ def main() -> None:
     g, t = statistics.median(times["ggrad"]), statistics.median(times["torch"])
     nodes = sum(ggrad_step.op_counts().values())
     print(f"{args.arch} LM, vocab {args.vocab}, dim {args.dim}, {args.layers} layers, bptt {args.bptt}, batch "
-          f"{args.batch}: ggrad compiled {g:.2f} ms ({nodes} nodes), PyTorch eager {t:.2f} ms, ratio {g / t:.2f}")
+          f"{args.batch}: ggrad compiled on {ggrad.get_device()} {g:.2f} ms ({nodes} nodes), PyTorch eager on "
+          f"{args.torch_device} {t:.2f} ms, ratio {g / t:.2f}")
     print(f"losses of steps 1-3: ggrad {first_g}, PyTorch {first_t}")
 
 

@@ -51,5 +51,6 @@ bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --p
 bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models mlp-mnist mlp-large $graph $blocks
 bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
+bench word-lm 60 bench/word_lm.py --device "$mode" --torch-device cuda --blocks 5   # the LSTM language model
 bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
   --eager $graph $blocks
