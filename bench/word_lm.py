@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 
-def build(lib, nn, arch: str, vocab: int, dim: int, layers: int):
+def build(nn, arch: str, vocab: int, dim: int, layers: int):
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
@@ -60,8 +60,8 @@ def main() -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     ggrad.set_device(args.device)
-    theirs = build(torch, torch.nn, args.arch, args.vocab, args.dim, args.layers)
-    ours = build(ggrad, nn, args.arch, args.vocab, args.dim, args.layers)
+    theirs = build(torch.nn, args.arch, args.vocab, args.dim, args.layers)
+    ours = build(nn, args.arch, args.vocab, args.dim, args.layers)
     ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
     theirs.to(args.torch_device)
     rng = np.random.default_rng(0)

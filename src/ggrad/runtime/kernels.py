@@ -76,11 +76,11 @@ def blas_sgemm() -> bool:
     along K and ran at half of OpenBLAS's speed on the short K of every weight gradient
     (bench/cpu_products.py)."""
     install = getattr(backend.ggml_library("libggml-cpu.so"), "ggml_ggrad_cpu_set_sgemm", None)
+    if install is None:
+        return False
     try:
         import scipy_openblas32
     except ImportError:
-        return False
-    if install is None:
         return False
     blas = ctypes.CDLL(os.path.join(scipy_openblas32.get_lib_dir(), scipy_openblas32.get_library(fullname=True)))
     blas.scipy_openblas_set_num_threads(1)
