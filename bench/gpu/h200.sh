@@ -3,7 +3,8 @@
 #   bash bench/gpu/h200.sh vulkan   # tests + benchmarks on ggml's Vulkan backend
 #   bash bench/gpu/h200.sh cuda     # build the CUDA wheel (scripts/build_cuda.sh), tests + benchmarks
 #   (a second argument `tests-only` stops after the tests, `bench-only` skips them)
-# Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
+# Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12; a
+# CUDA wheel brought back from an earlier call, in .wheels/cuda-KEY/),
 # .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -20,9 +21,13 @@ case "$mode" in
   cuda)
     t0=$(date +%s)
     # no registry here: pip builds with the host's scikit-build-core and cmake
-    wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)   # a warm host may hold one built from older patches
-    ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-    echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
+    # keyed by the patches: a warm host, or a carried .wheels/, may hold one built from older ones
+    wheel=.wheels/cuda-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
+    if ! ls $wheel/ggml_python-*.whl >/dev/null 2>&1; then
+      GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+      echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
+      mkdir -p "$OUT/$(basename $wheel)" && cp $wheel/ggml_python-*.whl "$OUT/$(basename $wheel)/"   # back to be carried next call
+    fi
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     ;;
 esac
