@@ -9,7 +9,8 @@ mmf for float32 sources); GGML_PREC_DEFAULT keeps ggml's TF32. Low-precision pro
 single-matrix path rounded a BF16 product's result to BF16 always, and ran an F16 one
 marked F32 as a float32 SGEMM (no tensor cores). The precision is a node
 parameter, so ggml's CUDA-graph reuse recaptures when it changes. The library exports
-`ggml_backend_cuda_ggrad_f32_precision` so ggrad can tell a patched build.
+`ggml_backend_cuda_ggrad_f32_precision` so ggrad can tell a patched build. ggml-cuda is
+also built without -use_fast_math (correctly rounded division, expf, tanhf).
 
     python scripts/patch_ggml_cuda.py SOURCE_TREE   (ggml-python's sdist, unpacked)
 
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 MARK = "ggrad: float32 precision"
+FAST_MATH_MARK = "ggrad: IEEE division and transcendentals, no -use_fast_math"
 MATH = ("CUBLAS_CHECK(cublasSetMathMode({handle}, dst->op_params[0] == GGML_PREC_F32 ? "
         "CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH)); /* " + MARK + " */")
 MARKER_FUNCTION = f"""
@@ -47,12 +49,24 @@ def _replace_once(text: str, old: str, new: str, where: str) -> str:
     return text.replace(old, new)
 
 
+def _precise_math(cmake: Path) -> None:
+    """Build without -use_fast_math: its approximate division, expf and tanhf put an LSTM's
+    gradients 4e-4 off PyTorch's (issue 25), and x / y off the correctly rounded quotient
+    that the CPU and Vulkan compute."""
+    text = cmake.read_text()
+    if FAST_MATH_MARK in text:
+        return
+    cmake.write_text(_replace_once(text, "set(CUDA_FLAGS -use_fast_math -extended-lambda)",
+                                   f"set(CUDA_FLAGS -extended-lambda)  # {FAST_MATH_MARK}", cmake.name))
+
+
 def patch(tree: Path) -> None:
     cuda = next(tree.glob("**/ggml-cuda/ggml-cuda.cu"), None)
     if cuda is None:
         raise SystemExit(f"no ggml-cuda/ggml-cuda.cu under {tree}")
     out_prod = cuda.parent / "out-prod.cu"
     main, outer = cuda.read_text(), out_prod.read_text()
+    _precise_math(cuda.parent / "CMakeLists.txt")
     if MARK in main:
         return
     main = _set_math_after_streams(

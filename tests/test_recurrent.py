@@ -67,10 +67,9 @@ def test_recurrent_equals_torch(dev, name):
         assert_close(dev, g.grad.numpy(), t.grad.numpy(), err_msg=f"input {k}")
     t_params = dict(t_module.named_parameters())
     for key, p in g_module.named_parameters():
-        # ggml-cuda builds with fast math: its tanh/exp, summed over the time steps, reach
-        # ~3e-5 relative in the weight gradients (seen on the H200)
-        tol = dict(rtol=1e-4, atol=1e-4) if dev.startswith("cuda") else {}
-        assert_close(dev, p.grad.numpy(), t_params[key].grad.numpy(), err_msg=key, **tol)
+        # ggml-cuda is built without fast math (scripts/patch_ggml_cuda.py): with it, tanh/exp
+        # summed over the time steps reached ~3e-5 relative in these gradients on the H200
+        assert_close(dev, p.grad.numpy(), t_params[key].grad.numpy(), err_msg=key)
 
 
 def test_default_initialisation_is_torch_law():

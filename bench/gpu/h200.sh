@@ -3,8 +3,7 @@
 #   bash bench/gpu/h200.sh vulkan   # tests + benchmarks on ggml's Vulkan backend
 #   bash bench/gpu/h200.sh cuda     # build the CUDA wheel (scripts/build_cuda.sh), tests + benchmarks
 #   (a second argument `tests-only` stops after the tests, `bench-only` skips them)
-# Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12; a
-# CUDA wheel brought back from an earlier call, in .wheels/cuda-KEY/),
+# Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
 # .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
@@ -21,13 +20,11 @@ case "$mode" in
   cuda)
     t0=$(date +%s)
     # no registry here: pip builds with the host's scikit-build-core and cmake
-    # keyed by the patches: a warm host, or a carried .wheels/, may hold one built from older ones
-    wheel=.wheels/cuda-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
-    if ! ls $wheel/ggml_python-*.whl >/dev/null 2>&1; then
-      GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-      echo "cuda wheel built in $(( $(date +%s) - t0 )) s"
-      mkdir -p "$OUT/$(basename $wheel)" && cp $wheel/ggml_python-*.whl "$OUT/$(basename $wheel)/"   # back to be carried next call
-    fi
+    # keyed by the patches: a warm host may hold one built from older ones. The wheel (90 MB)
+    # is too large to come back under $OUT: a call within 30 s of the last reuses it
+    wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
+    ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    echo "cuda wheel ready after $(( $(date +%s) - t0 )) s"
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     ;;
 esac
@@ -39,10 +36,12 @@ skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_skle
 # TESTS: the test files to run (default: all); each step is time-boxed so that a device
 # call's 10 minutes always bring back the build, the tests and the benchmarks that ran
 if [ "${1:-}" != bench-only ]; then
-  timeout "${TEST_SECONDS:-300}" python3 -m pytest -v -p no:cacheprovider $skip ${TESTS:-tests} \
+  # --capture=sys: a ggml assert's message (C's stderr) reaches the log before the abort
+  timeout "${TEST_SECONDS:-300}" python3 -m pytest -v -p no:cacheprovider --capture=sys $skip ${TESTS:-tests} \
     -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
+  tested=${PIPESTATUS[0]}
 fi
-[ "${1:-}" = tests-only ] && exit 0
+[ "${1:-}" = tests-only ] && exit "${tested:-0}"
 bench() { local name="$1" seconds="$2"; shift 2
   timeout "$seconds" python3 "$@" 2>&1 | grep -v "graph warmup" | tee "$OUT/$name-$mode.txt"; }
 blocks="--blocks ${BLOCKS:-15}"  # timed blocks of train_step.py (fewer: a shorter run)

@@ -102,8 +102,63 @@ static __global__ void ggrad_adam_hyper_f32(const float * c, const float * lr, c
     h[5] = __fdiv_rn(lr[0], c1); h[6] = __fsqrt_rn(c2); h[7] = in[0]; h[8] = in[1]; h[9] = c1; h[10] = c2;
 }
 
+// a sum over the block, the same on every thread; shared holds a value per warp
+template <int block_size>
+static __device__ __forceinline__ float ggrad_block_sum(float v, float * shared) {
+    v = warp_reduce_sum(v);
+    if (block_size > WARP_SIZE) {
+        const int lane = threadIdx.x % WARP_SIZE;
+        __syncthreads();  // the last call's readers are done with shared
+        if (lane == 0) {
+            shared[threadIdx.x / WARP_SIZE] = v;
+        }
+        __syncthreads();
+        v = warp_reduce_sum(lane < block_size / WARP_SIZE ? shared[lane] : 0.0f);
+    }
+    return v;
+}
+
+// LayerNorm's gradient through the normalization (ggrad_cpu.inc): one block per row
+template <int block_size>
+static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t x_stride, const float * g,
+                                                 const int64_t g_stride, float * out, const int64_t out_stride,
+                                                 const int D, const float eps) {
+    __shared__ float shared[block_size / WARP_SIZE];
+    const int64_t i = blockIdx.x;
+    const float * xr = x + i*x_stride;
+    const float * gr = g + i*g_stride;
+    float * o = out + i*out_stride;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        sum += xr[c];
+    }
+    const float mean = ggrad_block_sum<block_size>(sum, shared)/D;
+    float sum2 = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        const float v = xr[c] - mean;
+        sum2 += v*v;
+    }
+    const float rstd = 1.0f/sqrtf(ggrad_block_sum<block_size>(sum2, shared)/D + eps);
+    float sg = 0.0f;
+    float sgx = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        sg  += gr[c];
+        sgx += gr[c]*((xr[c] - mean)*rstd);
+    }
+    const float mg  = ggrad_block_sum<block_size>(sg, shared)/D;
+    const float mgx = ggrad_block_sum<block_size>(sgx, shared)/D;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        o[c] = rstd*(gr[c] - mg - ((xr[c] - mean)*rstd)*mgx);
+    }
+}
+
 bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 4) {
+        return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
+               op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
+               ggml_are_same_shape(op->src[0], op->src[1]) && ggml_is_contiguous_rows(op);
+    }
     if (kernel == 3) {
         for (int i = 0; i < 4; ++i) {
             if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
@@ -134,6 +189,20 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
                                                   (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,
                                                   (float *) dst->data);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    if (kernel == 4) {
+        const ggml_tensor * g = dst->src[1];
+        const float eps = ggml_get_op_params_f32(dst, 1);
+        const int64_t xs = x->nb[1]/sizeof(float), gs = g->nb[1]/sizeof(float), os = dst->nb[1]/sizeof(float);
+        if (C < 1024) {
+            ggrad_layer_norm_back_f32<WARP_SIZE><<<N, WARP_SIZE, 0, stream>>>(
+                (const float *) x->data, xs, (const float *) g->data, gs, (float *) dst->data, os, C, eps);
+        } else {
+            ggrad_layer_norm_back_f32<256><<<N, 256, 0, stream>>>(
+                (const float *) x->data, xs, (const float *) g->data, gs, (float *) dst->data, os, C, eps);
+        }
         CUDA_CHECK(cudaGetLastError());
         return;
     }

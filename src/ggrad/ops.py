@@ -713,6 +713,8 @@ def _matmul_tn(ctx, s, node):
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
     low = node.arg[1]
     if low is None and (kind in OUT_PROD_BACKENDS or (kind == "cpu" and small)):
+        if kind == "cuda":  # ggml-cuda's OUT_PROD reads rows of unit stride (a grouped conv's are not)
+            x, y = contiguous(ctx, x), contiguous(ctx, y)
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
