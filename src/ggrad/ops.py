@@ -688,10 +688,15 @@ def _matmul_nn(ctx, s, node):
     gemm = _gemm(ctx, x, y, False, False, node.arg)
     if gemm is not None:
         return reshape(ctx, gemm, node.shape)
-    # ggml-cuda's OUT_PROD asserts unit strides: both operands contiguous
+    # ggml-cuda's OUT_PROD asserts unit strides: both operands contiguous. It reads its second
+    # operand as transposed from the strides, which a one-column x^T does not show (equal
+    # strides): cuBLAS then refused the leading dimension and ggml aborted (a depthwise
+    # conv's input gradient); that x^T is x's memory as is, a reshape
     if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS and G.ggml_is_contiguous(x) \
             and G.ggml_is_contiguous(y):
-        product = _supported(G.ggml_out_prod(ctx, y, G.ggml_transpose(ctx, x)))
+        ne = x.contents.ne
+        xt = G.ggml_transpose(ctx, x) if ne[0] > 1 else G.ggml_reshape_4d(ctx, x, ne[1], ne[0], ne[2], ne[3])
+        product = _supported(G.ggml_out_prod(ctx, y, xt))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
     yt = _transposed_operand(ctx, y, node.arg)
