@@ -7,7 +7,9 @@ cheap (CPU) and larger where each launch costs (GPU: one node per dispatch here)
     .venv/bin/python bench/profile_step.py --device cpu --model mlp-mnist
     python3 bench/profile_step.py --device cuda --model block --block-batch 8     (GPU host)
 
-Prints the compute-node count, the count per op, and the ops by total time. Running
+Prints the compute-node count, the replay's time beside its graphs' time run alone (the
+difference is ggrad's replay: uploads, checks, Python), the count per op, and the ops by
+total time. Running
 nodes alone rewrites weights and optimizer state (AdamW runs too): the step's results
 after a profile are not meant to be read.
 """
@@ -60,6 +62,7 @@ def main() -> None:
     ap.add_argument("--block-batch", type=int, default=2)
     ap.add_argument("--block-seq", type=int, default=T.MODELS["block"][1][0])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--amp", default="none", choices=["none", "bf16", "f16"])
     args = ap.parse_args()
     import ggrad
     from ggrad import runtime
@@ -68,7 +71,7 @@ def main() -> None:
     if args.model == "block":
         sample, batch = (args.block_seq, sample[1]), args.block_batch
     data = T.batches(sample, classes, batch)
-    step, sync = T.ggrad_step_fn(args.model, data, args.device, True)
+    step, sync = T.ggrad_step_fn(args.model, data, args.device, True, amp=args.amp)
     for i in range(3):
         step(i)
     sync()
@@ -80,11 +83,18 @@ def main() -> None:
         step(i)
     sync()
     replay = (time.perf_counter() - t0) / 20
-    times = profile(graphs, runtime.current().backend, args.repeats)
+    backend = runtime.current().backend
+    t0 = time.perf_counter()
+    for _ in range(20):  # ggml alone: the step's graphs with none of ggrad's replay around them
+        for graph in graphs:
+            backend.compute(graph.graph)
+    G.ggml_backend_synchronize(backend.handle)
+    whole = (time.perf_counter() - t0) / 20
+    times = profile(graphs, backend, args.repeats)
     total = sum(sum(v) for v in times.values())
     print(f"{args.model} on {args.device}: "
           f"{len(graphs)} graph(s), {sum(counts.values())} compute nodes; replay {replay * 1e3:.3f} ms, "
-          f"nodes alone {total * 1e3:.3f} ms")
+          f"its graphs alone {whole * 1e3:.3f} ms, nodes alone {total * 1e3:.3f} ms")
     print("| op | nodes | ms | share |\n| --- | --- | --- | --- |")
     for op, ts in sorted(times.items(), key=lambda kv: -sum(kv[1])):
         print(f"| {op} | {len(ts)} | {sum(ts) * 1e3:.3f} | {sum(ts) / total:.0%} |")

@@ -414,7 +414,7 @@ def _slice(ctx, s, node):
     """Elements start, start + step, ... along one axis: a strided view, then a copy, unless
     the view is contiguous (a slice of the outermost axis, a row of a small result) and
     every kernel can read it where it starts: then the view itself, which ggml's allocator
-    keeps alive for its readers. Off the CPU only a view at its buffer's start (ggml-vulkan
+    keeps alive for its readers. On Vulkan only a view at its buffer's start (ggml-vulkan
     asserts on storage offsets its device does not align; the fuzzer's attention case)."""
     axis, start, step = node.arg
     x = s[0]
@@ -427,7 +427,7 @@ def _slice(ctx, s, node):
         view = G.ggml_view_4d(ctx, x, 1, *ne[:3], nb[0], nb[1], nb[2], offset)
         return reshape(ctx, G.ggml_cont(ctx, view), node.shape)
     view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], offset)
-    readable = offset == 0 or _backend_kind() == "cpu"
+    readable = offset == 0 or _backend_kind() != "vulkan"
     return view if readable and G.ggml_is_contiguous(view) else G.ggml_cont(ctx, view)
 
 

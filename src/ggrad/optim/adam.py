@@ -127,11 +127,11 @@ class Adam(Optimizer):
         if exact and kernels.supported(runtime.current().backend, kernels.ADAM_HYPER):
             # one kernel: this step's corrections and the 9 constants, as composed below
             both = _apply("adam_hyper", (shared["corrections"], lr, shared["constants"], shared["inflow"]), (11,))
-            shared["corrections"]._assign(both[9:])
+            shared["corrections"]._assign(both[9:], temporary=True)
             hyper = both[:9]
         else:
             # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
-            shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"])
+            shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"], temporary=True)
             corrections = shared["corrections"]
             if exact:  # lr, beta1, beta2, eps, wd, lr / c1, sqrt(c2), 1 - beta1, 1 - beta2
                 hyper = F.concat([lr, shared["constants"], lr / corrections[:1], F.sqrt(corrections[1:]),
