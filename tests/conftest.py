@@ -138,6 +138,8 @@ def run_in_child(source: str, *args: str, timeout: float = 300) -> str:
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(source), *args], capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     out = proc.stdout + proc.stderr
-    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{out[-3000:]}"
+    # ggml's own message comes before its backtrace, which the tail below would cut off
+    cause = "\n".join(line for line in out.splitlines() if "GGML" in line or "error" in line.lower())
+    assert proc.returncode >= 0, f"child killed by signal {-proc.returncode}:\n{cause[:2000]}\n...\n{out[-3000:]}"
     assert proc.returncode == 0, f"child exited {proc.returncode}:\n{out[-3000:]}"
     return proc.stdout

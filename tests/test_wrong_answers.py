@@ -218,3 +218,22 @@ def test_tensors_copy_the_host_memory_they_are_made_from(dev):
     np.testing.assert_array_equal(ours.weight.numpy(), before)
     assert column.tolist() == [1.0] * 4
     assert ours.weight.grad.tolist() == [[1.0, 1.0]]
+
+
+def test_slices_with_axes_of_length_one_reach_every_op(dev):
+    """A slice that is one run of memory is a view, but ggml keeps its parent's strides on
+    its axes of length 1, and SCALE asserts on those: the gradient of cat over channels at
+    batch 1 aborted the process (the CUDA fuzzer found it; the CPU aborted too)."""
+    a = np.random.default_rng(0).standard_normal((1, 3, 4, 5)).astype(np.float32)
+    x = ggrad.tensor(a, requires_grad=True)
+    with ggrad.grad_tape():
+        y = F.cat([x, x * 2], 1)
+        (y * y).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), 10 * a, rtol=1e-6)
+    t = ggrad.tensor(a)
+    for got, want in ((t[:, 1:2] * 3, a[:, 1:2] * 3), (t[:, 2:] * 0.5 + 1, a[:, 2:] * 0.5 + 1),
+                      (t[0, :, 3:] * -2, a[0, :, 3:] * -2), (F.softmax(t[:, 1:], -1), None)):
+        if want is None:
+            e = np.exp(a[:, 1:] - a[:, 1:].max(-1, keepdims=True))
+            want = e / e.sum(-1, keepdims=True)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)

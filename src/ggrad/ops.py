@@ -427,8 +427,12 @@ def _slice(ctx, s, node):
         view = G.ggml_view_4d(ctx, x, 1, *ne[:3], nb[0], nb[1], nb[2], offset)
         return reshape(ctx, G.ggml_cont(ctx, view), node.shape)
     view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], offset)
-    readable = offset == 0 or _backend_kind() != "vulkan"
-    return view if readable and G.ggml_is_contiguous(view) else G.ggml_cont(ctx, view)
+    if not G.ggml_is_contiguous(view) or (offset and _backend_kind() == "vulkan"):
+        return G.ggml_cont(ctx, view)
+    # the same memory with the strides of a fresh tensor: ggml calls a view contiguous
+    # whatever the strides of its axes of length 1, but some ops (SCALE) assert on them
+    row = G.ggml_row_size(x.contents.type, ne[0])
+    return G.ggml_view_4d(ctx, x, *ne, row, row * ne[1], row * ne[1] * ne[2], offset)
 
 
 @compute("pad")
