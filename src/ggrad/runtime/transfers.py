@@ -7,7 +7,6 @@ CPU device) are not crossings and are not counted.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -81,7 +80,7 @@ class count_transfers:
 
 def upload(tensor, array: np.ndarray, host_memory: bool) -> None:
     """Copy a C-contiguous `array` into the ggml `tensor`'s backend buffer."""
-    G.ggml_backend_tensor_set(tensor, array.ctypes.data_as(ctypes.c_void_p), 0, array.nbytes)
+    G.ggml_backend_tensor_set(tensor, array.ctypes.data, 0, array.nbytes)  # the address: data_as costs 2 us
     if not host_memory:
         _totals.uploads += 1
         _totals.bytes_up += array.nbytes
@@ -90,7 +89,7 @@ def upload(tensor, array: np.ndarray, host_memory: bool) -> None:
 def download(tensor, shape: tuple, dtype: np.dtype, host_memory: bool) -> np.ndarray:
     """A fresh host array holding the ggml `tensor`'s data."""
     out = np.empty(shape, dtype=dtype)
-    G.ggml_backend_tensor_get(tensor, out.ctypes.data_as(ctypes.c_void_p), 0, out.nbytes)
+    G.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
     if not host_memory:
         _totals.downloads += 1
         _totals.bytes_down += out.nbytes
