@@ -222,3 +222,25 @@ def test_a_transformer_language_model_gradient_matches_finite_differences(dev):
                 p.assign_(base)
             numeric = (values[0] - values[1]) / 2e-2
             assert abs(numeric - grad[j]) <= (3e-2 if reduced else 3e-3) * abs(grad[j]) + 1e-3, (name, j, numeric, grad[j])
+
+
+@pytest.mark.parametrize("x_shape,w_shape,bias", [((5, 4), (3, 4), True), ((2, 5, 4), (3, 4), False),
+                                                  ((5, 4), (4,), False), ((4,), (3, 4), True)])
+def test_functional_linear_equals_torch(dev, x_shape, w_shape, bias):
+    """F.linear: torch's shapes (a 1-d weight drops the output axis), values and gradients."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in (x_shape, w_shape)]
+    if bias:
+        arrays.append(rng.standard_normal(w_shape[:1]).astype(np.float32))
+    ours = [ggrad.tensor(a, requires_grad=True) for a in arrays]
+    theirs = [torch.tensor(a, requires_grad=True) for a in arrays]
+    with ggrad.grad_tape():
+        y = ggrad.functional.linear(*ours)
+        (y * y).sum().backward()
+    want = torch.nn.functional.linear(*theirs)
+    (want * want).sum().backward()
+    assert y.shape == tuple(want.shape)
+    np.testing.assert_allclose(y.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-5)

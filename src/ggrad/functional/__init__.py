@@ -17,7 +17,7 @@ from .elementwise import (abs, add, affine, ceil, clamp, cos, div, exp, floor, f
                           log, maximum, minimum, mul, neg, pow, relu, remainder, round, scale, sigmoid,
                           sign, silu, sin, sqrt, square, step, sub, tanh, trunc)
 from .indexing import embedding, fill, gather, getitem, one_hot, setitem, take
-from .layout import (cat, chunk, concat, einsum, expand, flatten, matmul, matmul_nt, movedim, narrow, pad,
+from .layout import (cat, chunk, concat, einsum, expand, flatten, linear, matmul, matmul_nt, movedim, narrow, pad,
                      permute, repeat, split, squeeze, stack, transpose, unflatten, unsqueeze)
 from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, dropout, huber_loss,
                      kl_div, l1_loss, mse_loss, nll_loss, rand_like, smooth_l1_loss)
@@ -31,7 +31,7 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat", "cos",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
     "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "huber_loss", "isfinite", "isinf",
-    "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "log", "log_softmax", "logical_and", "logical_not",
+    "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "linear", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
     "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
     "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",

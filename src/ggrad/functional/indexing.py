@@ -194,9 +194,32 @@ def _mask_ndim(ix) -> int:
     return ix.ndim if isinstance(ix, Tensor) else np.ndim(ix)
 
 
+def _at(x: Tensor, axis: int, ix) -> Tensor:
+    """x[..., ix, ...] at `axis`, the axis kept (length 1)."""
+    n = x.shape[axis]
+    if not -n <= ix < n:
+        raise IndexError(f"index {ix} is out of range for axis {axis} of size {n}")
+    start = int(ix) % n
+    return _slice(x, axis, start, start + 1)
+
+
+def _sliced(x: Tensor, axis: int, ix: slice) -> Tensor:
+    n = x.shape[axis]
+    if ix.step is not None and ix.step <= 0:
+        raise ValueError(f"slice step must be positive, got {ix.step} (torch refuses negative steps too)")
+    start, stop, step = ix.indices(n)
+    if len(range(start, stop, step)) == 0:
+        raise IndexError(f"slice {ix} of axis {axis} (size {n}) is empty; ggml tensors cannot be empty")
+    if step != 1 and x.ndim > 3 and axis == x.ndim - 1:
+        raise ValueError("a stepped slice of the last axis needs a tensor of at most 3 dimensions")
+    return _slice(x, axis, start, stop, step)
+
+
 def getitem(x: Tensor, index) -> Tensor:
     """numpy/torch basic and advanced indexing: ints, slices (positive steps), None,
     Ellipsis, and one integer array/tensor or bool mask (over one axis or several)."""
+    if x.ndim and (type(index) is int or type(index) is slice):  # x[i], x[a:b]: no general walk
+        return reshape(_at(x, 0, index), x.shape[1:]) if type(index) is int else _sliced(x, 0, index)
     index = _expand_index(x, index)
     out, axis, drop, advanced = x, 0, [], None
     for ix in index:
@@ -204,23 +227,11 @@ def getitem(x: Tensor, index) -> Tensor:
             out = unsqueeze(out, axis)
             axis += 1
         elif _is_int(ix):
-            n = out.shape[axis]
-            if not -n <= ix < n:
-                raise IndexError(f"index {ix} is out of range for axis {axis} of size {n}")
-            start = int(ix) % n
-            out = _slice(out, axis, start, start + 1)
+            out = _at(out, axis, ix)
             drop.append(axis)
             axis += 1
         elif isinstance(ix, slice):
-            n = out.shape[axis]
-            if ix.step is not None and ix.step <= 0:
-                raise ValueError(f"slice step must be positive, got {ix.step} (torch refuses negative steps too)")
-            start, stop, step = ix.indices(n)
-            if len(range(start, stop, step)) == 0:
-                raise IndexError(f"slice {ix} of axis {axis} (size {n}) is empty; ggml tensors cannot be empty")
-            if step != 1 and out.ndim > 3 and axis == out.ndim - 1:
-                raise ValueError("a stepped slice of the last axis needs a tensor of at most 3 dimensions")
-            out = _slice(out, axis, start, stop, step)
+            out = _sliced(out, axis, ix)
             axis += 1
         elif _is_bool(ix):
             if advanced is not None:

@@ -41,6 +41,17 @@ def _matmul_nt(a: Tensor, b: Tensor, arg: tuple) -> Tensor:
     return _apply("matmul_nt", (a, b), batch + (a.shape[-2], b.shape[-2]), _matmul_nt_rule, arg, a.dtype)
 
 
+def linear(input, weight, bias=None) -> Tensor:
+    """torch.nn.functional.linear: input @ weight^T + bias, weight (out, in) or (in,). The
+    product is ggml's native one (weight's rows are read as they are: no transpose)."""
+    input, weight = _as_tensor(input), _as_tensor(weight)
+    if weight.ndim not in (1, 2):
+        raise ValueError(f"linear needs a weight of shape (out_features, in_features) or (in_features,), "
+                         f"got {weight.shape}")
+    y = matmul_nt(input, weight) if input.ndim > 1 and weight.ndim == 2 else matmul(input, transpose(weight))
+    return y if bias is None else y + bias
+
+
 def _product_arg(dtype) -> tuple:
     """How a product is computed (ops._product): the matmul precision now, and under
     autocast the low dtype's storage for float32 operands. The result stays float32: ggml's

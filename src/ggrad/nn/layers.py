@@ -40,8 +40,7 @@ class Linear(Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Linear({self.in_features}, {self.out_features}) got input of shape {x.shape}")
-        y = x @ self.weight.T  # ggml's native product: no transpose is built
-        return y + self.bias if self.bias is not None else y
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
