@@ -184,3 +184,17 @@ def test_one_hot_is_exact_on_both_paths(dev, classes):
     index = np.array([[0, classes - 1, 3], [2, 1, classes // 2]])
     expected = np.eye(classes, dtype=np.float32)[index]
     np.testing.assert_array_equal(F.one_hot(ggrad.tensor(index), classes).numpy(), expected)
+
+
+def test_broadcast_shape_is_numpys():
+    """ggrad's own broadcast of shapes (every binary op asks it) against numpy's, on
+    random shapes of up to 4 axes that broadcast or do not."""
+    from ggrad.functional._core import broadcast_shape
+    pick = np.random.default_rng(7)
+    for _ in range(2000):
+        shapes = [tuple(int(n) for n in pick.choice([1, 2, 3], size=pick.integers(0, 5))) for _ in range(pick.integers(1, 4))]
+        try:
+            want = np.broadcast_shapes(*shapes)
+        except ValueError:
+            want = None
+        assert broadcast_shape(*shapes) == want, shapes

@@ -4,6 +4,7 @@ grad tape, its recorded rule), input checks, broadcasting and its inverse, resha
 from __future__ import annotations
 
 import builtins
+import math
 import numbers
 
 import numpy as np
@@ -80,13 +81,32 @@ def _axis(axis: int, ndim: int) -> int:
     return int(axis) % builtins.max(ndim, 1)
 
 
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """numpy's broadcast of `shapes` (no axis is empty here), or None where they do not
+    broadcast: np.broadcast_shapes costs a few microseconds, and every binary op asks."""
+    out = shapes[0]
+    for shape in shapes[1:]:
+        if shape == out:
+            continue
+        n = builtins.max(len(out), len(shape))
+        merged = []
+        for x, y in zip((1,) * (n - len(out)) + tuple(out), (1,) * (n - len(shape)) + tuple(shape)):
+            if x == y or y == 1:
+                merged.append(x)
+            elif x == 1:
+                merged.append(y)
+            else:
+                return None
+        out = tuple(merged)
+    return tuple(out)
+
+
 def _broadcast(a: Tensor, b: Tensor, op: str) -> tuple[int, ...]:
     if a.shape == b.shape:
         return a.shape
-    try:
-        shape = np.broadcast_shapes(a.shape, b.shape)
-    except ValueError:
-        raise ValueError(f"shape mismatch in {op}: {a.shape} and {b.shape} do not broadcast") from None
+    shape = broadcast_shape(a.shape, b.shape)
+    if shape is None:
+        raise ValueError(f"shape mismatch in {op}: {a.shape} and {b.shape} do not broadcast")
     if len(shape) > 4:
         raise ValueError(f"{op} of {a.shape} and {b.shape} has more than 4 dimensions")
     return shape
@@ -110,10 +130,7 @@ def broadcast_to(x: Tensor, shape) -> Tensor:
     shape = tuple(int(n) if isinstance(n, numbers.Integral) else n for n in shape)
     if x.shape == shape:
         return x
-    try:
-        fits = np.broadcast_shapes(x.shape, shape) == shape
-    except ValueError:
-        fits = False
+    fits = broadcast_shape(x.shape, shape) == shape
     if not fits or len(shape) > 4 or any(not isinstance(n, numbers.Integral) or n < 1 for n in shape):
         raise ValueError(f"cannot broadcast a tensor of shape {x.shape} to {shape}")
     keep = (1,) * (len(shape) - x.ndim) + x.shape
@@ -130,11 +147,11 @@ def reshape(x, *shape) -> Tensor:
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
         raise ValueError(f"cannot reshape {x.shape} into {shape}")
     if -1 in shape:
-        known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+        known = math.prod([s for s in shape if s != -1])
         if known == 0 or x.numel() % known:
             raise ValueError(f"cannot reshape {x.shape} into {shape}")
         shape = tuple(x.numel() // known if s == -1 else s for s in shape)
-    if int(np.prod(shape, dtype=np.int64)) != x.numel() or len(shape) > 4:
+    if math.prod(shape) != x.numel() or len(shape) > 4:
         raise ValueError(f"cannot reshape {x.shape} ({x.numel()} elements) into {shape}")
     if shape == x.shape:
         return x

@@ -10,7 +10,8 @@ import math
 import numpy as np
 
 from .. import dtypes
-from ._core import F32, Tensor, _apply, _as_tensor, _broadcast, _is_scalar, cast, full_like, result_type, sum_to
+from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _is_scalar, broadcast_shape, cast, full_like, result_type,
+                    sum_to)
 from .reduce import sum
 
 BOOL = dtypes.bool_
@@ -142,11 +143,10 @@ def where(condition, a, b) -> Tensor:
     c = _as_bool(condition)
     dtype = result_type(a, b)
     a, b = (_scalar_like(t, c, dtype) if _is_scalar(t) else cast(_as_tensor(t), dtype) for t in (a, b))
-    try:
-        shape = np.broadcast_shapes(c.shape, a.shape, b.shape)
-    except ValueError:
+    shape = broadcast_shape(c.shape, a.shape, b.shape)
+    if shape is None:
         raise ValueError(f"shape mismatch in where: condition {c.shape}, {a.shape} and {b.shape} "
-                         "do not broadcast") from None
+                         "do not broadcast")
     if len(shape) > 4:
         raise ValueError(f"where of {c.shape}, {a.shape} and {b.shape} has more than 4 dimensions")
 

@@ -7,8 +7,8 @@ import numbers
 import numpy as np
 
 from ..runtime import precision
-from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_to, cast, full_like, reshape, result_type,
-                    sum_to)
+from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_shape, broadcast_to, cast, full_like, reshape,
+                    result_type, sum_to)
 
 
 # ---- matrices and layout -----------------------------------------------------------------
@@ -28,10 +28,9 @@ def _matmul_nt(a: Tensor, b: Tensor, arg: tuple) -> Tensor:
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-1]:
         raise ValueError(f"shape mismatch in matmul: {a.shape} @ {b.shape[:-2] + b.shape[:-3:-1]}")
     batch_a, batch_b = a.shape[:-2], b.shape[:-2]
-    try:
-        batch = np.broadcast_shapes(batch_a, batch_b)
-    except ValueError:
-        raise ValueError(f"shape mismatch in matmul: batch dims {batch_a} and {batch_b} do not broadcast") from None
+    batch = broadcast_shape(batch_a, batch_b)
+    if batch is None:
+        raise ValueError(f"shape mismatch in matmul: batch dims {batch_a} and {batch_b} do not broadcast")
     if len(batch) + 2 > 4:
         raise ValueError("matmul supports at most 2 batch dimensions")
     if batch_a != batch:  # ggml broadcasts only the second operand's batch
