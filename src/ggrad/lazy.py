@@ -373,12 +373,12 @@ def _settle(effects: list[Effect]) -> None:
             local.pending.discard(weakref.ref(version))
 
 
-def _signature(entries: list[tuple], index: dict[int, int], outputs: list[Node], stores: list,
+def _signature(entries: list[tuple], index: dict[Node, int], outputs: list[Node], stores: list,
                effects: list[Effect]) -> tuple:
     """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring (the
     nodes' `entries` and `index` from `_walk`)."""
-    return (*entries, tuple(index[id(n)] for n in outputs), tuple(index[id(value)] for _, value in stores),
-            tuple((e.op, e.arg, tuple(index[id(s)] for s in e.srcs)) for e in effects))
+    return (*entries, tuple([index[n] for n in outputs]), tuple([index[value] for _, value in stores]),
+            tuple([(e.op, e.arg, tuple([index[s] for s in e.srcs])) for e in effects]))
 
 
 # The most ggml tensors one builder makes (AdamW over a 3e9-element parameter makes ~1000
@@ -479,31 +479,32 @@ def topological(roots: list, inputs: Callable) -> list:
     return order
 
 
-def _walk(roots: list[Node]) -> tuple[list[Node], dict[int, int], list[tuple]]:
+def _walk(roots: list[Node]) -> tuple[list[Node], dict[Node, int], list[tuple]]:
     """`topological` over the pending graph under `roots` (written out for nodes: it runs
     at every realize), with each node's position and its signature entry, made as it is
     placed (its inputs are placed before it): (op, shape, dtype, arg, the inputs'
-    positions), or (None, shape, dtype) for a leaf."""
+    positions), or (None, shape, dtype) for a leaf. Nodes key the positions themselves
+    (they hash by identity): no id() call per visit."""
     order: list[Node] = []
-    index: dict[int, int] = {}  # id -> position; -1 while the node's inputs are walked
+    index: dict[Node, int] = {}  # position; -1 while the node's inputs are walked
     entries: list[tuple] = []
     for root in roots:
-        if id(root) in index:
+        if root in index:
             continue
-        index[id(root)] = -1
+        index[root] = -1
         stack = [(root, iter(root.srcs if root.op is not None else ()))]
         while stack:
             node, rest = stack[-1]
             for s in rest:
-                if id(s) not in index:
-                    index[id(s)] = -1
+                if s not in index:
+                    index[s] = -1
                     stack.append((s, iter(s.srcs if s.op is not None else ())))
                     break
             else:
                 stack.pop()
-                index[id(node)] = len(order)
+                index[node] = len(order)
                 order.append(node)
-                entries.append((node.op, node.shape, node.dtype, node.arg, tuple([index[id(s)] for s in node.srcs]))
+                entries.append((node.op, node.shape, node.dtype, node.arg, tuple([index[s] for s in node.srcs]))
                                if node.op is not None else (None, node.shape, node.dtype))
     return order, index, entries
 
