@@ -173,6 +173,23 @@ def test_cross_entropy_kernel_is_torchs_and_the_composed_forms(dev, case, monkey
 
 
 @needs_cross_entropy_kernel
+@pytest.mark.parametrize("case", ["weight", "sum"])
+def test_cross_entropy_kernel_gradient_after_the_loss_was_read(dev, case):
+    """The mean's gradient reuses the forward's sums (class weights, ignored rows) where
+    both are one graph; with the loss read first the backward is a graph of its own and
+    sums again: torch's gradient either way."""
+    kw = {k: ggrad.tensor(v) if isinstance(v, np.ndarray) else v for k, v in CE_CASES[case].items()}
+    x = ggrad.tensor(CE_LOGITS, requires_grad=True)
+    with ggrad.grad_tape():
+        loss = F.cross_entropy(x, ggrad.tensor(CE_TARGETS), **kw)
+        value = loss.item()
+        loss.backward()
+    want_loss, want_grad = _cross_entropy(CE_LOGITS, CE_TARGETS, CE_CASES[case], torch)
+    np.testing.assert_allclose(value, want_loss, rtol=2e-6)
+    np.testing.assert_allclose(x.grad.numpy(), want_grad, rtol=2e-6, atol=1e-7, equal_nan=True)
+
+
+@needs_cross_entropy_kernel
 @pytest.mark.parametrize("case", ["none", "weight smoothing none"])
 def test_cross_entropy_kernel_propagates_nan_and_inf_as_torch(dev, case):
     """Kept rows holding NaN, +inf or only -inf: NaN losses and NaN gradient rows, as torch's

@@ -198,7 +198,7 @@ def _product(ctx, src0, src1, arg):
         # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
         # lavapipe for a src1 of 5 to 8 columns (bf16 and f16; supports_op says yes to
         # both): Vulkan takes the rounded operands in float32
-        fast = None if _backend_kind() == "vulkan" else _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
+        fast = None if backend_kind() == "vulkan" else _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
@@ -221,7 +221,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg):
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 
-def _backend_kind() -> str:
+def backend_kind() -> str:
     from . import runtime
     return runtime.current().backend.info.kind
 
@@ -427,7 +427,7 @@ def _slice(ctx, s, node):
         view = G.ggml_view_4d(ctx, x, 1, *ne[:3], nb[0], nb[1], nb[2], offset)
         return reshape(ctx, G.ggml_cont(ctx, view), node.shape)
     view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], offset)
-    if not G.ggml_is_contiguous(view) or (offset and _backend_kind() == "vulkan"):
+    if not G.ggml_is_contiguous(view) or (offset and backend_kind() == "vulkan"):
         return G.ggml_cont(ctx, view)
     # the same memory with the strides of a fresh tensor: ggml calls a view contiguous
     # whatever the strides of its axes of length 1, but some ops (SCALE) assert on them
@@ -677,7 +677,7 @@ def _transposed_operand(ctx, y, arg):
     first, so the forward product's cast of the same tensor is reused (lazy.build_memo) and
     the copy moves half the bytes; Vulkan multiplies rounded float32 operands (_product)."""
     low = arg[1]
-    if low is not None and _backend_kind() != "vulkan":
+    if low is not None and backend_kind() != "vulkan":
         y = as_type(ctx, y, DTYPES[low])
     return _transposed_copy(ctx, y)
 
@@ -696,7 +696,7 @@ def _matmul_nn(ctx, s, node):
     # operand as transposed from the strides, which a one-column x^T does not show (equal
     # strides): cuBLAS then refused the leading dimension and ggml aborted (a depthwise
     # conv's input gradient); that x^T is x's memory as is, a reshape
-    if node.arg[1] is None and _backend_kind() in OUT_PROD_BACKENDS and G.ggml_is_contiguous(x) \
+    if node.arg[1] is None and backend_kind() in OUT_PROD_BACKENDS and G.ggml_is_contiguous(x) \
             and G.ggml_is_contiguous(y):
         ne = x.contents.ne
         xt = G.ggml_transpose(ctx, x) if ne[0] > 1 else G.ggml_reshape_4d(ctx, x, ne[1], ne[0], ne[2], ne[3])
@@ -718,7 +718,7 @@ def _matmul_tn(ctx, s, node):
     gemm = _gemm(ctx, x, y, True, False, node.arg)
     if gemm is not None:
         return reshape(ctx, gemm, node.shape)
-    kind = _backend_kind()
+    kind = backend_kind()
     small = math.prod(node.shape[-2:]) <= CPU_OUT_PROD_MAX_ELEMENTS
     low = node.arg[1]
     if low is None and (kind in OUT_PROD_BACKENDS or (kind == "cpu" and small)):

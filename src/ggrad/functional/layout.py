@@ -64,10 +64,9 @@ def _matmul_nt_rule(ctx, g):
     a, b = ctx.parents
     arg = ctx.saved["arg"]
     ga = None
-    if a.requires_grad:
-        bt = transpose(b.detach())  # free where b is itself a swap (a swap undoes itself)
-        copied = bt.node.pending and bt.node.op == "permute" and bt.node.srcs[0] is b.node
-        ga = sum_to(_matmul_nn(g, b.detach(), arg) if copied else _matmul_nt(g, bt, arg), a.shape)
+    if a.requires_grad:  # b^T is free where b is itself a swap (a swap undoes itself)
+        w = b.detach()
+        ga = sum_to(_matmul_nt(g, transpose(w), arg) if _is_swap(w) else _matmul_nn(g, w, arg), a.shape)
     gb = None
     if b.requires_grad and b.ndim == 2 and a.ndim > 2:
         # a matrix shared by every batch (a layer's weight): one product over all the rows,
@@ -123,6 +122,15 @@ def permute(x, *axes) -> Tensor:
     inverse = tuple(axes.index(i) for i in range(len(axes)))
     return _apply("permute", (x,), tuple(x.shape[a] for a in axes),
                   lambda ctx, g: (permute(g, inverse),), axes, x.dtype)
+
+
+def _swap_axes(ndim: int) -> tuple[int, ...]:
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
+def _is_swap(x: Tensor) -> bool:
+    """Whether `x` is a pending swap of its last two axes (transpose(x) is then its source)."""
+    return x.ndim >= 2 and x.node.pending and x.node.op == "permute" and x.node.arg == _swap_axes(x.ndim)
 
 
 def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:

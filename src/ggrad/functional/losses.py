@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
+from ggml import ggml as G
 
 from .. import autograd, capture, checks, dtypes, runtime
-from ..ops import compute, contiguous_rows
+from ..ops import backend_kind, compute, contiguous_rows, once_per_graph, template
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .compare import eq, ne, where
@@ -211,8 +213,7 @@ def cross_entropy(input, target, weight=None, ignore_index: int = -100, reductio
         both = _fused_class_cross_entropy(scores, target, w, int(ignore_index), label_smoothing)
         if reduction == "none":
             return reshape(both[0], loss_shape)
-        totals = sum(both, -1)  # one SUM_ROWS: the losses' sum and the weights'
-        return totals[0] if reduction == "sum" else totals[0] / totals[1].detach()
+        return _class_total(both, reduction == "mean")
     safe, kept = _class_targets(target, classes, ignore_index, "cross_entropy")
     per = _apply("class_cross_entropy", (scores, safe), (rows,), _class_cross_entropy_rule, dtype=scores.dtype)
     scale = _kept_weights(kept, w, safe, scores.dtype)
@@ -236,13 +237,22 @@ def _fused_class_cross_entropy(scores: Tensor, target: Tensor, w: Tensor | None,
     target = reshape(target, (rows,))
     inputs = (scores, target) + ((w.detach(),) if w is not None else ())
 
-    def rule(ctx, g):
+    def rule(ctx, g):  # g: (2, rows); the kernel reads the losses' row
         logits, index = ctx.parents[:2]
-        per_target = reshape(g[0], (rows,))
-        grad = _apply("class_cross_entropy_kernel_back", (logits.detach(), index, per_target) + tuple(ctx.parents[2:]),
+        grad = _apply("class_cross_entropy_kernel_back", (logits.detach(), index, g) + tuple(ctx.parents[2:]),
                       logits.shape, arg=params, dtype=logits.dtype)
         return (grad,) + (None,) * (len(ctx.parents) - 1)
     return _apply("class_cross_entropy_kernel", inputs, (2, rows), rule, arg=params, dtype=scores.dtype)
+
+
+def _class_total(both: Tensor, mean: bool) -> Tensor:
+    """The kernel's losses summed, over the weights' sum for the mean (which takes no
+    gradient, as torch's): one node each way, where slicing and dividing the sums took
+    ten. The gradient is g (over the weights' sum) on the losses' row, 0 on the weights'."""
+    def rule(ctx, g):
+        return (_apply("class_total_back", (g, ctx.parents[0].detach()), ctx.parents[0].shape, arg=mean,
+                       dtype=g.dtype),)
+    return _apply("class_total", (both,), (), rule, arg=mean, dtype=both.dtype)
 
 
 def _gather_weights(w: Tensor, index: Tensor) -> Tensor:
@@ -396,8 +406,41 @@ def _class_cross_entropy_kernel(ctx, s, node):
                       [logits, target, s[2] if len(s) > 2 else None], list(node.arg))
 
 
+def _class_sums(ctx, both):
+    """(losses' sum, weights' sum) of the kernel's (rows, 2) as one SUM_ROWS, made once per
+    graph: the gradient's builder reuses the forward's where both are in one graph."""
+    return once_per_graph(("class sums", ctypes.addressof(both.contents)),
+                          lambda: G.ggml_sum_rows(ctx, contiguous_rows(ctx, both)))
+
+
+@compute("class_total")
+def _class_total_build(ctx, s, node):
+    sums = _class_sums(ctx, s[0])
+    total = G.ggml_view_1d(ctx, sums, 1, 0)
+    return G.ggml_div(ctx, total, _weights_sum(ctx, sums)) if node.arg else G.ggml_cont(ctx, total)
+
+
+def _weights_sum(ctx, sums):
+    """The second of the sums, copied where a view off the buffer's start is not read
+    (Vulkan: ops.slice)."""
+    view = G.ggml_view_1d(ctx, sums, 1, sums.contents.nb[1])
+    if backend_kind() != "vulkan":
+        return view
+    return once_per_graph(("weights sum", ctypes.addressof(sums.contents)), lambda: G.ggml_cont(ctx, view))
+
+
+@compute("class_total_back")
+def _class_total_back(ctx, s, node):
+    g, both = s
+    if node.arg:
+        g = G.ggml_div(ctx, g, _weights_sum(ctx, _class_sums(ctx, both)))
+    losses = G.ggml_repeat(ctx, g, template(ctx, (both.contents.ne[0],)))
+    return G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, both.contents.ne[0], 1), 0, 1, 0, 0)
+
+
 @compute("class_cross_entropy_kernel_back", keep_int=True)
 def _class_cross_entropy_kernel_back(ctx, s, node):
-    logits, target, per_target = (contiguous_rows(ctx, x) for x in s[:3])
+    per_target = G.ggml_view_1d(ctx, s[2], s[2].contents.ne[0], 0)  # the losses' row of (rows, 2)
+    logits, target, per_target = (contiguous_rows(ctx, x) for x in (s[0], s[1], per_target))
     return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY_BACK, tuple(logits.contents.ne[:2]),
                       [logits, target, per_target, s[3] if len(s) > 3 else None], list(node.arg))
