@@ -323,8 +323,11 @@ def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[E
         if node.op == FAILED:
             raise failure(node) from node.arg
     leaves = [n for n in order if n.op is None]
-    for leaf in leaves:
-        ensure_on_device(leaf)
+    here = runtime.get_device()
+    for leaf in leaves:  # ensure_on_device, its common case (a live handle here) inlined
+        handle = leaf.handle
+        if handle is None or not handle.live or handle.device != here:
+            ensure_on_device(leaf)
     for target, _ in stores:
         ensure_on_device(target)
     dev = runtime.current()
