@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=9)
     ap.add_argument("--device", default="cpu", help="ggrad's device")
     ap.add_argument("--torch-device", default="cpu")
+    ap.add_argument("--eager", action="store_true", help="ggrad's step as a plain loop (not ggrad.compile)")
     args = ap.parse_args()
 
     import torch
@@ -80,7 +81,6 @@ def main() -> None:
         opt_t.step()
         return loss
 
-    @ggrad.compile
     def ggrad_step(x, y):
         with ggrad.grad_tape():
             loss = F.cross_entropy(ours(x).reshape(-1, args.vocab), y)
@@ -90,6 +90,8 @@ def main() -> None:
         opt_g.zero_grad()
         return loss
 
+    if not args.eager:
+        ggrad_step = ggrad.compile(ggrad_step)
     inputs = [(ggrad.tensor(x.astype(np.int32)), ggrad.tensor(y.astype(np.int32))) for x, y in batches]
     first_t = [torch_step(i).item() for i in range(3)]
     first_g = [ggrad_step(*inputs[i]).item() for i in range(3)]
@@ -102,9 +104,9 @@ def main() -> None:
             float(loss.item())
             times[name].append((time.perf_counter() - start) / args.steps * 1e3)
     g, t = statistics.median(times["ggrad"]), statistics.median(times["torch"])
-    nodes = sum(ggrad_step.op_counts().values())
+    how = "eager" if args.eager else f"compiled ({sum(ggrad_step.op_counts().values())} nodes)"
     print(f"{args.arch} LM, vocab {args.vocab}, dim {args.dim}, {args.layers} layers, bptt {args.bptt}, batch "
-          f"{args.batch}: ggrad compiled on {ggrad.get_device()} {g:.2f} ms ({nodes} nodes), PyTorch eager on "
+          f"{args.batch}: ggrad {how} on {ggrad.get_device()} {g:.2f} ms, PyTorch eager on "
           f"{args.torch_device} {t:.2f} ms, ratio {g / t:.2f}")
     print(f"losses of steps 1-3: ggrad {first_g}, PyTorch {first_t}")
 
