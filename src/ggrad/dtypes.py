@@ -174,6 +174,10 @@ def scalar_dtype(value) -> dtype:
 def result_type(*operands) -> dtype:
     """torch.result_type: tensors with dimensions first, then 0-d tensors, then Python
     scalars, each only lifting the category (float16 tensor + 1.5 stays float16)."""
+    if len(operands) == 2:  # two tensors of one dtype: every binary op of a model
+        first = getattr(operands[0], "dtype", None)
+        if first is getattr(operands[1], "dtype", None) and isinstance(first, dtype):
+            return first
     dims = zero = wrapped = None
     for x in operands:
         if hasattr(x, "dtype") and hasattr(x, "ndim") and isinstance(x.dtype, dtype):
