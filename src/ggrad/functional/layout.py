@@ -28,6 +28,8 @@ def _matmul_nt(a: Tensor, b: Tensor, arg: tuple) -> Tensor:
     if a.ndim < 2 or b.ndim < 2 or a.shape[-1] != b.shape[-1]:
         raise ValueError(f"shape mismatch in matmul: {a.shape} @ {b.shape[:-2] + b.shape[:-3:-1]}")
     batch_a, batch_b = a.shape[:-2], b.shape[:-2]
+    if batch_a == batch_b:  # matrices, or equal batches: nothing to broadcast
+        return _apply("matmul_nt", (a, b), batch_a + (a.shape[-2], b.shape[-2]), _matmul_nt_rule, arg, a.dtype)
     batch = broadcast_shape(batch_a, batch_b)
     if batch is None:
         raise ValueError(f"shape mismatch in matmul: batch dims {batch_a} and {batch_b} do not broadcast")
