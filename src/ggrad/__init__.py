@@ -1,6 +1,6 @@
 """ggrad: PyTorch-style autograd and device-resident training on ggml backends."""
 
-from . import amp, data, distributed, dtypes, functional, nn, optim, runtime
+from . import amp, data, distributed, dtypes, functional, nn, optim, runtime, utils
 from .amp import autocast
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .autograd import backward, grad_tape, no_grad
@@ -43,5 +43,5 @@ __all__ = [
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "reshape", "result_type",
     "runtime", "save", "set_detect_anomaly", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",
     "std", "sum", "tanh", "tensor", "topk", "transpose", "unsqueeze", "var", "where", "zeros",
-    "zeros_like",
+    "utils", "zeros_like",
 ]

@@ -1,6 +1,6 @@
 """Layers and containers (PyTorch's torch.nn, on ggrad tensors)."""
 
-from . import init, lora
+from . import functional, init, lora, utils
 from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
                         TransformerEncoder, TransformerEncoderLayer)
 from .conv import Conv1d, Conv2d, ConvTranspose2d
