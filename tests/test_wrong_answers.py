@@ -237,3 +237,19 @@ def test_slices_with_axes_of_length_one_reach_every_op(dev):
             e = np.exp(a[:, 1:] - a[:, 1:].max(-1, keepdims=True))
             want = e / e.sum(-1, keepdims=True)
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_round_takes_ties_to_even_as_torch(dev):
+    """ggml's ROUND takes ties away from zero: round(2.5) was 3 and round(-0.5) -1, torch's
+    2 and -0. Ties, values near them, large values, inf and NaN, and half precision."""
+    ties = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 4.5, 5.5, -7.5, 8388607.5, 0.49999997, -0.49999997,
+                     -0.50000006, 16777215.0, 3e9, -3e9, 3.4e38, np.inf, -np.inf, np.nan, 0.0, -1e-30], np.float32)
+    rng = np.random.default_rng(0)
+    spread = (rng.standard_normal(20000) * rng.choice([1.0, 1e3, 1e7, 1e9], 20000)).astype(np.float32)
+    spread[::5] = np.floor(spread[::5]) + np.float32(0.5)
+    for values in (ties, spread):
+        np.testing.assert_array_equal(ggrad.round(ggrad.tensor(values)).numpy(), torch.round(torch.tensor(values)).numpy())
+    for low, theirs in ((ggrad.float16, torch.float16), (ggrad.bfloat16, torch.bfloat16)):
+        small = ties[np.isfinite(ties) & (np.abs(ties) < 1000)]
+        got = ggrad.tensor(small).to(low).round().float().numpy()
+        np.testing.assert_array_equal(got, torch.tensor(small).to(theirs).round().float().numpy())

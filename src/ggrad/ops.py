@@ -104,7 +104,7 @@ _UNARY = {
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
     "gelu": G.ggml_gelu_erf, "silu": G.ggml_silu,
     "softmax": G.ggml_soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
-    "round": G.ggml_round, "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
+    "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
 }
 for _name, _fn in _UNARY.items():
     compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
@@ -615,6 +615,25 @@ def _softmax_cross_entropy_back(ctx, s, node):
 # ---- random numbers on the device --------------------------------------------------------
 def _fract(ctx, x):
     return G.ggml_sub(ctx, x, G.ggml_floor(ctx, x))
+
+
+@compute("round")
+def _round(ctx, s, node):
+    """torch.round: the nearest integer, ties to even (ggml's ROUND takes ties away from
+    zero: 2.5 gave 3 where torch gives 2). floor(x) + k, k = 1 where d = x - floor(x) is
+    above one half, or is one half and the floor odd. Worked on x clamped to 2^24, past
+    which every float is an integer: x - clamped (0 below, exact above, inf and NaN as
+    they are) is added back. A zero result is +0 (torch keeps -0.4's sign)."""
+    x = s[0]
+    clamped = G.ggml_clamp(ctx, G.ggml_cont(ctx, x), -16777216.0, 16777216.0)  # clamp writes its source
+    floor = G.ggml_floor(ctx, clamped)
+    d = G.ggml_sub(ctx, clamped, floor)
+    above = _positive(ctx, G.ggml_scale_bias(ctx, d, 1.0, -0.5))
+    below = _positive(ctx, G.ggml_scale_bias(ctx, d, -1.0, 0.5))
+    half = G.ggml_scale_bias(ctx, G.ggml_add(ctx, above, below), -1.0, 1.0)
+    odd = G.ggml_scale(ctx, _fract(ctx, G.ggml_scale(ctx, floor, 0.5)), 2.0)
+    k = G.ggml_add(ctx, above, G.ggml_mul(ctx, half, odd))
+    return G.ggml_add(ctx, G.ggml_add(ctx, floor, k), G.ggml_sub(ctx, x, clamped))
 
 
 @compute("rand")
