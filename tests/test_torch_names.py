@@ -79,3 +79,110 @@ def test_vector_to_parameters_refuses_what_torch_refuses():
         ggrad.nn.utils.vector_to_parameters(ggrad.zeros(25), ours.parameters())
     with pytest.raises(ValueError, match="at least one"):
         ggrad.nn.utils.parameters_to_vector([])
+
+
+def _pos(*shape):
+    return np.random.default_rng(3).uniform(0.5, 2.0, shape).astype(np.float32)
+
+
+def _any(*shape):
+    return np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+
+
+# torch's top-level functions that ggrad also has at its top level: (args, kwargs) of arrays
+TOP_LEVEL = {
+    "add": ((_any(3, 4), _any(4)), {"alpha": 2.5}),
+    "sub": ((_any(3, 4), _any(3, 4)), {"alpha": -0.5}),
+    "mul": ((_any(3, 4), _any(3, 1)), {}),
+    "neg": ((_any(5),), {}),
+    "pow": ((_pos(5), 2.5), {}),
+    "remainder": ((_any(6) * 5, 1.5), {}),
+    "sign": ((np.array([-2.0, 0.0, 3.0], np.float32),), {}),
+    "sin": ((_any(5),), {}), "cos": ((_any(5),), {}),
+    "ceil": ((_any(5) * 3,), {}), "floor": ((_any(5) * 3,), {}), "trunc": ((_any(5) * 3,), {}),
+    "round": ((np.array([0.5, 1.5, 2.5, -0.5, 1.2], np.float32),), {}),
+    "square": ((_any(5),), {}),
+    "floor_divide": ((_any(6) * 5, 1.5), {}),
+    "relu": ((_any(6),), {}),
+    "log_softmax": ((_any(3, 5), 1), {}),
+    "logsumexp": ((_any(3, 5), 1), {}),
+    "broadcast_to": ((_any(1, 4), (3, 4)), {}),
+    "unflatten": ((_any(3, 8), 1, (2, 4)), {}),
+    "addcmul": ((_any(3, 4), _any(3, 4), _any(4)), {"value": 0.5}),
+    "addcdiv": ((_any(3, 4), _any(3, 4), _pos(3, 4)), {"value": -2.0}),
+    "tril": ((_any(2, 4, 5),), {"diagonal": 1}),
+    "triu": ((_any(4, 5),), {"diagonal": -1}),
+    "conv2d": ((_any(2, 3, 6, 6), _any(4, 3, 3, 3)), {"padding": 1}),
+    "max_pool2d": ((_any(2, 3, 6, 6), 2), {}),
+    "layer_norm": ((_any(3, 6), (6,)), {}),
+}
+
+
+NO_DERIVATIVE = {"floor_divide"}  # torch: "derivative for aten::floor_divide is not implemented"
+
+
+@pytest.mark.parametrize("name", list(TOP_LEVEL))
+def test_top_level_functions_equal_torchs(dev, name):
+    """`torch.sin(x)` ports as `ggrad.sin(x)`: the same values and gradients."""
+    args, kwargs = TOP_LEVEL[name]
+
+    def call(module, wrap):
+        inputs = [wrap(a) if isinstance(a, np.ndarray) else a for a in args]
+        out = getattr(module, name)(*inputs, **kwargs)
+        return out, [t for t in inputs if hasattr(t, "grad")]
+
+    grad = name not in NO_DERIVATIVE
+    with ggrad.grad_tape():
+        ours, our_inputs = call(ggrad, lambda a: ggrad.tensor(a, requires_grad=grad))
+        if grad:
+            (ours * ours).sum().backward()
+    theirs, their_inputs = call(torch, lambda a: torch.tensor(a, requires_grad=grad))
+    if grad:
+        (theirs * theirs).sum().backward()
+    np.testing.assert_allclose(ours.numpy(), theirs.detach().numpy(), rtol=2e-6, atol=1e-6)
+    for a, b in zip(our_inputs, their_inputs):
+        if grad and b.grad is not None:
+            np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=2e-5, atol=1e-5)
+
+
+def test_tril_and_triu_drop_nan_and_inf_as_torch(dev):
+    """The dropped triangle holds exact zeros, whatever was there (NaN * 0 would be NaN)."""
+    a = np.array([[1.0, np.nan, np.inf], [-np.inf, 2.0, np.nan], [3.0, 4.0, 5.0]], np.float32)
+    for name in ("tril", "triu"):
+        for diagonal in (-1, 0, 1):
+            np.testing.assert_array_equal(getattr(ggrad.tensor(a), name)(diagonal).numpy(),
+                                          getattr(torch.tensor(a), name)(diagonal).numpy())
+    x = ggrad.tensor(np.arange(6, dtype=np.int64).reshape(2, 3))
+    assert x.tril().dtype is ggrad.int64
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        ggrad.tril(ggrad.ones(3))
+
+
+def test_in_place_arithmetic_with_alpha_and_value_equals_torch(dev):
+    a, b, c = _any(3, 4), _any(3, 4), _pos(3, 4)
+    ours, theirs = ggrad.tensor(a), torch.tensor(a)
+    for t, m in ((ours, ggrad), (theirs, torch)):
+        t.add_(m.tensor(b), alpha=2.0).sub_(m.tensor(c), alpha=0.5)
+        t.addcmul_(m.tensor(b), m.tensor(c), value=-1.5).addcdiv_(m.tensor(b), m.tensor(c), value=0.25)
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_new_tensors_take_this_dtype_as_torch(dev):
+    for dtype in ("float16", "int32", "float32"):
+        ours, theirs = ggrad.ones(2, dtype=dtype), torch.ones(2, dtype=getattr(torch, dtype))
+        for method, args in (("new_zeros", ((2, 3),)), ("new_ones", (4,)), ("new_full", ((2,), 7)),
+                             ("new_tensor", ([1, 2, 3],)), ("new_empty", (2, 2))):
+            got, want = getattr(ours, method)(*args), getattr(theirs, method)(*args)
+            assert got.shape == tuple(want.shape) and got.dtype.name == str(want.dtype).split(".")[-1], method
+            if method != "new_empty":
+                np.testing.assert_array_equal(got.numpy().astype(np.float64), want.numpy().astype(np.float64))
+    assert ggrad.ones(2).new_zeros(3, dtype=ggrad.int64).dtype is ggrad.int64
+
+
+def test_f_strings_of_zero_dim_tensors_format_their_value():
+    loss = ggrad.tensor(1.234567)
+    assert f"{loss:.3f}" == f"{torch.tensor(1.234567):.3f}" == "1.235"
+    assert f"{ggrad.tensor(7)}" == f"{torch.tensor(7)}" == "7" and f"{ggrad.tensor(3):4d}" == "   3"
+    assert f"{ggrad.ones(2)}" == str(ggrad.ones(2))
+    with pytest.raises(TypeError):
+        f"{ggrad.ones(2):.3f}"

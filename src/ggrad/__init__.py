@@ -9,11 +9,13 @@ from .creation import (arange, empty, empty_like, eye, linspace, rand, rand_like
                        randn, randn_like)
 from .data import DataLoader
 from .dtypes import bfloat16, bool_ as bool, dtype, float16, float32, int32, int64, result_type
-from .functional import (abs, all, amax, amin, any, argmax, argmin, argsort, cat, chunk, clamp, concat, cumsum, div, einsum,
-                         eq, exp, flatten, ge, gt, isfinite, isinf, isnan, le, log, logical_and, logical_not,
-                         logical_or, logical_xor, lt, masked_fill, matmul, maximum, mean, minimum, movedim, narrow, ne, norm,
-                         permute, reshape, sigmoid, softmax, sort, split, sqrt, squeeze, stack, std, sum,
-                         tanh, topk, transpose, unsqueeze, var, where)
+from .functional import (abs, add, addcdiv, addcmul, all, amax, amin, any, argmax, argmin, argsort, avg_pool1d,
+                         broadcast_to, cat, ceil, chunk, clamp, concat, conv1d, conv2d, conv_transpose2d, cos, cumsum, div,
+                         einsum, eq, exp, flatten, floor, floor_divide, ge, gt, isfinite, isinf, isnan, layer_norm, le, log,
+                         log_softmax, logical_and, logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul,
+                         max_pool1d, max_pool2d, maximum, mean, minimum, movedim, mul, narrow, ne, neg, norm, permute, pow,
+                         relu, remainder, reshape, round, sigmoid, sign, sin, softmax, sort, split, sqrt, square, squeeze,
+                         stack, std, sub, sum, tanh, topk, transpose, tril, triu, trunc, unflatten, unsqueeze, var, where)
 from .gradcheck import gradcheck
 from .io import export_gguf, load, save
 from .random import get_rng_state, manual_seed, set_rng_state
@@ -29,19 +31,22 @@ float, half, long, int = float32, float16, int64, int32  # torch's aliases  # no
 clip = clamp
 
 __all__ = [
-    "DataLoader", "EarlyStopping", "amp", "distributed", "autocast", "get_float32_matmul_precision",
-    "set_float32_matmul_precision", "History", "ModelCheckpoint", "Tensor", "abs", "all", "amax", "amin", "any",
-    "arange",
-    "argmax", "argmin", "argsort", "backward", "bfloat16", "bool", "cat", "chunk", "clamp", "clip",
-    "compile", "concat", "count_transfers", "cumsum", "data", "div", "device", "devices", "dtype", "dtypes",
-    "einsum", "empty", "empty_like", "eq", "evaluate", "exp", "export_gguf", "eye", "fit", "flatten",
-    "float", "float16", "float32", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge",
-    "get_device", "gpu_available", "grad_tape", "gradcheck", "gt", "half", "int", "int32", "int64",
-    "is_anomaly_enabled", "isfinite", "isinf", "isnan", "le", "linspace", "load", "log", "logical_and", "logical_not",
-    "logical_or", "logical_xor", "long", "lt", "manual_seed", "get_rng_state", "set_rng_state", "masked_fill", "matmul", "maximum", "mean",
-    "minimum", "movedim", "narrow", "ne", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "rand",
-    "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "reshape", "result_type",
-    "runtime", "save", "set_detect_anomaly", "set_device", "sigmoid", "softmax", "sort", "split", "sqrt", "squeeze", "stack",
-    "std", "sum", "tanh", "tensor", "topk", "transpose", "unsqueeze", "var", "where", "zeros",
-    "utils", "zeros_like",
+    "abs", "add", "addcdiv", "addcmul", "all", "amax", "amin", "amp", "any", "arange", "argmax", "argmin",
+    "argsort", "autocast", "avg_pool1d", "backward", "bfloat16", "bool", "broadcast_to", "cat", "ceil",
+    "chunk", "clamp", "clip", "compile", "concat", "conv1d", "conv2d", "conv_transpose2d", "cos",
+    "count_transfers", "cumsum", "data", "DataLoader", "device", "devices", "distributed", "div", "dtype",
+    "dtypes", "EarlyStopping", "einsum", "empty", "empty_like", "eq", "evaluate", "exp", "export_gguf", "eye",
+    "fit", "flatten", "float", "float16", "float32", "floor", "floor_divide", "from_dlpack", "from_numpy",
+    "full", "full_like", "functional", "ge", "get_device", "get_float32_matmul_precision", "get_rng_state",
+    "gpu_available", "grad_tape", "gradcheck", "gt", "half", "History", "int", "int32", "int64",
+    "is_anomaly_enabled", "isfinite", "isinf", "isnan", "layer_norm", "le", "linspace", "load", "log",
+    "log_softmax", "logical_and", "logical_not", "logical_or", "logical_xor", "logsumexp", "long", "lt",
+    "manual_seed", "masked_fill", "matmul", "max_pool1d", "max_pool2d", "maximum", "mean", "minimum",
+    "ModelCheckpoint", "movedim", "mul", "narrow", "ne", "neg", "nn", "no_grad", "norm", "ones", "ones_like",
+    "optim", "param", "permute", "pow", "rand", "rand_like", "randint", "randint_like", "randn", "randn_like",
+    "realize", "relu", "remainder", "reshape", "result_type", "round", "runtime", "save",
+    "set_detect_anomaly", "set_device", "set_float32_matmul_precision", "set_rng_state", "sigmoid", "sign",
+    "sin", "softmax", "sort", "split", "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh",
+    "Tensor", "tensor", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze", "utils",
+    "var", "where", "zeros", "zeros_like",
 ]

@@ -205,6 +205,32 @@ class Tensor:
 
     __hash__ = object.__hash__  # == is elementwise (as torch's); tensors hash by identity
 
+    def __format__(self, spec: str) -> str:
+        """f"{loss:.4f}" of a 0-d tensor formats its value (one read), as torch's."""
+        if not self.shape:
+            return format(self.item(), spec)
+        return object.__format__(self, spec)
+
+    # ---- new tensors like this one (torch's new_*: this dtype unless told) ---------------
+    def new_tensor(self, data, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+        return Tensor(data.numpy() if isinstance(data, Tensor) else data, dtype=dtype or self.dtype,
+                      device=device, requires_grad=requires_grad)
+
+    def new_full(self, size, fill_value, *, dtype=None, device: str | None = None,
+                 requires_grad: bool = False) -> Tensor:
+        return full(_shape_args((size,)), fill_value, dtype=dtype or self.dtype, device=device,
+                    requires_grad=requires_grad)
+
+    def new_zeros(self, *size, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+        return self.new_full(_shape_args(size), 0, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_ones(self, *size, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+        return self.new_full(_shape_args(size), 1, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    def new_empty(self, *size, dtype=None, device: str | None = None, requires_grad: bool = False) -> Tensor:
+        """Zeros: ggrad has no uninitialized memory to hand out (torch's values are unspecified)."""
+        return self.new_zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+
     def __repr__(self) -> str:
         grad = ", requires_grad=True" if self.requires_grad else ""
         dtype = "" if self.dtype in (dtypes.float32, dtypes.int64, dtypes.bool_) else f", dtype={self.dtype}"
@@ -319,14 +345,27 @@ class Tensor:
     def __isub__(self, other):
         return self._inplace_result(self - other)
 
+    def add_(self, other, *, alpha=1) -> Tensor:
+        return self._inplace_result(F.add(self, other, alpha))
+
+    def sub_(self, other, *, alpha=1) -> Tensor:
+        return self._inplace_result(F.sub(self, other, alpha))
+
+    def addcmul(self, tensor1, tensor2, *, value=1) -> Tensor: return F.addcmul(self, tensor1, tensor2, value=value)
+    def addcdiv(self, tensor1, tensor2, *, value=1) -> Tensor: return F.addcdiv(self, tensor1, tensor2, value=value)
+
+    def addcmul_(self, tensor1, tensor2, *, value=1) -> Tensor:
+        return self._inplace_result(F.addcmul(self, tensor1, tensor2, value=value))
+
+    def addcdiv_(self, tensor1, tensor2, *, value=1) -> Tensor:
+        return self._inplace_result(F.addcdiv(self, tensor1, tensor2, value=value))
+
     def __imul__(self, other):
         return self._inplace_result(self * other)
 
     def __itruediv__(self, other):
         return self._inplace_result(self / other)
 
-    add_ = __iadd__
-    sub_ = __isub__
     mul_ = __imul__
     div_ = __itruediv__
 
@@ -511,6 +550,10 @@ class Tensor:
     def mul(self, other) -> Tensor: return F.mul(self, other)
     def div(self, other, rounding_mode=None) -> Tensor: return F.div(self, other, rounding_mode)
     def matmul(self, other) -> Tensor: return F.matmul(self, other)
+    def tril(self, diagonal: int = 0) -> Tensor: return F.tril(self, diagonal)
+    def triu(self, diagonal: int = 0) -> Tensor: return F.triu(self, diagonal)
+    def tril_(self, diagonal: int = 0) -> Tensor: return self._inplace_result(F.tril(self, diagonal))
+    def triu_(self, diagonal: int = 0) -> Tensor: return self._inplace_result(F.triu(self, diagonal))
 
     # ---- dtype and device ---------------------------------------------------------------
     def to(self, *args, dtype=None, device=None, copy: bool = False) -> Tensor:

@@ -12,8 +12,8 @@ from .attention import rotary_embedding, scaled_dot_product_attention
 from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, fold,
                    interpolate, max_pool1d, max_pool2d, unfold, unfold_windows)
 from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
-                      logical_or, logical_xor, lt, masked_fill, ne, where)
-from .elementwise import (abs, add, affine, ceil, clamp, cos, div, exp, floor, floor_divide, gelu, leaky_relu,
+                      logical_or, logical_xor, lt, masked_fill, ne, tril, triu, where)
+from .elementwise import (abs, add, addcdiv, addcmul, affine, ceil, clamp, cos, div, exp, floor, floor_divide, gelu, leaky_relu,
                           log, maximum, minimum, mul, neg, pow, relu, remainder, round, scale, sigmoid,
                           sign, silu, sin, sqrt, square, step, sub, tanh, trunc)
 from .indexing import embedding, fill, gather, getitem, one_hot, setitem, take
@@ -26,7 +26,7 @@ from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, l
                      norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
 
 __all__ = [
-    "abs", "adaptive_avg_pool2d", "add", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
+    "abs", "adaptive_avg_pool2d", "add", "addcdiv", "addcmul", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
     "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat", "cos",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
@@ -37,5 +37,5 @@ __all__ = [
     "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",
     "reshape", "rotary_embedding", "round", "scale", "scaled_dot_product_attention", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
-    "take_along_last", "tanh", "topk", "transpose", "trunc", "unflatten", "unfold", "unsqueeze", "var", "where",
+    "take_along_last", "tanh", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unfold", "unsqueeze", "var", "where",
 ]

@@ -6,12 +6,13 @@ everything, inf equals inf."""
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from .. import dtypes
-from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _is_scalar, broadcast_shape, cast, full_like, result_type,
-                    sum_to)
+from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _constant, _is_scalar, broadcast_shape, cast, full_like,
+                    result_type, sum_to)
 from .reduce import sum
 
 BOOL = dtypes.bool_
@@ -188,3 +189,27 @@ def masked_fill(x, mask, value) -> Tensor:
     else:
         raise TypeError(f"masked_fill value must be a number or a 0-d tensor, got {type(value).__name__}")
     return where(mask, value, x)
+
+
+def _triangle(x, diagonal: int, lower: bool, what: str) -> Tensor:
+    x = _as_tensor(x)
+    if x.ndim < 2:
+        raise ValueError(f"{what} needs a tensor of at least 2 dimensions, got shape {x.shape}")
+    if not isinstance(diagonal, numbers.Integral) or isinstance(diagonal, bool):
+        raise TypeError(f"{what}: diagonal must be an int, got {diagonal!r}")
+    rows, cols = x.shape[-2:]
+    diagonal = int(diagonal)
+    keep = _constant((what, rows, cols, diagonal), lambda: np.tri(rows, cols, diagonal, dtype=bool) if lower else
+                     ~np.tri(rows, cols, diagonal - 1, dtype=bool))
+    return where(keep, x, 0)
+
+
+def tril(x, diagonal: int = 0) -> Tensor:
+    """torch.tril: the elements on and below the `diagonal`-th diagonal of the last two
+    axes, exact zeros above (a NaN there is dropped, not multiplied by 0)."""
+    return _triangle(x, diagonal, True, "tril")
+
+
+def triu(x, diagonal: int = 0) -> Tensor:
+    """torch.triu: on and above the `diagonal`-th diagonal, exact zeros below."""
+    return _triangle(x, diagonal, False, "triu")

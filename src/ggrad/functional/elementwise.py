@@ -71,6 +71,16 @@ def mul(a, b) -> Tensor:
     return _binary("mul", a, b, _mul_rule, dtype)
 
 
+def addcmul(input, tensor1, tensor2, *, value=1) -> Tensor:
+    """torch.addcmul: input + value * tensor1 * tensor2."""
+    return add(input, mul(tensor1, tensor2), alpha=value)
+
+
+def addcdiv(input, tensor1, tensor2, *, value=1) -> Tensor:
+    """torch.addcdiv: input + value * tensor1 / tensor2."""
+    return add(input, div(tensor1, tensor2), alpha=value)
+
+
 def _mul_rule(ctx, g):
     a, b = ctx.parents
     return (sum_to(g * b.detach(), a.shape) if a.requires_grad else None,
