@@ -175,8 +175,11 @@ def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None
     """Record an effect writing `targets`' buffers; returns their new versions."""
     if VERSION in [s.op for s in srcs]:
         realize()
-    for target in targets:
-        ensure_on_device(target)
+    here = runtime.get_device()
+    for target in targets:  # ensure_on_device, its common case (a live handle here) inlined
+        handle = target.handle
+        if target.op is not None or handle is None or not handle.live or handle.device != here:
+            ensure_on_device(target)
     versions = [Node(t.shape, t.dtype, op=VERSION, scope=t.scope) for t in targets]
     local.effects.append(Effect(op, srcs, arg, targets, versions))
     return versions
