@@ -160,14 +160,16 @@ def _landing(node: Node) -> str:
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.float32, arg=None) -> Node:
     for src in srcs:
-        if src.op == FAILED:
+        kind = src.op
+        if kind is None:
+            handle = src.handle
+            if handle is not None and handle.host_copy is None and not handle.live:
+                handle.check_live()  # a value from a reset pass: say so here, not in a later graph
+        elif kind == FAILED:
             raise failure(src) from src.arg
-        if src.op == VERSION:  # its effect has not run: run it before reading the result
+        elif kind == VERSION:  # its effect has not run: run it before reading the result
             realize()
             break
-        handle = src.handle
-        if src.op is None and handle is not None and handle.host_copy is None and not handle.live:
-            handle.check_live()  # a value from a reset pass: say so here, not in a later graph
     return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=local.default_scope)
 
 
