@@ -404,6 +404,66 @@ def test_linear_warmup_cosine():
     assert got[4] == pytest.approx(0.1) and got[8] == pytest.approx(0.0, abs=1e-12)
 
 
+class _Halving:
+    """A schedule function with state, as torch's state dicts keep them."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, epoch):
+        self.calls += 1
+        return 0.5 ** (epoch // 3)
+
+
+TORCH_SCHEDULES = {
+    "MultiStepLR": ({"milestones": [3, 7, 7, 12], "gamma": 0.5}, {}),
+    "ExponentialLR": ({"gamma": 0.9}, {}),
+    "ConstantLR": ({"factor": 0.25, "total_iters": 4}, {}),
+    "LinearLR": ({"start_factor": 0.2, "end_factor": 0.9, "total_iters": 6}, {}),
+    "PolynomialLR": ({"total_iters": 8, "power": 2.0}, {}),
+    "LambdaLR": ({}, {"lr_lambda": lambda epoch: 1.0 / (1 + epoch)}),
+    "LambdaLR_per_group": ({}, {"lr_lambda": [lambda epoch: 0.9 ** epoch, lambda epoch: 1 + epoch % 3]}),
+    "MultiplicativeLR": ({}, {"lr_lambda": lambda epoch: 0.8 if epoch % 2 else 1.1}),
+}
+
+
+@pytest.mark.parametrize("name", list(TORCH_SCHEDULES))
+def test_schedulers_follow_torchs(name):
+    """20 steps over two groups of different rates, against torch.optim.lr_scheduler."""
+    torch = pytest.importorskip("torch")
+    kwargs, functions = TORCH_SCHEDULES[name]
+    cls = name.split("_")[0]
+    ours = SGD([{"params": [ggrad.param(P0)], "lr": 0.1}, {"params": [ggrad.param(P0)], "lr": 0.03}], lr=0.1)
+    theirs = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": 0.1},
+                              {"params": [torch.zeros(1, requires_grad=True)], "lr": 0.03}], lr=0.1)
+    mine = getattr(lr_scheduler, cls)(ours, **kwargs, **functions)
+    reference = getattr(torch.optim.lr_scheduler, cls)(theirs, **kwargs, **functions)
+    for _ in range(20):
+        assert mine.get_last_lr() == pytest.approx(reference.get_last_lr(), rel=1e-12, abs=1e-15)
+        theirs.step()
+        mine.step()
+        reference.step()
+
+
+def test_lambda_schedules_keep_stateful_functions_in_their_state_dict():
+    """As torch's: a plain function is not saved (None), an object's fields are, and a
+    resumed schedule goes on where it was."""
+    opt = SGD([{"params": [ggrad.param(P0)]}, {"params": [ggrad.param(P0)]}], lr=0.1)
+    halving = _Halving()
+    sched = lr_scheduler.LambdaLR(opt, [halving, lambda epoch: 1.0])
+    for _ in range(5):
+        sched.step()
+    state = sched.state_dict()
+    assert state["lr_lambdas"][1] is None and state["lr_lambdas"][0] == {"calls": halving.calls}
+    fresh_fn = _Halving()
+    resumed = lr_scheduler.LambdaLR(SGD([{"params": [ggrad.param(P0)]}, {"params": [ggrad.param(P0)]}], lr=0.1),
+                                    [fresh_fn, lambda epoch: 1.0])
+    resumed.load_state_dict(state)
+    assert fresh_fn.calls == halving.calls and resumed.last_epoch == sched.last_epoch == 5
+    with pytest.raises(ValueError, match="Expected 2 lr_lambdas"):
+        lr_scheduler.LambdaLR(opt, [halving])
+
+
 def test_reduce_on_plateau():
     opt = SGD([ggrad.param(P0)], lr=0.1)
     sched = lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)

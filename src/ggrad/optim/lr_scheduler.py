@@ -5,8 +5,10 @@ Setting an lr costs one 4-byte upload at the next optimizer step, and only when 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
+import types
 
 from .optimizer import Optimizer
 
@@ -66,6 +68,113 @@ class StepLR(LRScheduler):
 
     def lr_at(self, epoch, base_lr):
         return base_lr * self.gamma ** (epoch // self.step_size)
+
+
+class MultiStepLR(LRScheduler):
+    """lr = base * gamma ** (how many milestones, counted with repeats, are <= epoch)"""
+
+    def __init__(self, optimizer, milestones, gamma: float = 0.1, last_epoch: int = -1) -> None:
+        self.milestones, self.gamma = sorted(int(m) for m in milestones), float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return base_lr * self.gamma ** bisect.bisect_right(self.milestones, epoch)
+
+
+class ExponentialLR(LRScheduler):
+    """lr = base * gamma ** epoch"""
+
+    def __init__(self, optimizer, gamma: float, last_epoch: int = -1) -> None:
+        self.gamma = float(gamma)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return base_lr * self.gamma ** epoch
+
+
+class ConstantLR(LRScheduler):
+    """lr = base * factor for the first total_iters epochs, then base"""
+
+    def __init__(self, optimizer, factor: float = 1.0 / 3, total_iters: int = 5, last_epoch: int = -1) -> None:
+        if not 0 <= factor <= 1:
+            raise ValueError("Constant multiplicative factor expected to be between 0 and 1.")
+        self.factor, self.total_iters = float(factor), int(total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return base_lr * (self.factor if epoch < self.total_iters else 1.0)
+
+
+class LinearLR(LRScheduler):
+    """lr = base * (start_factor + (end_factor - start_factor) * min(epoch, total_iters) / total_iters)"""
+
+    def __init__(self, optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0, total_iters: int = 5,
+                 last_epoch: int = -1) -> None:
+        if not 0 < start_factor <= 1:
+            raise ValueError("Starting multiplicative factor expected to be greater than 0 and less or equal to 1.")
+        if not 0 <= end_factor <= 1:
+            raise ValueError("Ending multiplicative factor expected to be between 0 and 1.")
+        self.start_factor, self.end_factor, self.total_iters = float(start_factor), float(end_factor), int(total_iters)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        done = min(epoch, self.total_iters) / self.total_iters
+        return base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
+
+
+class PolynomialLR(LRScheduler):
+    """lr = base * (1 - min(epoch, total_iters) / total_iters) ** power"""
+
+    def __init__(self, optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
+        self.total_iters, self.power = int(total_iters), float(power)
+        super().__init__(optimizer, last_epoch)
+
+    def lr_at(self, epoch, base_lr):
+        return base_lr * (1.0 - min(epoch, self.total_iters) / self.total_iters) ** self.power
+
+
+class LambdaLR(LRScheduler):
+    """lr = base * lr_lambda(epoch); one function, or one per parameter group. The state
+    dict keeps the functions that are objects with state (as torch's), not plain ones."""
+
+    def __init__(self, optimizer, lr_lambda, last_epoch: int = -1) -> None:
+        groups = len(optimizer.param_groups)
+        self.lr_lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * groups
+        if len(self.lr_lambdas) != groups:
+            raise ValueError(f"Expected {groups} lr_lambdas, but got {len(self.lr_lambdas)}")
+        super().__init__(optimizer, last_epoch)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        for group, base, fn in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+            group["lr"] = self._next(group["lr"], base, fn)
+
+    def _next(self, lr: float, base: float, fn) -> float:
+        return base * fn(self.last_epoch)
+
+    def state_dict(self) -> dict:
+        fns = self.__dict__.pop("lr_lambdas")
+        try:
+            state = super().state_dict()
+        finally:
+            self.lr_lambdas = fns
+        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else copy.deepcopy(fn.__dict__) for fn in fns]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        saved = state.pop("lr_lambdas", [None] * len(self.lr_lambdas))
+        super().load_state_dict(state)
+        for fn, fields in zip(self.lr_lambdas, saved):
+            if fields is not None:
+                fn.__dict__.update(copy.deepcopy(fields))
+
+
+class MultiplicativeLR(LambdaLR):
+    """lr = previous lr * lr_lambda(epoch) from epoch 1 on"""
+
+    def _next(self, lr, base, fn):
+        return lr * fn(self.last_epoch) if self.last_epoch > 0 else lr
 
 
 class CosineAnnealingLR(LRScheduler):
