@@ -445,6 +445,40 @@ def test_schedulers_follow_torchs(name):
         reference.step()
 
 
+SEQUENCES = {
+    "warmup_cosine": ([("LinearLR", {"start_factor": 0.1, "total_iters": 3}), ("CosineAnnealingLR", {"T_max": 10})], [3]),
+    "three": ([("ConstantLR", {"factor": 0.5, "total_iters": 2}), ("ExponentialLR", {"gamma": 0.9}),
+               ("StepLR", {"step_size": 3, "gamma": 0.5})], [4, 9]),
+    "lambdas": ([("LambdaLR", {"lr_lambda": lambda epoch: (epoch + 1) / 5}),
+                 ("MultiplicativeLR", {"lr_lambda": lambda epoch: 0.95})], [5]),
+    "multiplicative_first": ([("MultiplicativeLR", {"lr_lambda": lambda epoch: 0.9}), ("ExponentialLR", {"gamma": 0.5}),
+                              ("MultiplicativeLR", {"lr_lambda": lambda epoch: 1.0 + epoch / 10})], [4, 8]),
+}
+
+
+@pytest.mark.parametrize("name", list(SEQUENCES))
+def test_sequential_schedules_follow_torchs(name):
+    """SequentialLR over closed-form, per-group and multiplicative schedules, 20 steps of
+    two groups, against torch's (which restarts each scheduler at its milestone)."""
+    torch = pytest.importorskip("torch")
+    parts, milestones = SEQUENCES[name]
+    ours = SGD([{"params": [ggrad.param(P0)], "lr": 0.1}, {"params": [ggrad.param(P0)], "lr": 0.03}], lr=0.1)
+    theirs = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": 0.1},
+                              {"params": [torch.zeros(1, requires_grad=True)], "lr": 0.03}], lr=0.1)
+    mine = lr_scheduler.SequentialLR(ours, [getattr(lr_scheduler, c)(ours, **kw) for c, kw in parts], milestones)
+    reference = torch.optim.lr_scheduler.SequentialLR(
+        theirs, [getattr(torch.optim.lr_scheduler, c)(theirs, **kw) for c, kw in parts], milestones)
+    for _ in range(20):
+        assert mine.get_last_lr() == pytest.approx(reference.get_last_lr(), rel=1e-12, abs=1e-15)
+        theirs.step()
+        mine.step()
+        reference.step()
+    state = mine.state_dict()
+    assert [inner["last_epoch"] for inner in state["_schedulers"]] == [s.last_epoch for s in mine._schedulers]
+    with pytest.raises(ValueError, match="one more than the number of milestone"):
+        lr_scheduler.SequentialLR(ours, [lr_scheduler.ExponentialLR(ours, 0.9)], [3])
+
+
 def test_lambda_schedules_keep_stateful_functions_in_their_state_dict():
     """As torch's: a plain function is not saved (None), an object's fields are, and a
     resumed schedule goes on where it was."""

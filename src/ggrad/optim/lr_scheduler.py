@@ -46,15 +46,22 @@ class LRScheduler(_Scheduler):
             group.setdefault("initial_lr", group["lr"])
         self.base_lrs = [g["initial_lr"] for g in optimizer.param_groups]
         self.last_epoch = last_epoch
+        self._initial = True  # the construction's step (torch's _is_initial)
         self.step()
+        self._initial = False
 
     def lr_at(self, epoch: int, base_lr: float) -> float:
         raise NotImplementedError
 
+    def lr_for(self, epoch: int, index: int, lr: float, base_lr: float) -> float:
+        """Group `index`'s rate at `epoch`, from its current `lr` and its `base_lr`: the
+        closed form `lr_at` unless a schedule needs the group or the current rate."""
+        return self.lr_at(epoch, base_lr)
+
     def step(self) -> None:
         self.last_epoch += 1
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = self.lr_at(self.last_epoch, base)
+        for index, (group, base) in enumerate(zip(self.optimizer.param_groups, self.base_lrs)):
+            group["lr"] = self.lr_for(self.last_epoch, index, group["lr"], base)
 
 
 class StepLR(LRScheduler):
@@ -144,13 +151,8 @@ class LambdaLR(LRScheduler):
             raise ValueError(f"Expected {groups} lr_lambdas, but got {len(self.lr_lambdas)}")
         super().__init__(optimizer, last_epoch)
 
-    def step(self) -> None:
-        self.last_epoch += 1
-        for group, base, fn in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
-            group["lr"] = self._next(group["lr"], base, fn)
-
-    def _next(self, lr: float, base: float, fn) -> float:
-        return base * fn(self.last_epoch)
+    def lr_for(self, epoch, index, lr, base_lr):
+        return base_lr * self.lr_lambdas[index](epoch)
 
     def state_dict(self) -> dict:
         fns = self.__dict__.pop("lr_lambdas")
@@ -171,10 +173,62 @@ class LambdaLR(LRScheduler):
 
 
 class MultiplicativeLR(LambdaLR):
-    """lr = previous lr * lr_lambda(epoch) from epoch 1 on"""
+    """lr = previous lr * lr_lambda(epoch) at every step but the construction's (inside a
+    SequentialLR its milestone's step multiplies by lr_lambda(0), as torch's)"""
 
-    def _next(self, lr, base, fn):
-        return lr * fn(self.last_epoch) if self.last_epoch > 0 else lr
+    def lr_for(self, epoch, index, lr, base_lr):
+        return lr if self._initial else lr * self.lr_lambdas[index](epoch)
+
+
+class SequentialLR(LRScheduler):
+    """`schedulers` one after another: the i-th runs from milestones[i-1] (its epoch 0)
+    to milestones[i], as torch's (which restarts each at its milestone)."""
+
+    def __init__(self, optimizer, schedulers, milestones, last_epoch: int = -1) -> None:
+        schedulers, milestones = list(schedulers), [int(m) for m in milestones]
+        if not schedulers:
+            raise ValueError("SequentialLR expects at least one scheduler")
+        if len(milestones) != len(schedulers) - 1:
+            raise ValueError(f"Sequential Schedulers expects number of schedulers provided to be one more than the "
+                             f"number of milestone points, but got number of schedulers {len(schedulers)} and the "
+                             f"number of milestones to be equal to {len(milestones)}")
+        for i, scheduler in enumerate(schedulers):
+            if not isinstance(scheduler, LRScheduler) or isinstance(scheduler, SequentialLR):
+                raise TypeError(f"SequentialLR takes the schedulers of lr_scheduler (not ReduceLROnPlateau or "
+                                f"another SequentialLR), got {type(scheduler).__name__} at index {i}")
+            if scheduler.optimizer is not optimizer:
+                raise ValueError(f"Sequential Schedulers expects all schedulers to belong to the same optimizer, "
+                                 f"but got scheduler {type(scheduler).__name__} at index {i} with another one")
+        self._schedulers, self._milestones = schedulers, milestones
+        for group in optimizer.param_groups:  # the schedulers' constructions stepped them: start again
+            group["lr"] = group["initial_lr"]
+        super().__init__(optimizer, last_epoch)
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        active = bisect.bisect_right(self._milestones, epoch)
+        start = self._milestones[active - 1] if active else 0
+        inner = self._schedulers[active]
+        inner._initial = self._initial  # this construction's step is the active one's first too
+        try:
+            return inner.lr_for(epoch - start, index, lr, base_lr)
+        finally:
+            inner._initial = False
+
+    def state_dict(self) -> dict:
+        schedulers = self.__dict__.pop("_schedulers")
+        try:
+            state = super().state_dict()
+        finally:
+            self._schedulers = schedulers
+        state["_schedulers"] = [s.state_dict() for s in schedulers]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        saved = state.pop("_schedulers")
+        super().load_state_dict(state)
+        for scheduler, inner in zip(self._schedulers, saved):
+            scheduler.load_state_dict(inner)
 
 
 class CosineAnnealingLR(LRScheduler):
