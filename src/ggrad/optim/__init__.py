@@ -4,7 +4,8 @@ from . import lr_scheduler
 from .adam import Adam, AdamW, adam_update
 from .clip import clip_grad_norm_, clip_grad_value_
 from .optimizer import Optimizer
+from .rmsprop import RMSprop
 from .sgd import SGD, sgd_update
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "adam_update", "clip_grad_norm_",
+__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "adam_update", "clip_grad_norm_",
            "clip_grad_value_", "lr_scheduler", "sgd_update"]
