@@ -635,12 +635,30 @@ def test_adam_state_moves_between_the_kernel_and_the_composed_update(monkeypatch
 def test_rmsprop_follows_torchs(dev, kwargs):
     """torch.optim.RMSprop's weights over 30 steps (alpha = 0.3 takes torch's other lerp
     form), its state dict's keys, and a resident state with no crossing per step."""
+    _follows_torch(dev, "RMSprop", kwargs)
+
+
+OPTIMIZERS = {
+    "Adagrad": [dict(), dict(lr=0.05, lr_decay=0.01), dict(weight_decay=0.1, initial_accumulator_value=0.5, eps=1e-6)],
+    "Adadelta": [dict(), dict(lr=0.5, rho=0.5, weight_decay=0.05)],
+    "Adamax": [dict(), dict(lr=0.01, betas=(0.3, 0.9), weight_decay=0.1)],
+}
+
+
+@pytest.mark.parametrize("name,kwargs", [(n, k) for n, ks in OPTIMIZERS.items() for k in ks])
+def test_optimizers_follow_torchs(dev, name, kwargs):
+    """Each optimizer's weights follow torch.optim's over 30 steps, with torch's state
+    keys, its state resident and no crossing per step."""
+    _follows_torch(dev, name, kwargs)
+
+
+def _follows_torch(dev, name, kwargs):
     torch = pytest.importorskip("torch")
     grads = np.random.default_rng(6).standard_normal((30,) + P0.shape).astype(np.float32)
     p = ggrad.param(P0)
-    opt = ggrad.optim.RMSprop([p], **kwargs)
+    opt = getattr(ggrad.optim, name)([p], **kwargs)
     w = torch.tensor(P0.astype(np.float32), requires_grad=True)
-    ref = torch.optim.RMSprop([w], **kwargs)
+    ref = getattr(torch.optim, name)([w], **kwargs)
     for i, g in enumerate(grads):
         p.grad = ggrad.tensor(g)
         ggrad.realize(p.grad)
@@ -658,13 +676,17 @@ def test_rmsprop_follows_torchs(dev, kwargs):
         np.testing.assert_allclose(ours[key], theirs[key].numpy(), rtol=2e-6, atol=1e-7)
 
 
-def test_a_compiled_rmsprop_step_is_the_eager_one(dev):
-    """Captured once and replayed, the step gives the eager loop's weights bit for bit."""
+@pytest.mark.parametrize("name,kwargs", [("RMSprop", dict(lr=0.01, momentum=0.9, centered=True)),
+                                         ("Adagrad", dict(lr=0.05, lr_decay=0.01)), ("Adadelta", dict()),
+                                         ("Adamax", dict(lr=0.01))])
+def test_a_compiled_step_of_the_other_optimizers_is_the_eager_one(dev, name, kwargs):
+    """Captured once and replayed, the step gives the eager loop's weights bit for bit
+    (the device step counts of Adagrad's decay and Adamax's correction advance)."""
     grads = np.random.default_rng(7).standard_normal((6,) + P0.shape).astype(np.float32)
     results = []
     for compiled in (False, True):
         p = ggrad.param(P0)
-        opt = ggrad.optim.RMSprop([p], lr=0.01, momentum=0.9, centered=True)
+        opt = getattr(ggrad.optim, name)([p], **kwargs)
 
         def step(g):
             p.grad = g

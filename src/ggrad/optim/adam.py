@@ -14,7 +14,7 @@ from ..functional._core import _apply
 from ..ops import compute
 from ..runtime import backend, kernels
 from ..tensor import Tensor, inplace
-from .optimizer import Optimizer, _check_positive, device_scalar, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, count_group_step, device_scalar, device_zeros_like, float32, store
 
 
 def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
@@ -64,10 +64,6 @@ def kernel_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, hyper: Tensor, bet
     m = m * b1 + g * (1.0 - b1)
     v = v * b2 + g * g * (1.0 - b2)
     return {"m": m, "v": v, "p": p - lr * (m * c1_inv) / (F.sqrt(v * c2_inv) + eps)}
-
-
-def _count_step(shared: dict) -> None:
-    shared["step"] += 1
 
 
 class Adam(Optimizer):
@@ -122,7 +118,7 @@ class Adam(Optimizer):
         self._init_group(index, group)  # no-op unless the hyperparameters or the state were replaced
         constants = shared["constants_of"]
         shared["step"] += 1
-        capture.on_replay(advance=functools.partial(_count_step, shared))
+        capture.on_replay(advance=functools.partial(count_group_step, shared))
         exact = backend.adamw_exact()
         if exact and kernels.supported(runtime.current().backend, kernels.ADAM_HYPER):
             # one kernel: this step's corrections and the 9 constants, as composed below

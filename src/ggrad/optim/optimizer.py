@@ -61,6 +61,11 @@ def float32(t: Tensor | None) -> Tensor | None:
     return None if t is None else F.cast(t, dtypes.float32)
 
 
+def count_group_step(shared: dict) -> None:
+    """A replayed step's advance of a group's host step count (capture.on_replay)."""
+    shared["step"] += 1
+
+
 def store(target: Tensor, value: Tensor) -> None:
     """Write `value` into `target` in place, rounded once to `target`'s dtype."""
     target._assign(F.cast(value, target.dtype))
