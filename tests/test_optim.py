@@ -638,14 +638,14 @@ def test_rmsprop_follows_torchs(dev, kwargs):
     _follows_torch(dev, "RMSprop", kwargs)
 
 
-OPTIMIZERS = {
+TORCH_OPTIMIZERS = {
     "Adagrad": [dict(), dict(lr=0.05, lr_decay=0.01), dict(weight_decay=0.1, initial_accumulator_value=0.5, eps=1e-6)],
     "Adadelta": [dict(), dict(lr=0.5, rho=0.5, weight_decay=0.05)],
     "Adamax": [dict(), dict(lr=0.01, betas=(0.3, 0.9), weight_decay=0.1)],
 }
 
 
-@pytest.mark.parametrize("name,kwargs", [(n, k) for n, ks in OPTIMIZERS.items() for k in ks])
+@pytest.mark.parametrize("name,kwargs", [(n, k) for n, ks in TORCH_OPTIMIZERS.items() for k in ks])
 def test_optimizers_follow_torchs(dev, name, kwargs):
     """Each optimizer's weights follow torch.optim's over 30 steps, with torch's state
     keys, its state resident and no crossing per step."""
