@@ -186,3 +186,16 @@ def test_f_strings_of_zero_dim_tensors_format_their_value():
     assert f"{ggrad.ones(2)}" == str(ggrad.ones(2))
     with pytest.raises(TypeError):
         f"{ggrad.ones(2):.3f}"
+
+
+def test_the_user_defined_optimizer_in_the_docs_runs():
+    """docs/coming_from_pytorch.md's Lion, run as written (its block checks itself
+    against numpy)."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "coming_from_pytorch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1 and "class Lion(Optimizer)" in blocks[0]
+    namespace: dict = {}
+    exec(compile(blocks[0], "coming_from_pytorch.md", "exec"), namespace)
+    assert namespace["opt"].state[namespace["w"]]["step"] == 2

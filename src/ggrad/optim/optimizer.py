@@ -1,7 +1,13 @@
 """`Optimizer`: parameter groups, state, accumulation and the step loop.
 
-Subclasses implement ``_update(p, g, group, state)``: build the new values with lazy
-tensor operations and assign them in place (``state["m"]._assign(...)``, ``p._assign``).
+A new update rule is a subclass with two methods (docs/coming_from_pytorch.md has one):
+
+- ``_init_state(self, p, group) -> list[Tensor]``: make p's state tensors on the device
+  (``device_zeros_like(p)``) into ``self.state.setdefault(p, {"step": 0})``, return them;
+- ``_update(self, p, g, lr, group, state) -> None``: p's new value and new state from the
+  gradient `g` and the group's learning rate `lr` (a (1,) tensor on the device), written
+  in place with ``store(target, value)``. ``state["step"]`` already counts this step.
+
 Nothing is read back, so a step adds nodes to the pending graph and costs no crossing:
 the learning rate lives on the device (uploaded only when it changes) and so does
 every piece of state, bias-correction powers included.
