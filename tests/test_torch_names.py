@@ -199,3 +199,49 @@ def test_the_user_defined_optimizer_in_the_docs_runs():
     namespace: dict = {}
     exec(compile(blocks[0], "coming_from_pytorch.md", "exec"), namespace)
     assert namespace["opt"].state[namespace["w"]]["step"] == 2
+
+
+@pytest.fixture
+def precision_restored():
+    before = ggrad.get_float32_matmul_precision()
+    yield
+    ggrad.set_float32_matmul_precision(before)
+
+
+def test_the_cuda_namespace_answers_what_scripts_ask(precision_restored):
+    """nanoGPT's first lines (`torch.cuda.is_available() and torch.cuda.is_bf16_supported()`,
+    `torch.backends.cuda.matmul.allow_tf32 = True`, `torch.cuda.amp.GradScaler`) run, and
+    answer for ggml's CUDA devices."""
+    cuda = [d for d in ggrad.devices() if d.kind == "cuda"]
+    assert ggrad.cuda.is_available() == bool(cuda) and ggrad.cuda.device_count() == len(cuda)
+    assert ggrad.cuda.is_bf16_supported() == bool(cuda)
+    if cuda:
+        assert ggrad.cuda.get_device_name(0) == cuda[0].description
+    else:
+        with pytest.raises(RuntimeError, match="does not exist"):
+            ggrad.cuda.set_device(0)
+    with pytest.raises(ValueError, match="CUDA device index"):
+        ggrad.cuda.set_device("vulkan:0")
+    ggrad.cuda.manual_seed(3)
+    first = ggrad.rand(4).numpy()
+    ggrad.manual_seed(3)
+    np.testing.assert_array_equal(first, ggrad.rand(4).numpy())
+    x = ggrad.ones(3) * 2
+    assert x.node.pending
+    ggrad.cuda.synchronize()
+    assert not x.node.pending
+    assert isinstance(ggrad.cuda.amp.GradScaler(enabled=False), ggrad.amp.GradScaler)
+    assert ggrad.cuda.amp.autocast().fast_dtype is ggrad.float16  # torch.cuda.amp's default
+    assert ggrad.accelerator.is_available() == ggrad.gpu_available()
+
+
+def test_tf32_switches_are_the_matmul_precision(precision_restored):
+    ggrad.set_float32_matmul_precision("highest")
+    assert ggrad.backends.cuda.matmul.allow_tf32 is False and ggrad.backends.cudnn.allow_tf32 is False
+    ggrad.backends.cuda.matmul.allow_tf32 = True
+    assert ggrad.get_float32_matmul_precision() == "high" and ggrad.backends.cudnn.allow_tf32
+    ggrad.backends.cudnn.allow_tf32 = False
+    assert ggrad.get_float32_matmul_precision() == "highest"
+    ggrad.backends.cudnn.benchmark = True  # kept, no effect: ggrad has no cuDNN
+    assert ggrad.backends.cudnn.benchmark is True and not ggrad.backends.cudnn.is_available()
+    ggrad.backends.cudnn.benchmark = False
