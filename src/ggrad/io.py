@@ -3,8 +3,9 @@
 One file holds a whole training state: `save` takes a nested dict of state dicts and
 Python values, stores its tensors in safetensors under their flattened paths
 ("model.0.weight", "optimizer.state.0.exp_avg") and the structure as JSON in the
-header's metadata. Nothing is pickled, and `load` refuses a pickle (a PyTorch .pt),
-a GGUF file or anything else that is not safetensors, saying what it is.
+header's metadata. Nothing is pickled. `load` also reads PyTorch's zip checkpoints as
+torch.load(weights_only=True) does (torch_checkpoint.py), and refuses any other pickle,
+a GGUF file or anything else, saying what it is.
 
 Writes are atomic and durable: the file is written beside its destination under a
 temporary name (``.ggrad-<host>-<pid>-*.tmp``), flushed to disk (fsync), renamed over
@@ -18,17 +19,20 @@ once it is older than STALE_SECONDS.
 from __future__ import annotations
 
 import glob
+import io
 import json
 import math
 import os
 import secrets
 import socket
 import stat
+import tempfile
 import time
 from typing import Any, Callable
 
 import numpy as np
 
+from . import torch_checkpoint
 from .tensor import Tensor
 
 FORMAT_KEY = "ggrad.format"
@@ -237,17 +241,24 @@ def _is_flat_state(obj: dict) -> bool:
     return all(isinstance(v, (Tensor, np.ndarray)) for v in obj.values())
 
 
-def save(obj, path: str, metadata: dict[str, str] | None = None) -> str:
+def save(obj, path, metadata: dict[str, str] | None = None):
     """Save a state dict (name -> tensor/array), a Module, an Optimizer, or a nested dict of
     them and Python values (``{"model": m.state_dict(), "optimizer": opt.state_dict(),
     "scheduler": sched.state_dict(), "epoch": 3, "rng": ggrad.get_rng_state()}``) to
-    `path`: tensors in safetensors, the structure as JSON in its metadata; never pickle.
+    `path` (or a binary file object, as torch.save takes): tensors in safetensors, the
+    structure as JSON in its metadata; never pickle.
 
     Under a process group of more than one rank, rank 0 writes (the replicas are equal)
     and every rank waits at a barrier until it has, so that any rank may `load` the file
     next: call it on every rank. A failed write raises on rank 0 only (after the barrier)."""
     from . import distributed as dist
 
+    if _is_file(path):
+        with tempfile.TemporaryDirectory() as folder:
+            written = save(obj, os.path.join(folder, "checkpoint.safetensors"), metadata)
+            with open(written, "rb") as f:
+                path.write(f.read())
+        return path
     if dist.is_initialized() and dist.get_world_size() > 1:
         try:
             if dist.get_rank() == 0:
@@ -290,14 +301,38 @@ def _save(obj, path: str, metadata: dict[str, str] | None) -> str:
     return _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
-def load(path: str) -> dict:
+def _is_file(target) -> bool:
+    return hasattr(target, "read") or hasattr(target, "write")
+
+
+def load(path, map_location=None, weights_only: bool = True) -> dict:
     """What `save` wrote: a state dict (name -> numpy array), an optimizer state dict, or
     the nested dict (its tensors as numpy arrays, its optimizer state dicts as
-    `load_state_dict` takes them). A file of another kind (GGUF, a PyTorch checkpoint,
-    numpy's) is refused with a ValueError saying what it is: nothing is ever unpickled.
-    A damaged file raises a ValueError that names it and says what is wrong."""
+    `load_state_dict` takes them). `path` may be a binary file object.
+
+    A PyTorch checkpoint (torch.save's zip format) is read too, as torch.load(weights_only=
+    True) reads it: tensors (as numpy arrays), numbers, strings and containers, and nothing
+    else (torch_checkpoint.py; any other object in it raises pickle.UnpicklingError, never
+    runs). `model.load_state_dict(ggrad.load("model.pt"))` takes PyTorch's weights. Values
+    are host arrays, so `map_location` is accepted and has nothing to move; `weights_only
+    =False` is refused. A file of another kind (GGUF, a legacy PyTorch pickle, numpy's)
+    raises a ValueError saying what it is; a damaged one says what is wrong."""
+    if not weights_only:
+        raise ValueError("load(weights_only=False) would run the pickle's code: ggrad reads tensors and plain "
+                         "containers only (weights_only=True, the default)")
+    if _is_file(path):
+        data = path.read()
+        if data[:4] == b"PK\x03\x04" and b"data.pkl" in data:
+            return torch_checkpoint.load(io.BytesIO(data))
+        with tempfile.TemporaryDirectory() as folder:
+            copy = os.path.join(folder, "checkpoint")
+            with open(copy, "wb") as f:
+                f.write(data)
+            return load(copy)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")
+    if _is_torch_zip(path):
+        return torch_checkpoint.load(path)
     _check_kind(path)
     meta, tensors = _read_safetensors(path)
     kind = meta.get(FORMAT_KEY, "state_dict")  # a safetensors file from elsewhere: its tensors
@@ -366,8 +401,20 @@ def _structure(path: str, meta: dict[str, str], key: str):
                          "read") from None
 
 
-_TORCH_ADVICE = ("ggrad never unpickles: convert it with torch.load + ggrad.save, or load its state_dict into "
-                 "the module (model.load_state_dict(torch.load(path)))")
+_TORCH_ADVICE = ("ggrad reads torch.save's zip format only (its tensors and containers, as torch.load("
+                 "weights_only=True)): save it again with torch.save's default format")
+
+
+def _is_torch_zip(path: str) -> bool:
+    import zipfile
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any(n.endswith("data.pkl") for n in z.namelist())
+    except zipfile.BadZipFile:
+        return False
 
 
 def _zip_kind(path: str) -> str:
@@ -378,8 +425,6 @@ def _zip_kind(path: str) -> str:
             names = z.namelist()
     except zipfile.BadZipFile:
         return f"{path} is a damaged zip archive, not a safetensors checkpoint"
-    if any(n.endswith("data.pkl") for n in names):
-        return f"{path} is a PyTorch pickle/zip checkpoint (torch.save's zip format); {_TORCH_ADVICE}"
     if names and all(n.endswith(".npy") for n in names):
         return f"{path} is a numpy .npz archive, not a safetensors checkpoint: read it with np.load(path)"
     return f"{path} is a zip archive, not a safetensors checkpoint"
@@ -399,8 +444,8 @@ def _check_kind(path: str) -> None:
     if head[:4] == b"PK\x03\x04":
         raise ValueError(_zip_kind(path))
     if head[:1] == b"\x80" and head[1:2] and 2 <= head[1] <= 5:  # the PROTO opcode of pickle protocols 2-5
-        raise ValueError(f"{path} is a PyTorch pickle/zip checkpoint (a pickle: torch.save's legacy format, or "
-                         f"another pickle); {_TORCH_ADVICE}")
+        raise ValueError(f"{path} is a pickle (torch.save's legacy format, or another pickle), which ggrad never "
+                         f"unpickles; {_TORCH_ADVICE}")
     if head[:6] == b"\x93NUMPY":
         raise ValueError(f"{path} is a numpy .npy file, not a safetensors checkpoint: read it with np.load(path)")
     if head[:8] == b"\x89HDF\r\n\x1a\n":
