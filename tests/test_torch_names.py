@@ -245,3 +245,23 @@ def test_tf32_switches_are_the_matmul_precision(precision_restored):
     ggrad.backends.cudnn.benchmark = True  # kept, no effect: ggrad has no cuDNN
     assert ggrad.backends.cudnn.benchmark is True and not ggrad.backends.cudnn.is_available()
     ggrad.backends.cudnn.benchmark = False
+
+
+def test_tied_weights_are_listed_under_both_names_as_torchs():
+    """torch's state dict names a shared weight twice; ggrad's does too, loads torch's
+    strictly, and still takes a state dict that names it once."""
+    def build(m, base):
+        class Model(base):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.head = m.Embedding(10, 4), m.Linear(4, 10, bias=False)
+                self.head.weight = self.emb.weight
+        return Model()
+    ours, theirs = build(nn, nn.Module), build(torch.nn, torch.nn.Module)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["emb.weight", "head.weight"]
+    assert len(list(ours.parameters())) == len(list(theirs.parameters())) == 1
+    result = ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    assert result.missing_keys == [] and result.unexpected_keys == []
+    np.testing.assert_array_equal(ours.head.weight.numpy(), theirs.emb.weight.detach().numpy())
+    ours.load_state_dict({"emb.weight": np.zeros((10, 4), np.float32)})  # one name: the other is the same tensor
+    assert not ours.head.weight.numpy().any()

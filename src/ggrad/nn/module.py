@@ -269,14 +269,12 @@ class Module:
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> OrderedDict[str, Tensor]:
         """Each module's parameters, then its persistent buffers, module after module (torch's
-        keys and order); a parameter shared by two modules appears once."""
+        keys and order); a parameter shared by two modules (tied weights) is listed under
+        both names, as torch's."""
         state: OrderedDict[str, Tensor] = OrderedDict()
-        seen: set[int] = set()
         for prefix, module in self.named_modules():
             for name, p in module._parameters.items():
-                if id(p) not in seen:
-                    seen.add(id(p))
-                    state[f"{prefix}.{name}" if prefix else name] = p
+                state[f"{prefix}.{name}" if prefix else name] = p
             for name, b in module._buffers.items():
                 if name not in module._non_persistent:
                     state[f"{prefix}.{name}" if prefix else name] = b
@@ -287,10 +285,12 @@ class Module:
         before anything changes; a mismatch raises naming all the offending keys. Returns
         the missing and unexpected keys, as torch's (with strict=False they are allowed).
         A missing BatchNorm `num_batches_tracked` is not an error (torch's own tolerance
-        for state dicts written before it existed)."""
+        for state dicts written before it existed), nor a tied weight given under one of
+        its names (ggrad's state dicts listed it once before they listed it as torch's)."""
         own = self.state_dict()
         values = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
-        missing = [k for k in own if k not in values and not k.endswith("num_batches_tracked")]
+        given = {id(t) for k, t in own.items() if k in values}  # a tied weight given under one of its names
+        missing = [k for k in own if k not in values and not k.endswith("num_batches_tracked") and id(own[k]) not in given]
         unexpected = [k for k in values if k not in own]
         shapes = [f"{k}: expected {own[k].shape}, got {values[k].shape}" for k in own
                   if k in values and tuple(values[k].shape) != own[k].shape]
