@@ -265,3 +265,22 @@ def test_tied_weights_are_listed_under_both_names_as_torchs():
     np.testing.assert_array_equal(ours.head.weight.numpy(), theirs.emb.weight.detach().numpy())
     ours.load_state_dict({"emb.weight": np.zeros((10, 4), np.float32)})  # one name: the other is the same tensor
     assert not ours.head.weight.numpy().any()
+
+
+def test_device_is_a_device_object_as_torchs():
+    """`ggrad.device("cpu")` is made without touching a device, has torch's type, index,
+    repr and equality, goes where a device name goes, and still runs a block on a device."""
+    for ours, theirs in ((ggrad.device("cpu"), torch.device("cpu")), (ggrad.device("cuda:1"), torch.device("cuda:1")),
+                         (ggrad.device("cuda", 1), torch.device("cuda", 1)), (ggrad.device("cuda"), torch.device("cuda"))):
+        assert (ours.type, ours.index, repr(ours), str(ours)) == (theirs.type, theirs.index, repr(theirs), str(theirs))
+        assert ours == str(theirs) and hash(ours) == hash(str(theirs))
+    with pytest.raises(RuntimeError, match="Expected one of"):
+        ggrad.device("tpu")
+    with pytest.raises(RuntimeError, match="must not include an index"):
+        ggrad.device("cuda:0", 1)
+    cpu = ggrad.device("cpu")
+    model = nn.Linear(2, 2).to(cpu)
+    assert ggrad.get_device() == "cpu" and model(ggrad.ones(1, 2, device=cpu)).shape == (1, 2)
+    assert ggrad.ones(2).to(cpu).dtype is ggrad.float32
+    with cpu as name:  # the context form: runs the block there, restores the previous device
+        assert name == ggrad.get_device() == "cpu"

@@ -10,12 +10,10 @@ own, so a grad tape entered in one thread does not kill another thread's pass.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Iterator
 
 from ggml import ggml as G
 
@@ -158,15 +156,51 @@ def set_device(name: str) -> str:
     return previous
 
 
-@contextlib.contextmanager
-def device(name: str) -> Iterator[str]:
-    """``with device("vulkan"):`` runs the block on that device and restores the previous
-    one afterwards, also when the block raises."""
-    previous = set_device(name)
-    try:
-        yield get_device()
-    finally:
-        set_device(previous)
+DEVICE_TYPES = ("cpu", "cuda", "vulkan", "gpu")
+
+
+class device(str):  # noqa: N801  (torch's name)
+    """torch.device: a device name ("cpu", "cuda:0", "vulkan") with its `type` and
+    `index`, made without touching the device. It is a str, so it goes wherever ggrad
+    takes a device name (`.to(d)`, `device=d`, `d == "cpu"`). ``with device("vulkan"):``
+    runs the block on that device and restores the previous one afterwards, also when
+    the block raises (torch's `with torch.device(...)` sets the default device)."""
+
+    def __new__(cls, type: str, index: int | None = None) -> device:  # noqa: A002  (torch's argument)
+        if not isinstance(type, str):
+            raise TypeError(f"device() takes a device name, got {type!r}")
+        name = type.strip().lower()
+        kind, _, number = name.partition(":")
+        if kind not in DEVICE_TYPES or (number and not number.isdigit()):
+            raise RuntimeError(f"Expected one of {', '.join(DEVICE_TYPES)} device type at start of device string: "
+                               f"{type}")
+        if index is not None:
+            if number:
+                raise RuntimeError(f"type (string) must not include an index because index was passed explicitly: "
+                                   f"{type}")
+            name = f"{kind}:{int(index)}"
+        made = super().__new__(cls, name)
+        made._previous = []
+        return made
+
+    @property
+    def type(self) -> str:
+        return str.__str__(self).partition(":")[0]  # a plain str (partition may hand back self)
+
+    @property
+    def index(self) -> int | None:
+        number = str.__str__(self).partition(":")[2]
+        return int(number) if number else None
+
+    def __repr__(self) -> str:
+        return f"device(type={self.type!r}" + (f", index={self.index})" if self.index is not None else ")")
+
+    def __enter__(self) -> str:
+        self._previous.append(set_device(self))
+        return get_device()
+
+    def __exit__(self, *exc) -> None:
+        set_device(self._previous.pop())
 
 
 def reset_pass() -> None:
