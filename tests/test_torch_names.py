@@ -284,3 +284,22 @@ def test_device_is_a_device_object_as_torchs():
     assert ggrad.ones(2).to(cpu).dtype is ggrad.float32
     with cpu as name:  # the context form: runs the block there, restores the previous device
         assert name == ggrad.get_device() == "cpu"
+
+
+STEPPED = [((4, 6), (slice(None), slice(0, None, 2)), (4, 3)), ((4, 6), (slice(None), slice(1, None, 2)), (4, 3)),
+           ((7, 5), (slice(1, 6, 3), slice(None)), (2, 5)), ((2, 3, 9), (1, slice(None), slice(2, 8, 4)), (3, 2)),
+           ((5, 6), (slice(0, None, 2), slice(1, 5, 3)), (3, 2)), ((8,), (slice(None, None, 3),), (3,)),
+           ((2, 3, 4, 7), (slice(None), 1, slice(None), slice(0, None, 3)), (2, 4, 3))]
+
+
+@pytest.mark.parametrize("shape,index,value_shape", STEPPED)
+def test_assignment_through_stepped_slices_equals_torchs(dev, shape, index, value_shape):
+    """`pe[:, 0::2] = torch.sin(...)` (the transformer tutorial's positional encoding) and
+    other stepped selections, with a tensor and with a number."""
+    rng = np.random.default_rng(0)
+    a, v = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(value_shape).astype(np.float32)
+    for value in (v, 2.5):
+        ours, theirs = ggrad.tensor(a), torch.tensor(a)
+        ours[index] = ggrad.tensor(value) if isinstance(value, np.ndarray) else value
+        theirs[index] = torch.tensor(value) if isinstance(value, np.ndarray) else value
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())

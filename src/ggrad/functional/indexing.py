@@ -17,7 +17,7 @@ import numpy as np
 from .. import autograd, capture, checks, dtypes
 from ._core import Tensor, _apply, _as_tensor, _float, cast, full_like, reshape, tensor
 from .compare import where
-from .layout import _slice, permute, unsqueeze
+from .layout import _slice, _unstride, permute, unsqueeze
 
 
 # ---- gathers ---------------------------------------------------------------------------------
@@ -266,7 +266,7 @@ def getitem(x: Tensor, index) -> Tensor:
 # ---- x[index] = value ------------------------------------------------------------------------
 def setitem(x: Tensor, index, value) -> None:
     """``x[index] = value`` in place (the same buffer, as every in-place write): a bool
-    mask, ints and unit-step slices (with Ellipsis), or one integer array of distinct
+    mask, ints and slices (stepped too, with Ellipsis), or one integer array of distinct
     indices known on the host. `value` broadcasts to the selection."""
     if autograd.is_recording() and x.requires_grad:
         raise RuntimeError("a tensor that requires grad is being used in an in-place assignment inside "
@@ -322,29 +322,33 @@ def _assigned_box(x: Tensor, index, value) -> Tensor:
             if not -n <= ix < n:
                 raise IndexError(f"index {ix} is out of range for axis {axis} of size {n}")
             start = int(ix) % n
-            bounds.append((start, start + 1))
+            bounds.append((start, 1, 1))
         elif isinstance(ix, slice):
+            if ix.step is not None and ix.step <= 0:
+                raise ValueError(f"slice step must be positive, got {ix.step} (torch refuses negative steps too)")
             start, stop, step = ix.indices(n)
-            if step != 1:
-                raise NotImplementedError("assignment through a stepped slice is not supported")
-            if stop <= start:
+            count = len(range(start, stop, step))
+            if not count:
                 return x  # an empty selection writes nothing
-            bounds.append((start, stop))
+            bounds.append((start, count, step))
             kept.append(axis)
         else:
             raise NotImplementedError(f"assignment through index {ix!r} mixed with other indices is not "
                                       "supported (use a mask, or ints and slices)")
         axis += 1
-    region = tuple(b - a for a, b in bounds)
+    region = tuple(count for _, count, _ in bounds)
     v = reshape(_value(value, x, tuple(region[a] for a in kept)), region)
     placed, inside = v, full_like(v, 1.0, dtypes.bool_)
-    for axis, (start, stop) in enumerate(bounds):
+    for axis, (start, count, step) in enumerate(bounds):
         n = x.shape[axis]
-        if stop - start == n:
+        if count == n:
+            continue
+        if step != 1:  # pe[:, 0::2] = ...: the values spread to every step-th place (a stepped slice's gradient)
+            placed, inside = _unstride(placed, axis, start, step, n), _unstride(inside, axis, start, step, n)
             continue
         shape = placed.shape[:axis] + (n,) + placed.shape[axis + 1:]
-        placed = _apply("pad", (placed,), shape, None, (axis, start, n - stop), x.dtype)
-        inside = _apply("pad", (inside,), shape, None, (axis, start, n - stop), dtypes.bool_)
+        placed = _apply("pad", (placed,), shape, None, (axis, start, n - start - count), x.dtype)
+        inside = _apply("pad", (inside,), shape, None, (axis, start, n - start - count), dtypes.bool_)
     return where(inside, placed, x)
 
 
