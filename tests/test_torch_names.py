@@ -303,3 +303,36 @@ def test_assignment_through_stepped_slices_equals_torchs(dev, shape, index, valu
         ours[index] = ggrad.tensor(value) if isinstance(value, np.ndarray) else value
         theirs[index] = torch.tensor(value) if isinstance(value, np.ndarray) else value
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_functional_norms_equal_torchs(dev, training):
+    """F.batch_norm (its running statistics moved in place in training), F.group_norm and
+    F.instance_norm: values, gradients and running statistics against torch's."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((4, 6, 3, 5)).astype(np.float32)
+    w, b = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    mean, var = rng.standard_normal(6).astype(np.float32), rng.uniform(0.5, 2, 6).astype(np.float32)
+    cases = {
+        "batch_norm": (lambda m, t, rm, rv: m.batch_norm(t, rm, rv, weights[0], weights[1], training, 0.3, 1e-4)),
+        "group_norm": (lambda m, t, rm, rv: m.group_norm(t, 3, weights[0], weights[1], 1e-5)),
+        "instance_norm": (lambda m, t, rm, rv: m.instance_norm(t, weight=weights[0], bias=weights[1])),
+    }
+    for name, fn in cases.items():
+        results = []
+        for module, wrap in ((ggrad.nn.functional, lambda a, g=True: ggrad.tensor(a, requires_grad=g)),
+                             (torch.nn.functional, lambda a, g=True: torch.tensor(a, requires_grad=g))):
+            t = wrap(x)
+            weights = (wrap(w), wrap(b))
+            rm, rv = wrap(mean.copy(), False), wrap(var.copy(), False)
+            if module is ggrad.nn.functional:
+                with ggrad.grad_tape():
+                    y = fn(module, t, rm, rv)
+                    (y * y).sum().backward()
+            else:
+                y = fn(module, t, rm, rv)
+                (y * y).sum().backward()
+            results.append([np.asarray(v.detach().numpy()) for v in (y, t.grad, weights[0].grad, weights[1].grad, rm, rv)])
+        for ours, theirs, what in zip(*results, ("output", "input grad", "weight grad", "bias grad", "running mean",
+                                                 "running var")):
+            np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{name}: {what}")

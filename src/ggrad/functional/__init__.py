@@ -21,17 +21,17 @@ from .layout import (cat, chunk, concat, einsum, expand, flatten, linear, matmul
                      permute, repeat, split, squeeze, stack, transpose, unflatten, unsqueeze)
 from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, dropout, huber_loss,
                      kl_div, l1_loss, mse_loss, nll_loss, rand_like, smooth_l1_loss)
-from .normalization import layer_norm
+from .normalization import batch_norm, group_norm, instance_norm, layer_norm
 from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, logsumexp, max, mean, min,
                      norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
 
 __all__ = [
     "abs", "adaptive_avg_pool2d", "add", "addcdiv", "addcmul", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
-    "avg_pool1d", "avg_pool2d", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
+    "avg_pool1d", "avg_pool2d", "batch_norm", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat", "cos",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
-    "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "gt", "huber_loss", "isfinite", "isinf",
-    "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "linear", "log", "log_softmax", "logical_and", "logical_not",
+    "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "group_norm", "gt", "huber_loss", "isfinite", "isinf",
+    "instance_norm", "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "linear", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
     "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
     "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",

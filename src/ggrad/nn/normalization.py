@@ -44,31 +44,19 @@ class _BatchNorm(Module):
         if x.ndim not in self.ndims or x.shape[1] != c:
             raise ValueError(f"{name}({c}) needs input of {' or '.join(map(str, self.ndims))} dimensions with "
                              f"{c} channels on axis 1, got shape {x.shape}")
-        axes = (0,) + tuple(range(2, x.ndim))
-        per_channel = (1, c) + (1,) * (x.ndim - 2)
-        if self.training or not self.track_running_stats:
-            count = x.numel() // c
-            if self.training and count < 2:
-                raise ValueError(f"{name} in training needs more than 1 value per channel, got input {x.shape}")
-            y, mean, var = _normalize(x, axes, self.eps)
-            if self.training and self.track_running_stats:
-                self._track(F.reshape(mean, (c,)).detach(), F.reshape(var, (c,)).detach(), count)
-        else:
-            mean, var = F.reshape(self.running_mean, per_channel), F.reshape(self.running_var, per_channel)
-            y = (x - mean) / F.sqrt(var + self.eps)
-        if self.weight is None:
-            return y
-        return y * F.reshape(self.weight, per_channel) + F.reshape(self.bias, per_channel)
-
-    def _track(self, mean: Tensor, var: Tensor, count: int) -> None:
-        with no_grad():
-            self.num_batches_tracked.assign_(self.num_batches_tracked + 1)
-            if self.momentum is None:
-                factor = 1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
-            else:
-                factor = float(self.momentum)
-            self.running_mean.assign_(self.running_mean * (1 - factor) + mean * factor)
-            self.running_var.assign_(self.running_var * (1 - factor) + var * (factor * (count / (count - 1))))
+        if self.training and x.numel() // c < 2:
+            raise ValueError(f"{name} in training needs more than 1 value per channel, got input {x.shape}")
+        factor = 0.0
+        tracking = self.training and self.track_running_stats
+        if tracking:
+            with no_grad():
+                self.num_batches_tracked.assign_(self.num_batches_tracked + 1)
+            factor = float(self.momentum) if self.momentum is not None else \
+                1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
+        batch = self.training or not self.track_running_stats
+        return F.batch_norm(x, self.running_mean if tracking or not batch else None,
+                            self.running_var if tracking or not batch else None, self.weight, self.bias, batch,
+                            factor, self.eps)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
@@ -156,12 +144,7 @@ class GroupNorm(Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:
             raise ValueError(f"GroupNorm({self.num_groups}, {self.num_channels}) got input of shape {x.shape}")
-        grouped = F.reshape(x, (x.shape[0], self.num_groups, -1))
-        y = F.reshape(_normalize(grouped, (2,), self.eps)[0], x.shape)
-        if self.weight is None:
-            return y
-        per_channel = (1, self.num_channels) + (1,) * (x.ndim - 2)
-        return y * F.reshape(self.weight, per_channel) + F.reshape(self.bias, per_channel)
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
