@@ -336,3 +336,22 @@ def test_functional_norms_equal_torchs(dev, training):
         for ours, theirs, what in zip(*results, ("output", "input grad", "weight grad", "bias grad", "running mean",
                                                  "running var")):
             np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4, err_msg=f"{name}: {what}")
+
+
+def test_iterating_a_tensor_reads_it_once(dev):
+    """`[data[i] for i in ix]` with a device tensor of indices: one read, no graph per
+    element; the rows keep the dtype; inside a recording tape, rows of a tensor that
+    requires grad still carry its gradient."""
+    data = np.arange(1000, dtype=np.int64) * 3
+    ix = ggrad.randint(0, 1000, (12,))
+    ggrad.realize(ix)
+    with ggrad.count_transfers() as moved:
+        picked = [data[i] for i in ix]
+    assert moved.dispatches == 0 and moved.crossings <= 1
+    np.testing.assert_array_equal(picked, data[ix.numpy()])
+    rows = list(ggrad.tensor(np.arange(6, dtype=np.float32).reshape(3, 2)).to(ggrad.bfloat16))
+    assert [r.dtype for r in rows] == [ggrad.bfloat16] * 3 and rows[2].numpy().tolist() == [4.0, 5.0]
+    w = ggrad.tensor(np.ones((3, 2), np.float32), requires_grad=True)
+    with ggrad.grad_tape():
+        sum(row.sum() * k for k, row in enumerate(w)).backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [[0, 0], [1, 1], [2, 2]])

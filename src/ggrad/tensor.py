@@ -199,9 +199,14 @@ class Tensor:
         return self.shape[0]
 
     def __iter__(self):
+        """The rows along axis 0. Outside a recording tape (nothing to differentiate) the
+        values are read once and the rows made from them: `[data[i] for i in ix]` costs
+        one read, not one graph per element (nanoGPT's get_batch was 27x torch's)."""
         if not self.shape:
             raise TypeError("iteration over a 0-d tensor")
-        return (self[i] for i in range(self.shape[0]))
+        if self.requires_grad and autograd.is_recording():
+            return (self[i] for i in range(self.shape[0]))
+        return (Tensor(row, dtype=self.dtype) for row in self.numpy())
 
     __hash__ = object.__hash__  # == is elementwise (as torch's); tensors hash by identity
 
