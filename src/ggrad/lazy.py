@@ -74,7 +74,7 @@ class Node:
         self.scope = scope  # where the value goes when realized
         self.owners = 0  # live Tensors wrapping this node: a pending node with owners is wanted
         self.seq = next(_sequence)  # creation order: graphs list their outputs in it
-        if op is not None:
+        if op is not None and op is not VERSION:  # an effect's versions are settled by the effect, not looked up
             pending = local.pending
             pending.add(weakref.ref(self, pending.discard))
 
@@ -378,7 +378,6 @@ def _settle(effects: list[Effect]) -> None:
     for effect in effects:
         for target, version in zip(effect.targets, effect.versions):
             version.op, version.srcs, version.arg, version.handle = None, (), None, target.handle
-            local.pending.discard(weakref.ref(version))
 
 
 def _signature(entries: list[tuple], index: dict[Node, int], outputs: list[Node], stores: list,
