@@ -355,3 +355,47 @@ def test_iterating_a_tensor_reads_it_once(dev):
     with ggrad.grad_tape():
         sum(row.sum() * k for k, row in enumerate(w)).backward()
     np.testing.assert_array_equal(w.grad.numpy(), [[0, 0], [1, 1], [2, 2]])
+
+
+@pytest.mark.parametrize("shape,r", [((2, 18, 3, 4), 3), ((8, 2, 5), 2), ((1, 4, 1, 1), 2)])
+def test_pixel_shuffle_and_unshuffle_equal_torchs(dev, shape, r):
+    x = np.random.default_rng(9).standard_normal(shape).astype(np.float32)
+    for name in ("pixel_shuffle", "pixel_unshuffle"):
+        a = x if name == "pixel_shuffle" else np.asarray(torch.nn.functional.pixel_shuffle(torch.tensor(x), r))
+        ours, theirs = ggrad.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+        weights = np.random.default_rng(1).standard_normal(getattr(torch.nn.functional, name)(theirs, r).shape)
+        with ggrad.grad_tape():
+            y = getattr(ggrad.nn.functional, name)(ours, r)
+            (y * ggrad.tensor(weights.astype(np.float32))).sum().backward()
+        want = getattr(torch.nn.functional, name)(theirs, r)
+        (want * torch.tensor(weights.astype(np.float32))).sum().backward()
+        np.testing.assert_array_equal(y.numpy(), want.detach().numpy())
+        np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())
+    assert nn.PixelShuffle(r)(ggrad.tensor(x)).shape == tuple(torch.nn.PixelShuffle(r)(torch.tensor(x)).shape)
+
+
+def test_bilinear_equals_torchs(dev):
+    torch.manual_seed(0)
+    theirs = torch.nn.Bilinear(3, 5, 4)
+    ours = nn.Bilinear(3, 5, 4)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 6, 3)).astype(np.float32), rng.standard_normal((2, 6, 5)).astype(np.float32)
+    x1, x2 = ggrad.tensor(a, requires_grad=True), ggrad.tensor(b, requires_grad=True)
+    t1, t2 = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    with ggrad.grad_tape():
+        y = ours(x1, x2)
+        (y * y).sum().backward()
+    want = theirs(t1, t2)
+    (want * want).sum().backward()
+    np.testing.assert_allclose(y.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for g, t in ((x1, t1), (x2, t2), (ours.weight, theirs.weight), (ours.bias, theirs.bias)):
+        np.testing.assert_allclose(g.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+    bound = 1 / np.sqrt(3)
+    fresh = nn.Bilinear(3, 5, 4)
+    assert np.abs(fresh.weight.numpy()).max() <= bound and np.abs(fresh.bias.numpy()).max() <= bound
+
+
+def test_conv3d_says_why_it_is_not_there():
+    with pytest.raises(NotImplementedError, match="at most four"):
+        nn.Conv3d(1, 2, 3)

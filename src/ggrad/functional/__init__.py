@@ -17,8 +17,9 @@ from .elementwise import (abs, add, addcdiv, addcmul, affine, ceil, clamp, cos, 
                           log, maximum, minimum, mul, neg, pow, relu, remainder, round, scale, sigmoid,
                           sign, silu, sin, sqrt, square, step, sub, tanh, trunc)
 from .indexing import embedding, fill, gather, getitem, one_hot, setitem, take
-from .layout import (cat, chunk, concat, einsum, expand, flatten, linear, matmul, matmul_nt, movedim, narrow, pad,
-                     permute, repeat, split, squeeze, stack, transpose, unflatten, unsqueeze)
+from .layout import (bilinear, cat, chunk, concat, einsum, expand, flatten, linear, matmul, matmul_nt, movedim, narrow, pad,
+                     permute, pixel_shuffle, pixel_unshuffle, repeat, split, squeeze, stack, transpose, unflatten,
+                     unsqueeze)
 from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, dropout, huber_loss,
                      kl_div, l1_loss, mse_loss, nll_loss, rand_like, smooth_l1_loss)
 from .normalization import batch_norm, group_norm, instance_norm, layer_norm
@@ -27,14 +28,14 @@ from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, l
 
 __all__ = [
     "abs", "adaptive_avg_pool2d", "add", "addcdiv", "addcmul", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
-    "avg_pool1d", "avg_pool2d", "batch_norm", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
+    "avg_pool1d", "avg_pool2d", "batch_norm", "bilinear", "conv1d", "conv2d", "conv_transpose2d", "max_pool1d", "max_pool2d", "unfold_windows",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "broadcast_to", "cast", "cat", "ceil", "chunk", "clamp", "concat", "cos",
     "cross_entropy", "cumsum", "div", "dropout", "einsum", "embedding", "eq", "exp", "expand", "fill",
     "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "group_norm", "gt", "huber_loss", "isfinite", "isinf",
     "instance_norm", "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "linear", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
     "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
-    "one_hot", "one_hot_argmax", "pad", "permute", "pow", "rand_like", "relu", "remainder", "repeat",
+    "one_hot", "one_hot_argmax", "pad", "permute", "pixel_shuffle", "pixel_unshuffle", "pow", "rand_like", "relu", "remainder", "repeat",
     "reshape", "rotary_embedding", "round", "scale", "scaled_dot_product_attention", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
     "take_along_last", "tanh", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unfold", "unsqueeze", "var", "where",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -321,6 +322,55 @@ def _concat2(x: Tensor, y: Tensor, axis: int) -> Tensor:
     def rule(ctx, g):
         return _slice(g, axis, 0, n), _slice(g, axis, n, shape[axis])
     return _apply("concat", (x, y), shape, rule, axis, x.dtype)
+
+
+def pixel_shuffle(input, upscale_factor: int) -> Tensor:
+    """torch.nn.functional.pixel_shuffle: (*, C r^2, H, W) -> (*, C, H r, W r), out[c, h r + i,
+    w r + j] = in[c r^2 + i r + j, h, w]. Built in 4 dimensions (ggml's limit; torch's view
+    is 6-d): each i's r channels turned to the last axis, the r rows stacked."""
+    x, r = _as_tensor(input), upscale_factor
+    if not isinstance(r, numbers.Integral) or r < 1 or x.ndim not in (3, 4) or x.shape[-3] % (r * r):
+        raise ValueError(f"pixel_shuffle needs (N, C*r^2, H, W) or (C*r^2, H, W) and a positive int r; got shape "
+                         f"{x.shape} and upscale_factor={r!r}")
+    if r == 1:
+        return x
+    c, h, w = x.shape[-3] // (r * r), x.shape[-2], x.shape[-1]
+    groups = math.prod(x.shape[:-3]) * c
+    flat = reshape(x, (groups, r * r, h, w))
+    rows = [reshape(permute(_slice(flat, 1, i * r, (i + 1) * r), (0, 2, 3, 1)), (groups, h, w * r)) for i in range(r)]
+    return reshape(stack(rows, 2), x.shape[:-3] + (c, h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor: int) -> Tensor:
+    """torch.nn.functional.pixel_unshuffle: pixel_shuffle's inverse, (*, C, H r, W r) ->
+    (*, C r^2, H, W)."""
+    x, r = _as_tensor(input), downscale_factor
+    if not isinstance(r, numbers.Integral) or r < 1 or x.ndim not in (3, 4) or x.shape[-2] % r or x.shape[-1] % r:
+        raise ValueError(f"pixel_unshuffle needs (N, C, H*r, W*r) or (C, H*r, W*r) and a positive int r; got shape "
+                         f"{x.shape} and downscale_factor={r!r}")
+    if r == 1:
+        return x
+    c, h, w = x.shape[-3], x.shape[-2] // r, x.shape[-1] // r
+    groups = math.prod(x.shape[:-3]) * c
+    flat = reshape(x, (groups, h, r, w * r))
+    parts = [permute(reshape(_slice(flat, 2, i, i + 1), (groups, h, w, r)), (0, 3, 1, 2)) for i in range(r)]
+    return reshape(cat(parts, 1), x.shape[:-3] + (c * r * r, h, w))
+
+
+def bilinear(input1, input2, weight, bias=None) -> Tensor:
+    """torch.nn.functional.bilinear: y[..., o] = x1 . weight[o] . x2 + bias[o], weight
+    (out, in1, in2); one product against the weight laid out (in1, out * in2)."""
+    x1, x2, w = _as_tensor(input1), _as_tensor(input2), _as_tensor(weight)
+    if w.ndim != 3 or x1.shape[-1] != w.shape[1] or x2.shape[-1] != w.shape[2] or x1.shape[:-1] != x2.shape[:-1]:
+        raise ValueError(f"bilinear: inputs {x1.shape} and {x2.shape} do not fit a weight of shape {w.shape} "
+                         "(out, in1, in2) with equal leading axes")
+    out, in1, in2 = w.shape
+    rows = math.prod(x1.shape[:-1])
+    mixed = matmul(reshape(x1, (rows, in1)), reshape(permute(w, (1, 0, 2)), (in1, out * in2)))
+    y = (reshape(mixed, (rows, out, in2)) * reshape(x2, (rows, 1, in2))).sum(-1)
+    if bias is not None:
+        y = y + bias
+    return reshape(y, x1.shape[:-1] + (out,))
 
 
 def stack(tensors, dim: int = 0) -> Tensor:

@@ -3,9 +3,9 @@
 from . import functional, init, lora, utils
 from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
                         TransformerEncoder, TransformerEncoderLayer)
-from .conv import Conv1d, Conv2d, ConvTranspose2d
-from .layers import (GELU, Dropout, Embedding, Flatten, Identity, LeakyReLU, Linear, ReLU, Sigmoid, SiLU, Tanh, Unflatten,
-                     Upsample)
+from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
+from .layers import (GELU, Bilinear, Dropout, Embedding, Flatten, Identity, LeakyReLU, Linear, PixelShuffle,
+                     PixelUnshuffle, ReLU, Sigmoid, SiLU, Tanh, Unflatten, Upsample)
 from .loss import (BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1Loss, MSELoss, NLLLoss,
                    SmoothL1Loss)
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, Parameter, ParameterList, Sequential
@@ -15,7 +15,7 @@ from .pooling import AdaptiveAvgPool2d, AvgPool1d, AvgPool2d, MaxPool1d, MaxPool
 from .quantized import QuantizedEmbedding, QuantizedLinear
 
 __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "HuberLoss", "KLDivLoss", "L1Loss", "MSELoss",
-           "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
+           "NLLLoss", "SmoothL1Loss", "GELU", "AdaptiveAvgPool2d", "Bilinear", "PixelShuffle", "PixelUnshuffle", "AvgPool1d", "AvgPool2d", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d", "Conv3d",
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "Identity", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "QuantizedEmbedding", "QuantizedLinear", "RMSNorm", "Unflatten", "Upsample",
            "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",

@@ -96,3 +96,13 @@ class ConvTranspose2d(_ConvNd):
     def forward(self, x: Tensor) -> Tensor:
         return F.conv_transpose2d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
                                   self.groups, self.dilation)
+
+
+class Conv3d(Module):
+    """Not available, said at once: its input (N, C, D, H, W) has five axes, and ggrad's
+    tensors have at most four (ggml's limit)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise NotImplementedError("nn.Conv3d needs (N, C, D, H, W) inputs, five axes: ggrad's tensors have at most "
+                                  "four (ggml's limit). Fold the batch into the channels or the depth into the "
+                                  "batch and use Conv2d")

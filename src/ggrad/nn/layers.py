@@ -46,6 +46,53 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Bilinear(Module):
+    """y = x1 . weight . x2 + bias, weight (out_features, in1_features, in2_features);
+    torch's init: U(-1/sqrt(in1_features), 1/sqrt(in1_features)) for both."""
+
+    def __init__(self, in1_features: int, in2_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.in1_features, self.in2_features, self.out_features = int(in1_features), int(in2_features), int(out_features)
+        bound = 1 / math.sqrt(in1_features)
+        self.weight = param(_uniform((out_features, in1_features, in2_features), bound))
+        self.bias = param(_uniform((out_features,), bound)) if bias else None
+
+    def forward(self, input1: Tensor, input2: Tensor) -> Tensor:
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
+class PixelShuffle(Module):
+    """(*, C r^2, H, W) -> (*, C, H r, W r)"""
+
+    def __init__(self, upscale_factor: int) -> None:
+        super().__init__()
+        self.upscale_factor = int(upscale_factor)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.pixel_shuffle(x, self.upscale_factor)
+
+    def extra_repr(self) -> str:
+        return f"upscale_factor={self.upscale_factor}"
+
+
+class PixelUnshuffle(Module):
+    """(*, C, H r, W r) -> (*, C r^2, H, W)"""
+
+    def __init__(self, downscale_factor: int) -> None:
+        super().__init__()
+        self.downscale_factor = int(downscale_factor)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.pixel_unshuffle(x, self.downscale_factor)
+
+    def extra_repr(self) -> str:
+        return f"downscale_factor={self.downscale_factor}"
+
+
 class Identity(Module):
     """Returns its input (a placeholder, as torch.nn.Identity; arguments are ignored)."""
 
