@@ -399,3 +399,33 @@ def test_bilinear_equals_torchs(dev):
 def test_conv3d_says_why_it_is_not_there():
     with pytest.raises(NotImplementedError, match="at most four"):
         nn.Conv3d(1, 2, 3)
+
+
+@pytest.mark.parametrize("batch_first,norm_first", [(False, False), (True, True)])
+def test_the_full_transformer_equals_torchs(dev, batch_first, norm_first):
+    """nn.Transformer with torch's weights: outputs and gradients under the causal target
+    mask of generate_square_subsequent_mask and key padding masks."""
+    torch.manual_seed(0)
+    kw = dict(d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=24, dropout=0.0,
+              batch_first=batch_first, norm_first=norm_first)
+    theirs = torch.nn.Transformer(**kw)
+    ours = nn.Transformer(**kw)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    rng = np.random.default_rng(3)
+    shape = (lambda n, t: (n, t, 16)) if batch_first else (lambda n, t: (t, n, 16))
+    src, tgt = rng.standard_normal(shape(2, 5)).astype(np.float32), rng.standard_normal(shape(2, 4)).astype(np.float32)
+    pad = np.array([[False] * 5, [False] * 3 + [True] * 2])
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    np.testing.assert_array_equal(mask.numpy(), torch.nn.Transformer.generate_square_subsequent_mask(4).numpy())
+    s, t = ggrad.tensor(src, requires_grad=True), ggrad.tensor(tgt, requires_grad=True)
+    with ggrad.grad_tape():
+        y = ours(s, t, tgt_mask=mask, src_key_padding_mask=ggrad.tensor(pad), memory_key_padding_mask=ggrad.tensor(pad))
+        (y * y).sum().backward()
+    ts, tt = torch.tensor(src, requires_grad=True), torch.tensor(tgt, requires_grad=True)
+    want = theirs(ts, tt, tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(4),
+                  src_key_padding_mask=torch.tensor(pad), memory_key_padding_mask=torch.tensor(pad))
+    (want * want).sum().backward()
+    np.testing.assert_allclose(y.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(s.grad.numpy(), ts.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -1,7 +1,7 @@
 """Layers and containers (PyTorch's torch.nn, on ggrad tensors)."""
 
 from . import functional, init, lora, utils
-from .attention import (MultiheadAttention, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
+from .attention import (MultiheadAttention, Transformer, TransformerBlock, TransformerDecoder, TransformerDecoderLayer,
                         TransformerEncoder, TransformerEncoderLayer)
 from .conv import Conv1d, Conv2d, Conv3d, ConvTranspose2d
 from .layers import (GELU, Bilinear, Dropout, Embedding, Flatten, Identity, LeakyReLU, Linear, PixelShuffle,
@@ -19,5 +19,5 @@ __all__ = ["GRU", "LSTM", "RNN", "GRUCell", "LSTMCell", "RNNCell", "BCELoss", "B
            "ConvTranspose2d", "Dropout", "Embedding", "Flatten", "GroupNorm", "Identity", "InstanceNorm2d", "LayerNorm", "LeakyReLU", "Linear",
            "MaxPool1d", "MaxPool2d", "QuantizedEmbedding", "QuantizedLinear", "RMSNorm", "Unflatten", "Upsample",
            "IncompatibleKeys", "Module", "ModuleDict", "ModuleList", "ParameterList", "MultiheadAttention", "Parameter", "ReLU",
-           "Sequential", "SiLU", "Sigmoid", "Tanh", "TransformerBlock", "TransformerDecoder",
+           "Sequential", "SiLU", "Sigmoid", "Tanh", "Transformer", "TransformerBlock", "TransformerDecoder",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerEncoderLayer"]

@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 from .. import functional as F
+from . import init
 from ..functional.attention import additive_mask, causal_mask
 from ..random import generator
-from ..tensor import Tensor, param
+from ..tensor import Tensor, full, param
 from .layers import GELU, Dropout, Linear
 from .module import Module, ModuleList, Sequential
 from .normalization import LayerNorm
@@ -258,6 +259,47 @@ class TransformerDecoder(Module):
             tgt = layer(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
                         tgt_is_causal, memory_is_causal)
         return self.norm(tgt) if self.norm is not None else tgt
+
+
+class Transformer(Module):
+    """torch.nn.Transformer: an encoder and a decoder stack, each ending in a LayerNorm
+    (same arguments, parameter names and defaults; the matrices drawn as torch's,
+    xavier_uniform_)."""
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, activation="relu", custom_encoder=None,
+                 custom_decoder=None, layer_norm_eps: float = 1e-5, batch_first: bool = False, norm_first: bool = False,
+                 bias: bool = True) -> None:
+        super().__init__()
+        layer = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                     activation=activation, layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                     norm_first=norm_first, bias=bias)
+        self.encoder = custom_encoder if custom_encoder is not None else TransformerEncoder(
+            TransformerEncoderLayer(**layer), num_encoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        self.decoder = custom_decoder if custom_decoder is not None else TransformerDecoder(
+            TransformerDecoderLayer(**layer), num_decoder_layers, LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        for p in self.parameters():
+            if p.ndim > 1:
+                init.xavier_uniform_(p)
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
+                src_is_causal: bool | None = None, tgt_is_causal: bool | None = None,
+                memory_is_causal: bool = False) -> Tensor:
+        batch = 0 if self.batch_first else 1
+        if src.ndim == 3 and tgt.ndim == 3 and src.shape[batch] != tgt.shape[batch]:
+            raise RuntimeError("the batch number of src and tgt must be equal")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise RuntimeError("the feature number of src and tgt must be equal to d_model")
+        memory = self.encoder(src, src_mask, src_key_padding_mask, bool(src_is_causal))
+        return self.decoder(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                            bool(tgt_is_causal), memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> Tensor:
+        """0 on and below the diagonal, -inf above: a position sees itself and the past."""
+        return F.triu(full((sz, sz), -math.inf, dtype=dtype), diagonal=1)
 
 
 class TransformerBlock(Module):
