@@ -92,6 +92,27 @@ def test_early_stopping_restores_the_best_weights():
     assert len(history.epochs) == 2 and stop.stopped_epoch == 2
 
 
+def test_csv_logger_writes_each_epoch_as_history_has_it(tmp_path):
+    """One row per epoch, the History's values, flushed as written; append continues the
+    file under its header."""
+    import csv
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((48, 3)).astype(np.float32), rng.integers(0, 2, 48)
+    model = nn.Sequential(nn.Linear(3, 2))
+    path = tmp_path / "log.csv"
+    opt = Adam(model.parameters(), lr=1e-2)
+    history = ggrad.fit(model, F.cross_entropy, opt, (x, y), epochs=3, val_data=(x[:16], y[:16]),
+                        callbacks=[ggrad.CSVLogger(path)], metrics=("loss", "accuracy"), verbose=0)
+    more = ggrad.fit(model, F.cross_entropy, opt, (x, y), epochs=2, val_data=(x[:16], y[:16]),
+                     callbacks=[ggrad.CSVLogger(path, append=True)], metrics=("loss", "accuracy"), verbose=0)
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["epoch", *history.history] and len(rows) == 1 + 3 + 2
+    for row, epoch, source in zip(rows[1:], [*history.epochs, *more.epochs], [history] * 3 + [more] * 2):
+        i = source.epochs.index(epoch)
+        assert [float(v) for v in row[1:]] == pytest.approx([source.history[k][i] for k in rows[0][1:]], rel=1e-12)
+
+
 def test_fit_rejects_bad_arguments():
     model = nn.Sequential(nn.Linear(2, 2))
     opt = Adam(model.parameters())

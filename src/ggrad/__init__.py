@@ -23,7 +23,7 @@ from .runtime import count_transfers, device, devices, get_device, gpu_available
 from .runtime.precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .tensor import (Tensor, from_dlpack, from_numpy, full, full_like, ones, ones_like, param, realize, tensor,
                      zeros, zeros_like)
-from .train import EarlyStopping, History, ModelCheckpoint, evaluate, fit
+from .train import CSVLogger, EarlyStopping, History, ModelCheckpoint, evaluate, fit
 
 __version__ = "0.1.0"
 
@@ -34,19 +34,20 @@ __all__ = [
     "abs", "accelerator", "add", "addcdiv", "addcmul", "all", "amax", "amin", "amp", "any", "arange",
     "argmax", "argmin", "argsort", "autocast", "avg_pool1d", "backends", "backward", "bfloat16", "bool",
     "broadcast_to", "cat", "ceil", "chunk", "clamp", "clip", "compile", "concat", "conv1d", "conv2d",
-    "conv_transpose2d", "cos", "count_transfers", "cuda", "cumsum", "data", "DataLoader", "device", "devices",
-    "distributed", "div", "dtype", "dtypes", "EarlyStopping", "einsum", "empty", "empty_like", "eq",
-    "evaluate", "exp", "export_gguf", "eye", "fit", "flatten", "float", "float16", "float32", "floor",
-    "floor_divide", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge", "get_device",
-    "get_float32_matmul_precision", "get_rng_state", "gpu_available", "grad_tape", "gradcheck", "gt", "half",
-    "History", "int", "int32", "int64", "is_anomaly_enabled", "isfinite", "isinf", "isnan", "layer_norm",
-    "le", "linspace", "load", "log", "log_softmax", "logical_and", "logical_not", "logical_or", "logical_xor",
-    "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max_pool1d", "max_pool2d", "maximum",
-    "mean", "minimum", "ModelCheckpoint", "movedim", "mul", "narrow", "ne", "neg", "nn", "no_grad", "norm",
-    "ones", "ones_like", "optim", "param", "permute", "pow", "rand", "rand_like", "randint", "randint_like",
-    "randn", "randn_like", "realize", "relu", "remainder", "reshape", "result_type", "round", "runtime",
-    "save", "set_detect_anomaly", "set_device", "set_float32_matmul_precision", "set_rng_state", "sigmoid",
-    "sign", "sin", "softmax", "sort", "split", "sqrt", "square", "squeeze", "stack", "std", "sub", "sum",
-    "tanh", "tensor", "Tensor", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze",
-    "utils", "var", "where", "zeros", "zeros_like",
+    "conv_transpose2d", "cos", "count_transfers", "CSVLogger", "cuda", "cumsum", "data", "DataLoader",
+    "device", "devices", "distributed", "div", "dtype", "dtypes", "EarlyStopping", "einsum", "empty",
+    "empty_like", "eq", "evaluate", "exp", "export_gguf", "eye", "fit", "flatten", "float", "float16",
+    "float32", "floor", "floor_divide", "from_dlpack", "from_numpy", "full", "full_like", "functional", "ge",
+    "get_device", "get_float32_matmul_precision", "get_rng_state", "gpu_available", "grad_tape", "gradcheck",
+    "gt", "half", "History", "int", "int32", "int64", "is_anomaly_enabled", "isfinite", "isinf", "isnan",
+    "layer_norm", "le", "linspace", "load", "log", "log_softmax", "logical_and", "logical_not", "logical_or",
+    "logical_xor", "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max_pool1d",
+    "max_pool2d", "maximum", "mean", "minimum", "ModelCheckpoint", "movedim", "mul", "narrow", "ne", "neg",
+    "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "pow", "rand", "rand_like",
+    "randint", "randint_like", "randn", "randn_like", "realize", "relu", "remainder", "reshape",
+    "result_type", "round", "runtime", "save", "set_detect_anomaly", "set_device",
+    "set_float32_matmul_precision", "set_rng_state", "sigmoid", "sign", "sin", "softmax", "sort", "split",
+    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "Tensor", "tensor", "topk",
+    "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze", "utils", "var", "where", "zeros",
+    "zeros_like",
 ]

@@ -161,6 +161,46 @@ class ModelCheckpoint(Callback):
         return False
 
 
+class CSVLogger(Callback):
+    """Each epoch's logs as a row of a CSV file: "epoch", then the first epoch's keys in
+    their order (Keras's CSVLogger). Every row is flushed as it is written, so a run that
+    dies keeps the rows of the epochs it finished; `append` continues an existing file
+    (its header kept). Under a process group, rank 0 writes (the logs are the same)."""
+
+    def __init__(self, filename: str, separator: str = ",", append: bool = False) -> None:
+        self.filename, self.separator, self.append = str(filename), separator, bool(append)
+        self.keys: list[str] | None = None
+        self._file = None
+        self._writer = None
+
+    def on_train_begin(self, model, optimizer) -> None:
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        import csv
+        import os
+        resume = self.append and os.path.exists(self.filename) and os.path.getsize(self.filename) > 0
+        if resume:
+            with open(self.filename, newline="") as f:
+                self.keys = next(csv.reader(f, delimiter=self.separator))[1:]
+        self._file = open(self.filename, "a" if resume else "w", newline="")
+        self._writer = csv.writer(self._file, delimiter=self.separator)
+
+    def on_epoch_end(self, epoch, logs, model, optimizer) -> bool:
+        if self._writer is None:
+            return False
+        if self.keys is None:
+            self.keys = list(logs)
+            self._writer.writerow(["epoch", *self.keys])
+        self._writer.writerow([epoch, *(logs.get(key, "NA") for key in self.keys)])
+        self._file.flush()
+        return False
+
+    def on_train_end(self, model, optimizer) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = self._writer = None
+
+
 def _as_loader(data, batch_size: int, shuffle: bool) -> DataLoader | None:
     if data is None or isinstance(data, DataLoader):
         return data
