@@ -429,3 +429,18 @@ def test_the_full_transformer_equals_torchs(dev, batch_first, norm_first):
     np.testing.assert_allclose(y.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(s.grad.numpy(), ts.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_top_level_max_and_min_are_torchs(dev):
+    """torch.max(x), torch.max(x, dim) -> (values, indices), torch.max(x, y) elementwise."""
+    x = np.array([[1.0, 5.0, 3.0], [7.0, 2.0, 9.0]], np.float32)
+    y = np.array([[4.0, 0.0, 3.5], [1.0, 8.0, 2.0]], np.float32)
+    for name in ("max", "min"):
+        ours, theirs = getattr(ggrad, name), getattr(torch, name)
+        assert ours(ggrad.tensor(x)).item() == theirs(torch.tensor(x)).item()
+        values, indices = ours(ggrad.tensor(x), 1, keepdim=True)
+        want = theirs(torch.tensor(x), 1, keepdim=True)
+        np.testing.assert_array_equal(values.numpy(), want.values.numpy())
+        np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
+        np.testing.assert_array_equal(ours(ggrad.tensor(x), ggrad.tensor(y)).numpy(),
+                                      theirs(torch.tensor(x), torch.tensor(y)).numpy())

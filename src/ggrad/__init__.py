@@ -23,6 +23,7 @@ from .runtime import count_transfers, device, devices, get_device, gpu_available
 from .runtime.precision import get_float32_matmul_precision, set_float32_matmul_precision
 from .tensor import (Tensor, from_dlpack, from_numpy, full, full_like, ones, ones_like, param, realize, tensor,
                      zeros, zeros_like)
+from .tensor import top_level_max as max, top_level_min as min  # noqa: A004  (torch's names)
 from .train import CSVLogger, EarlyStopping, History, ModelCheckpoint, evaluate, fit
 
 __version__ = "0.1.0"
@@ -41,13 +42,13 @@ __all__ = [
     "get_device", "get_float32_matmul_precision", "get_rng_state", "gpu_available", "grad_tape", "gradcheck",
     "gt", "half", "History", "int", "int32", "int64", "is_anomaly_enabled", "isfinite", "isinf", "isnan",
     "layer_norm", "le", "linspace", "load", "log", "log_softmax", "logical_and", "logical_not", "logical_or",
-    "logical_xor", "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max_pool1d",
-    "max_pool2d", "maximum", "mean", "minimum", "ModelCheckpoint", "movedim", "mul", "narrow", "ne", "neg",
-    "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "pow", "rand", "rand_like",
-    "randint", "randint_like", "randn", "randn_like", "realize", "relu", "remainder", "reshape",
+    "logical_xor", "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max", "max_pool1d",
+    "max_pool2d", "maximum", "mean", "min", "minimum", "ModelCheckpoint", "movedim", "mul", "narrow", "ne",
+    "neg", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "pow", "rand",
+    "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "relu", "remainder", "reshape",
     "result_type", "round", "runtime", "save", "set_detect_anomaly", "set_device",
     "set_float32_matmul_precision", "set_rng_state", "sigmoid", "sign", "sin", "softmax", "sort", "split",
-    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "Tensor", "tensor", "topk",
+    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "tensor", "Tensor", "topk",
     "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze", "utils", "var", "where", "zeros",
     "zeros_like",
 ]

@@ -624,6 +624,18 @@ def tensor(data, dtype=None, device: str | None = None, requires_grad: bool = Fa
     return Tensor(data, requires_grad=requires_grad, device=device, dtype=dtype)
 
 
+def top_level_max(input, *args, **kwargs):
+    """torch.max (ggrad.max): `input.max(...)`: the largest value; with `dim`, (values,
+    indices); with a tensor, the elementwise maximum. (Named apart here so that this
+    module's own max stays the builtin.)"""
+    return (input if isinstance(input, Tensor) else Tensor(input)).max(*args, **kwargs)
+
+
+def top_level_min(input, *args, **kwargs):
+    """torch.min (ggrad.min), as `top_level_max`."""
+    return (input if isinstance(input, Tensor) else Tensor(input)).min(*args, **kwargs)
+
+
 def param(data, device: str | None = None) -> Tensor:
     """A trainable tensor: requires grad, kept in the persistent pool."""
     return Tensor(data, requires_grad=True, device=device)
