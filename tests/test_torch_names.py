@@ -444,3 +444,17 @@ def test_top_level_max_and_min_are_torchs(dev):
         np.testing.assert_array_equal(indices.numpy(), want.indices.numpy())
         np.testing.assert_array_equal(ours(ggrad.tensor(x), ggrad.tensor(y)).numpy(),
                                       theirs(torch.tensor(x), torch.tensor(y)).numpy())
+
+
+def test_a_torch_data_loader_call_ports_as_written():
+    """DataLoader(dataset, batch_size, shuffle, num_workers, pin_memory, drop_last) as torch
+    programs write it: the same batches (pin_memory changes nothing here)."""
+    from ggrad.utils.data import DataLoader, TensorDataset
+    x, y = np.arange(20, dtype=np.float32).reshape(10, 2), np.arange(10)
+    plain = [(a.numpy(), b.numpy()) for a, b in DataLoader(TensorDataset(x, y), batch_size=4)]
+    pinned = [(a.numpy(), b.numpy()) for a, b in DataLoader(TensorDataset(x, y), batch_size=4, shuffle=False,
+                                                            num_workers=0, pin_memory=True, drop_last=False)]
+    assert len(plain) == len(pinned) == 3
+    for (a, b), (c, d) in zip(plain, pinned):
+        np.testing.assert_array_equal(a, c)
+        np.testing.assert_array_equal(b, d)

@@ -30,7 +30,8 @@ class DataLoader:
     `DataLoader(dataset, batch_size=1, shuffle=False, sampler=None, batch_sampler=None,
     num_workers=0, collate_fn=None, drop_last=False, timeout=0, worker_init_fn=None,
     multiprocessing_context=None, generator=None, prefetch_factor=2, persistent_workers=
-    False, seed=None)`: as torch's (only `batch_size` may also be positional), over any
+    False, pin_memory=False, pin_memory_device="", seed=None)`: as torch's (only
+    `batch_size` may also be positional), over any
     object with `__getitem__` and `__len__`, or an IterableDataset. `collate_fn` makes
     numpy batches (default_collate), turned into tensors here. With `num_workers > 0`
     batches are made in worker processes (Python's default start method, or
@@ -41,7 +42,9 @@ class DataLoader:
     before forking (keep its data in numpy arrays).
     Workers stop when the iteration ends or is dropped (with `persistent_workers`, when
     the loader is garbage collected). Automatic batching cannot be turned off:
-    `batch_size=None` means the default.
+    `batch_size=None` means the default. `pin_memory` is accepted and changes nothing:
+    a batch is uploaded once, from its numpy array straight into the device pool, when
+    first used (torch pins to speed up that copy; ggrad has no pinned staging buffer).
 
     Under a process group of more than one rank (`ggrad.distributed.is_initialized()`),
     a loader given no sampler or batch_sampler reads only its rank's shard, through a
@@ -57,7 +60,8 @@ class DataLoader:
                  batch_sampler=None, num_workers: int = 0, collate_fn: Callable | None = None,
                  drop_last: bool = False, timeout: float = 0, worker_init_fn: Callable | None = None,
                  multiprocessing_context=None, generator: np.random.Generator | None = None,
-                 prefetch_factor: int = 2, persistent_workers: bool = False, seed: int | None = None) -> None:
+                 prefetch_factor: int = 2, persistent_workers: bool = False, pin_memory: bool = False,
+                 pin_memory_device: str = "", seed: int | None = None) -> None:
         if not data:
             raise ValueError("DataLoader needs arrays or a dataset")
         self.dataset = data[0] if _is_dataset(data[0]) else None
