@@ -19,7 +19,6 @@ once it is older than STALE_SECONDS.
 from __future__ import annotations
 
 import glob
-import io
 import json
 import math
 import os
@@ -320,14 +319,11 @@ def load(path, map_location=None, weights_only: bool = True) -> dict:
     if not weights_only:
         raise ValueError("load(weights_only=False) would run the pickle's code: ggrad reads tensors and plain "
                          "containers only (weights_only=True, the default)")
-    if _is_file(path):
-        data = path.read()
-        if data[:4] == b"PK\x03\x04" and b"data.pkl" in data:
-            return torch_checkpoint.load(io.BytesIO(data))
+    if _is_file(path):  # read through a file, so that a path and a file object are told apart alike
         with tempfile.TemporaryDirectory() as folder:
             copy = os.path.join(folder, "checkpoint")
             with open(copy, "wb") as f:
-                f.write(data)
+                f.write(path.read())
             return load(copy)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no checkpoint at {path}")

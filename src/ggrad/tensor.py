@@ -344,17 +344,14 @@ class Tensor:
             value = value.to(self.dtype)
         return self._assign(value)
 
-    def __iadd__(self, other):
-        return self._inplace_result(self + other)
-
-    def __isub__(self, other):
-        return self._inplace_result(self - other)
-
     def add_(self, other, *, alpha=1) -> Tensor:
         return self._inplace_result(F.add(self, other, alpha))
 
     def sub_(self, other, *, alpha=1) -> Tensor:
         return self._inplace_result(F.sub(self, other, alpha))
+
+    __iadd__ = add_
+    __isub__ = sub_
 
     def addcmul(self, tensor1, tensor2, *, value=1) -> Tensor: return F.addcmul(self, tensor1, tensor2, value=value)
     def addcdiv(self, tensor1, tensor2, *, value=1) -> Tensor: return F.addcdiv(self, tensor1, tensor2, value=value)

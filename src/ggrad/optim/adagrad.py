@@ -40,7 +40,7 @@ class Adagrad(Optimizer):
         shared = self.group_state[index]
         if not group["lr_decay"] or "decays" in shared:
             return []
-        t = max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
+        t = self._steps_taken(group)
         shared["decays"], shared["step"] = Tensor(np.array([t], dtype=np.float32)), t
         return [shared["decays"]]
 

@@ -160,7 +160,7 @@ class Adam(Optimizer):
             shared["constants"], shared["betas"], shared["inflow"] = made
             shared["constants_of"] = constants
         if not {"corrections", "step"} <= shared.keys():  # 1 - beta^t for the steps the group's state has taken
-            t = max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
+            t = self._steps_taken(group)
             shared["corrections"] = Tensor(np.array([1 - beta1 ** t, 1 - beta2 ** t], dtype=np.float32))
             shared["step"] = t
             made.append(shared["corrections"])

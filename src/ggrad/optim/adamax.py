@@ -40,7 +40,7 @@ class Adamax(Optimizer):
         shared = self.group_state[index]
         if "correction" in shared:
             return []
-        t = max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
+        t = self._steps_taken(group)
         shared["correction"] = Tensor(np.array([1 - group["betas"][0] ** t], dtype=np.float32))
         shared["step"] = t
         return [shared["correction"]]

@@ -19,11 +19,13 @@ class _Scheduler:
     ggrad.save stores). The rates themselves are in the optimizer's param_groups: restore
     the optimizer's state dict too."""
 
+    _not_state: tuple[str, ...] = ("optimizer",)  # attributes a subclass saves its own way, if at all
+
     def get_last_lr(self) -> list[float]:
         return [g["lr"] for g in self.optimizer.param_groups]
 
     def state_dict(self) -> dict:
-        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "optimizer"})
+        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in self._not_state})
 
     def load_state_dict(self, state: dict) -> None:
         if not isinstance(state, dict):
@@ -154,13 +156,12 @@ class LambdaLR(LRScheduler):
     def lr_for(self, epoch, index, lr, base_lr):
         return base_lr * self.lr_lambdas[index](epoch)
 
+    _not_state = ("optimizer", "lr_lambdas")
+
     def state_dict(self) -> dict:
-        fns = self.__dict__.pop("lr_lambdas")
-        try:
-            state = super().state_dict()
-        finally:
-            self.lr_lambdas = fns
-        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else copy.deepcopy(fn.__dict__) for fn in fns]
+        state = super().state_dict()
+        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else copy.deepcopy(fn.__dict__)
+                               for fn in self.lr_lambdas]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -214,13 +215,11 @@ class SequentialLR(LRScheduler):
         finally:
             inner._initial = False
 
+    _not_state = ("optimizer", "_schedulers")
+
     def state_dict(self) -> dict:
-        schedulers = self.__dict__.pop("_schedulers")
-        try:
-            state = super().state_dict()
-        finally:
-            self._schedulers = schedulers
-        state["_schedulers"] = [s.state_dict() for s in schedulers]
+        state = super().state_dict()
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -200,6 +200,11 @@ class Optimizer:
         returns the tensors made. The base class makes none."""
         return []
 
+    def _steps_taken(self, group: dict) -> int:
+        """The most steps any of the group's parameters has taken (a group state made after
+        a load starts there)."""
+        return max((self.state[p]["step"] for p in group["params"] if p in self.state), default=0)
+
     def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
         """State an optimizer makes for `p` when it is added (PyTorch makes it at the first
         step; here it is made at once, on the device, so the optimizer is resident from the
