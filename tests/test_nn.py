@@ -225,7 +225,8 @@ def test_a_transformer_language_model_gradient_matches_finite_differences(dev):
 
 
 @pytest.mark.parametrize("x_shape,w_shape,bias", [((5, 4), (3, 4), True), ((2, 5, 4), (3, 4), False),
-                                                  ((5, 4), (4,), False), ((4,), (3, 4), True)])
+                                                  ((2, 5, 4), (3, 4), True), ((5, 4), (4,), False),
+                                                  ((4,), (3, 4), True)])
 def test_functional_linear_equals_torch(dev, x_shape, w_shape, bias):
     """F.linear: torch's shapes (a 1-d weight drops the output axis), values and gradients."""
     torch = pytest.importorskip("torch")
@@ -244,3 +245,21 @@ def test_functional_linear_equals_torch(dev, x_shape, w_shape, bias):
     np.testing.assert_allclose(y.numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-5)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape", [(5, 4), (2, 5, 4)])
+def test_linear_with_bias_is_one_op_equal_to_its_parts(dev, x_shape):
+    """F.linear's float32 case with a bias records one op (eager Python per layer), and its
+    value and gradients are bit-equal to the product and the sum recorded apart."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in (x_shape, (3, 4), (3,))]
+    results = []
+    for fused in (True, False):
+        x, w, b = [ggrad.tensor(a, requires_grad=True) for a in arrays]
+        with ggrad.grad_tape():
+            y = ggrad.functional.linear(x, w, b) if fused else ggrad.functional.matmul_nt(x, w) + b
+            assert (y.node.op == "linear") == fused
+            (y * y).sum().backward()
+        results.append([t.numpy() for t in (y, x.grad, w.grad, b.grad)])
+    for got, want in zip(*results):
+        np.testing.assert_array_equal(got, want)

@@ -153,6 +153,8 @@ def test_steps_are_in_place_in_one_dispatch_and_resident(dev, fused):
         ggrad.realize(p.grad, q.grad)
         with ggrad.count_transfers() as t:
             opt.step()
+            if fused:  # the group's parameters are one recorded kernel effect
+                assert [e.op for e in ggrad.lazy.local.effects] == ["adamw"]
             ggrad.realize()
         assert (t.dispatches, t.crossings) == (1, 0)  # both parameters, one graph, nothing crossed
         if i == 6:

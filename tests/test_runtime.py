@@ -204,3 +204,26 @@ def test_importing_and_starting_every_device_prints_nothing():
     assert done.stdout == "" and done.stderr == "", done.stderr
     shown = subprocess.run([sys.executable, "-m", "ggrad", "info"], capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0 and "devices:" in shown.stdout
+
+
+def test_cpu_computes_a_large_tensor_where_its_copy_lies():
+    """On the CPU, a tensor's own copy of a large array is its buffer (no second copy, no
+    pool block). It is still a copy of the caller's array, in-place updates keep its
+    address, and releasing the device moves its value to the next one."""
+    a = np.random.default_rng(2).standard_normal((256, 256)).astype(np.float32)
+    want = a.copy()
+    with ggrad.device("cpu"):
+        t = ggrad.tensor(a)
+        pool = rt.current().persistent
+        used, size = pool.used, pool.nbytes
+        ptr = t.handle.ptr
+        assert (pool.used, pool.nbytes) == (used, size) and ptr % 32 == 0
+        a[:] = 0  # the caller's array is not the tensor's
+        np.testing.assert_array_equal(t.numpy(), want)
+        t.mul_(2.0)
+        assert t.handle.ptr == ptr
+        np.testing.assert_array_equal(t.numpy(), 2 * want)
+    if "vulkan:0" in [d.name for d in ggrad.devices()]:
+        with ggrad.device("vulkan"):  # the CPU is released: its values move
+            np.testing.assert_array_equal((t + 1).numpy(), 2 * want + np.float32(1))
+        np.testing.assert_array_equal(t.numpy(), 2 * want)

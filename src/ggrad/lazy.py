@@ -248,8 +248,11 @@ def _to_current_device(node: Node):
         node.host = handle.numpy()
     elif handle is not None:
         handle.check_live()  # raises: its pass was reset
-    node.handle = runtime.to_device(node.host, scope=node.scope)
-    if node.dtype.is_floating_point:  # integers and masks (targets, indices) stay checkable on the host
+    # Integers and masks (targets, indices) stay checkable on the host; a float's array is
+    # the node's own and is given to the device (which may compute on it where it lies).
+    give = node.dtype.is_floating_point
+    node.handle = runtime.to_device(node.host, scope=node.scope, give=give)
+    if give:
         node.host = None
     return node.handle
 

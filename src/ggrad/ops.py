@@ -252,6 +252,14 @@ def _matmul_nt(ctx, s, node):
     return reshape(ctx, _product(ctx, b, a, node.arg), node.shape)
 
 
+@compute("linear")
+def _linear(ctx, s, node):
+    """F.linear's float32 x @ w^T + b, recorded as one op: the product's nodes, then b
+    added across the rows (ggml broadcasts it), as the two ops would build."""
+    x, w, b = s
+    return G.ggml_add(ctx, _matmul_nt(ctx, [x, w], node), b)
+
+
 @builder("permute")
 def _permute(ctx, s, node):
     axes = node.arg
@@ -517,12 +525,17 @@ ADAMW_ROW = 4096
 
 @builder("adamw")
 def _adamw(ctx, s, effect):
-    """ggml's fused AdamW over (p, g, m, v) with params (7,), in chunks of contiguous views:
-    at most ADAMW_CHUNK elements each (lavapipe's dispatch limit), as rows of ADAMW_ROW
-    elements where they fill one (the CPU kernel splits rows between threads; a 1-d view
-    is one row, run by one thread) and a 1-d rest."""
-    p, g, m, v, hyper = s
-    n = math.prod(effect.targets[0].shape)
+    """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`)."""
+    *quads, hyper = s
+    return [step for i in range(0, len(quads), 4)
+            for step in _adamw_one(ctx, *quads[i:i + 4], hyper, math.prod(effect.targets[3 * i // 4].shape))]
+
+
+def _adamw_one(ctx, p, g, m, v, hyper, n: int) -> list:
+    """ggml's fused AdamW over (p, g, m, v) of n elements with params (7,), in chunks of
+    contiguous views: at most ADAMW_CHUNK elements each (lavapipe's dispatch limit), as rows
+    of ADAMW_ROW elements where they fill one (the CPU kernel splits rows between threads;
+    a 1-d view is one row, run by one thread) and a 1-d rest."""
     flat = [G.ggml_reshape_1d(ctx, t, n) for t in (p, g, m, v)]
     steps = []
     for start in range(0, n, ADAMW_CHUNK):

@@ -33,7 +33,7 @@ def _host_array(data, dtype=None, keep: bool = True) -> tuple[np.ndarray, dtypes
     dt = dtypes.of_numpy(array.dtype) if dtype is None else dtypes.as_dtype(dtype)
     stored = as_host_array(dtypes.to_storage(array, dt), "tensor data")
     if keep and (stored is data or not stored.flags.owndata):
-        stored = stored.copy()
+        stored = runtime.aligned_copy(stored)
     return stored, dt
 
 

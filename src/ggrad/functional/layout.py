@@ -50,8 +50,21 @@ def linear(input, weight, bias=None) -> Tensor:
     if weight.ndim not in (1, 2):
         raise ValueError(f"linear needs a weight of shape (out_features, in_features) or (in_features,), "
                          f"got {weight.shape}")
+    if isinstance(bias, Tensor) and input.ndim > 1 and bias.shape == weight.shape[:1] and weight.ndim == 2 \
+            and input.dtype is F32 and weight.dtype is F32 and bias.dtype is F32 \
+            and input.shape[-1] == weight.shape[1] and precision.autocast_dtype() is None:
+        # one recorded op (a layer's forward and backward are ~14 us of Python fewer), the
+        # same ggml nodes as the product and the sum below
+        return _apply("linear", (input, weight, bias), input.shape[:-1] + weight.shape[:1], _linear_rule,
+                      _product_arg(F32))
     y = matmul_nt(input, weight) if input.ndim > 1 and weight.ndim == 2 else matmul(input, transpose(weight))
     return y if bias is None else y + bias
+
+
+def _linear_rule(ctx, g):
+    x, weight, bias = ctx.parents
+    gx, gw = _product_grads(x, weight, g, ctx.saved["arg"])
+    return gx, gw, (sum_to(g, bias.shape) if bias.requires_grad else None)
 
 
 def _product_arg(dtype) -> tuple:
@@ -63,9 +76,13 @@ def _product_arg(dtype) -> tuple:
 
 
 def _matmul_nt_rule(ctx, g):
-    """The gradients' products are computed as the forward one was (autocast included)."""
     a, b = ctx.parents
-    arg = ctx.saved["arg"]
+    return _product_grads(a, b, g, ctx.saved["arg"])
+
+
+def _product_grads(a: Tensor, b: Tensor, g: Tensor, arg: tuple) -> tuple:
+    """The gradients of a @ b^T: their products are computed as the forward one was
+    (autocast included)."""
     ga = None
     if a.requires_grad:  # b^T is free where b is itself a swap (a swap undoes itself)
         w = b.detach()

@@ -134,6 +134,7 @@ class Adam(Optimizer):
                                   shared["inflow"]])
             else:  # lr, beta1, beta2, eps, wd, 1 / c1, 1 / c2
                 hyper = F.concat([lr, shared["constants"], corrections ** -1])
+        in_place = []  # (p, g, m, v) of the parameters the kernel updates in place with `hyper`
         for p, g, state in items:
             if state["step"] != shared["step"]:
                 capture.refuse("a parameter skipped steps: its Adam step uses host constants")
@@ -141,9 +142,15 @@ class Adam(Optimizer):
                 c1, c2 = 1 - beta1 ** t, 1 - beta2 ** t
                 own = [group["lr"], *constants] + ([group["lr"] / c1, c2 ** 0.5, 1 - beta1, 1 - beta2] if exact
                                                    else [1 / c1, 1 / c2])
-                self._fused(p, g, state, group, Tensor(np.array(own, dtype=np.float32)))
+                own_hyper = Tensor(np.array(own, dtype=np.float32))
+                operands = self._fused(p, g, state, group, own_hyper)
+                if operands:
+                    inplace("adamw", (*operands, own_hyper), (p, state["m"], state["v"]))
             else:
-                self._fused(p, g, state, group, hyper)
+                in_place += self._fused(p, g, state, group, hyper)
+        if in_place:  # one effect for the group: one record, one signature entry
+            inplace("adamw", (*in_place, hyper), tuple([t for i in range(0, len(in_place), 4)
+                                                       for t in (in_place[i], in_place[i + 2], in_place[i + 3])]))
 
     def _init_group(self, index: int, group: dict) -> list[Tensor]:
         """The kernel's per-group tensors: its constants and the shared bias corrections,
@@ -179,21 +186,23 @@ class Adam(Optimizer):
         state.update(made)
         return list(made.values())
 
-    def _fused(self, p, g, state, group, hyper) -> None:
-        """ggml's AdamW kernel over p, in place. Its formula from elementwise ops where the
-        kernel may not run: a step that must not write in place (optim/guard.py), and a
-        half-precision p (ggml's kernel is float32-only; its CPU form aborts on float16)."""
+    def _fused(self, p, g, state, group, hyper) -> tuple:
+        """ggml's AdamW kernel over p, in place: the kernel's operands (p, g, m, v), for
+        the caller to record. Where the kernel may not run, its formula from elementwise
+        ops, recorded here (and no operands): a step that must not write in place
+        (optim/guard.py), and a half-precision p (ggml's kernel is float32-only; its CPU
+        form aborts on float16)."""
         self._init_state(p, group)  # no-op unless the state was replaced
         g = float32(g)
         if group["weight_decay"] and not self.decoupled:
             g = g + F.affine(float32(p), group["weight_decay"])
         if self.in_place and p.dtype is dtypes.float32:
-            inplace("adamw", (p, g, state["m"], state["v"], hyper), (p, state["m"], state["v"]))
-            return
+            return p, g, state["m"], state["v"]
         new = kernel_update(float32(p), g, float32(state["m"]), float32(state["v"]), hyper, group["betas"][0])
         for key in ("m", "v"):
             store(state[key], new[key])
         store(p, new["p"])
+        return ()
 
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)  # no-op unless the state was replaced or fused switched off

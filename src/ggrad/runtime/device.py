@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections import OrderedDict
 
+import numpy as np
 from ggml import ggml as G
 
 from . import backend as _backend
@@ -76,6 +77,14 @@ class ActiveDevice:
     def new_handle(self, shape: tuple[int, ...], dtype, scope: str) -> Handle:
         pool = self.persistent if scope == "persistent" else self.passes
         handle = Handle(pool, shape, dtype, self.name)
+        if scope == "persistent":
+            self._persistent_handles.add(handle)
+        return handle
+
+    def borrow_handle(self, array: np.ndarray, scope: str) -> Handle:
+        """`Handle.over_host_array` in the pool of `scope` (a host-memory backend only)."""
+        pool = self.persistent if scope == "persistent" else self.passes
+        handle = Handle.over_host_array(pool, array, self.name)
         if scope == "persistent":
             self._persistent_handles.add(handle)
         return handle

@@ -20,7 +20,7 @@ from ggml import ggml as G
 from . import transfers
 from .critical import critical
 from .device import ActiveDevice, current
-from .handle import DTYPES, GGML_TO_NUMPY, MAX_DIMS, Handle, ggml_ne, logical_shape, new_tensor
+from .handle import DTYPES, GGML_TO_NUMPY, HOST_ALIGNMENT, MAX_DIMS, Handle, ggml_ne, logical_shape, new_tensor
 
 DEFAULT_MAX_NODES = 8192
 SCOPES = ("pass", "persistent")
@@ -244,13 +244,18 @@ class Graph:
                     f"of ggml shape {ne}; nothing was run")
 
 
-def to_device(array, scope: str = "pass") -> Handle:
-    """Upload a host array into a new handle of `scope` on the current device."""
+def to_device(array, scope: str = "pass", give: bool = False) -> Handle:
+    """Upload a host array into a new handle of `scope` on the current device. With
+    `give`, the caller gives the array up: a device that computes in host memory keeps
+    it as the handle's buffer (no copy) when it is aligned for ggml (`aligned_copy`)."""
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     host = as_host_array(array)
     with critical():
-        handle = current().new_handle(logical_shape(host.shape, host.dtype), host.dtype, scope)
+        dev = current()
+        if give and host is array and dev.backend.host_memory and host.ctypes.data % HOST_ALIGNMENT == 0:
+            return dev.borrow_handle(host, scope)
+        handle = dev.new_handle(logical_shape(host.shape, host.dtype), host.dtype, scope)
         handle.write(host)
     return handle
 

@@ -9,12 +9,14 @@ first and kept in `host_copy`, so the layer above can move them to the next devi
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import ml_dtypes
 import numpy as np
 from ggml import ggml as G
 
 from . import transfers
+from .backend import ggml_library
 from .critical import lock
 
 Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # dtypes.Q8_0_BLOCK: ggml's Q8_0 block
@@ -43,6 +45,30 @@ def storage_shape(shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
 
 
 MAX_DIMS = G.GGML_MAX_DIMS
+HOST_ALIGNMENT = 32  # of a ggml CPU buffer over host memory (ggml's TENSOR_ALIGNMENT; it asserts it)
+ALIGNED_COPY_BYTES = 64 << 10
+
+
+@functools.cache
+def _buffer_from_ptr():
+    """ggml_backend_cpu_buffer_from_ptr, bound here: ggml-python's binding returns the
+    buffer as a C int (the pointer cut to 32 bits)."""
+    fn = ggml_library("libggml-base.so").ggml_backend_cpu_buffer_from_ptr
+    fn.restype, fn.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t]
+    return fn
+
+
+def aligned_copy(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of `array`. One of ALIGNED_COPY_BYTES or more starts on a
+    HOST_ALIGNMENT boundary, so that a host-memory device can compute on it where it lies
+    (`Handle.over_host_array`) instead of copying it again; a smaller one is numpy's plain
+    copy (aligning costs ~2 us, more than copying it into a pool)."""
+    if array.nbytes < ALIGNED_COPY_BYTES:
+        return np.array(array, order="C")
+    raw = np.empty(array.nbytes + HOST_ALIGNMENT, dtype=np.uint8)
+    out = np.ndarray(array.shape, array.dtype, raw, -raw.ctypes.data % HOST_ALIGNMENT)
+    np.copyto(out, array)
+    return out
 
 
 def ggml_ne(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -69,7 +95,7 @@ class Handle:
     """Data of one tensor in a device pool: `.ptr`, `.shape`, `.dtype`, `.scope`, `.live`."""
 
     __slots__ = ("shape", "dtype", "scope", "device", "host_copy", "_pool", "_generation",
-                 "_tensor", "_block", "_host_memory", "_location", "_ctx", "__weakref__")
+                 "_tensor", "_block", "_host_memory", "_location", "_ctx", "_borrowed", "__weakref__")
 
     def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str) -> None:
         self.shape = tuple(int(s) for s in shape)
@@ -81,6 +107,7 @@ class Handle:
         self._generation = pool.generation
         self._host_memory = pool.backend.host_memory
         self._block = None
+        self._borrowed = None
         self._ctx = ctx = _metadata_context()
         tensor = new_tensor(ctx, self.dtype, self.shape)
         with lock:
@@ -89,6 +116,33 @@ class Handle:
         self._tensor = tensor
         self._block = block
         self._location = (tensor.contents.buffer, tensor.contents.data)
+
+    @classmethod
+    def over_host_array(cls, pool, array: np.ndarray, device: str) -> Handle:
+        """A handle whose buffer is `array`'s own memory, on a device that computes in host
+        memory (the CPU): no pool block and no copy. The caller gives `array` up (later
+        writes through the handle land in it); it must be C-contiguous in its storage form
+        and start on a HOST_ALIGNMENT boundary. It lives and dies as a block of `pool` would."""
+        self = cls.__new__(cls)
+        self.shape = logical_shape(array.shape, array.dtype)
+        self.dtype = array.dtype
+        self.scope = pool.scope
+        self.device = device
+        self.host_copy = None
+        self._pool = pool
+        self._generation = pool.generation
+        self._host_memory = True
+        self._block = None
+        self._borrowed = None
+        self._ctx = ctx = _metadata_context()
+        tensor = new_tensor(ctx, self.dtype, self.shape)
+        address = array.ctypes.data
+        buffer = ctypes.c_void_p(_buffer_from_ptr()(address, array.nbytes))
+        self._borrowed = (buffer, array)
+        G.ggml_backend_tensor_alloc(buffer, tensor, ctypes.c_void_p(address))
+        self._tensor = tensor
+        self._location = (tensor.contents.buffer, tensor.contents.data)
+        return self
 
     def __del__(self) -> None:
         """The metadata, and a persistent block, go back when the handle dies (in whatever
@@ -99,6 +153,8 @@ class Handle:
         except AttributeError:  # __init__ failed before the context was made
             return
         G.ggml_free(ctx)
+        if self._borrowed is not None:
+            G.ggml_backend_buffer_free(self._borrowed[0])  # the struct only: the memory is the array's
         if self._block is not None and self.scope == "persistent":
             self._pool.free(self._block)
 
@@ -137,7 +193,7 @@ class Handle:
     def ptr(self) -> int:
         """Address of the data in its backend buffer; stable while the handle is live."""
         self.check_live()
-        return self._block.addr
+        return self._location[1]
 
     def numpy(self) -> np.ndarray:
         """Download the values (a counted crossing unless the device is host memory)."""
