@@ -484,3 +484,57 @@ def test_node_budget_of_a_compiled_transformer_block_step(dev):
     x = np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)
     counts = _compiled_step_nodes(block, x)
     assert sum(counts.values()) <= _budget("block"), counts
+
+
+needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 11, reason="ggml built without ggrad's GELU gradient kernel")
+
+
+@needs_gelu_kernel
+@pytest.mark.parametrize("shape", [(7,), (3, 5, 33)])
+def test_gelu_gradient_kernel_is_torchs_and_the_composed_forms(dev, shape, monkeypatch):
+    """gelu's gradient through ggrad's kernel (the CPU) equals the float64 formula, torch's
+    and the composed gradient (the path of a backend without the kernel), at 0, near it,
+    far out and through a non-contiguous view."""
+    if not kernels.supported(ggrad.runtime.current().backend, kernels.GELU_BACK):
+        pytest.skip(f"{dev} has no GELU gradient kernel (the CPU has): gelu's gradient is composed there")
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.flat[:4] = [0.0, 1e-4, -9.0, 9.0]
+    g = rng.standard_normal(shape[::-1]).astype(np.float32)  # read through a transpose
+
+    def gradient():
+        xs = ggrad.tensor(x, requires_grad=True)
+        with ggrad.grad_tape():
+            y = F.gelu(xs)
+            y.backward(ggrad.tensor(g).permute(*reversed(range(len(shape)))))
+        return xs.grad.numpy()
+
+    ours = gradient()
+    x64, g64 = x.astype(np.float64), g.T.astype(np.float64)
+    from math import erf
+    cdf = 0.5 * (1 + np.vectorize(erf)(x64 / np.sqrt(2)))
+    want = g64 * (cdf + x64 * np.exp(-0.5 * x64 * x64) / np.sqrt(2 * np.pi))
+    np.testing.assert_allclose(ours, want, rtol=2e-6, atol=1e-7)
+    xt = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.gelu(xt).backward(torch.tensor(np.ascontiguousarray(g.T)))
+    np.testing.assert_allclose(ours, xt.grad.numpy(), rtol=2e-6, atol=1e-7)
+    monkeypatch.setattr(kernels, "supported", lambda backend, kernel: False)
+    np.testing.assert_allclose(ours, gradient(), rtol=1e-5, atol=1e-6)
+
+
+@needs_gelu_kernel
+def test_gelu_gradient_is_one_node(dev):
+    """gelu's gradient: one GGRAD node where the backend has the kernel (a dozen before)."""
+    x = ggrad.tensor(np.linspace(-3, 3, 64, dtype=np.float32).reshape(8, 8), requires_grad=True)
+
+    @ggrad.compile
+    def step(x):
+        with ggrad.grad_tape():
+            F.gelu(x).sum().backward()
+        return x.grad
+
+    step(x)
+    counts = step.op_counts()
+    assert counts.get("GELU_ERF") == 1
+    if kernels.supported(ggrad.runtime.current().backend, kernels.GELU_BACK):
+        assert counts.get("GGRAD") == 1 and "EXP" not in counts

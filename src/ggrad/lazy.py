@@ -507,8 +507,13 @@ def _walk(roots: list[Node]) -> tuple[list[Node], dict[Node, int], list[tuple]]:
             node, rest = stack[-1]
             for s in rest:
                 if s not in index:
+                    if s.op is None:  # a leaf is placed at once (half the nodes of a step)
+                        index[s] = len(order)
+                        order.append(s)
+                        entries.append((None, s.shape, s.dtype))
+                        continue
                     index[s] = -1
-                    stack.append((s, iter(s.srcs if s.op is not None else ())))
+                    stack.append((s, iter(s.srcs)))
                     break
             else:
                 stack.pop()

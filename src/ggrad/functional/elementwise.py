@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
-from .. import autograd, dtypes, ops
+from .. import autograd, dtypes, ops, runtime
 from ..ops import compute
 from ..runtime import kernels
 from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
@@ -326,14 +326,24 @@ def gelu(x, approximate: str = "none") -> Tensor:
 
 
 def _gelu_rule(ctx, g):
-    # d/dx x*Phi(x) = Phi(x) + x*phi(x). ggml has no erf: Phi(x) = gelu(x)/x away from 0,
-    # and 0.5 + x*phi(0) within 1e-3 of it (the next term is O(x^3)).
+    # d/dx x*Phi(x) = Phi(x) + x*phi(x): ggrad's kernel (one pass), or composed. ggml has no
+    # erf op: Phi(x) = gelu(x)/x away from 0, and 0.5 + x*phi(0) within 1e-3 of it (the
+    # next term is O(x^3)).
     x = ctx.parents[0].detach()
+    if kernels.supported(runtime.current().backend, kernels.GELU_BACK):
+        return (_apply("gelu_back_kernel", (x, g), x.shape, dtype=g.dtype),)
     small = step(affine(abs(x), -1.0, 1e-3))
     big = affine(small, -1.0, 1.0)
     phi_cdf = big * _out(ctx) / (x + small) + small * affine(x, _INV_SQRT_2PI, 0.5)
     pdf = affine(exp(affine(square(x), -0.5)), _INV_SQRT_2PI)
     return (g * (phi_cdf + x * pdf),)
+
+
+@compute("gelu_back_kernel")
+def _gelu_back_kernel(ctx, s, node):
+    x, g = ops.contiguous(ctx, s[0]), ops.contiguous(ctx, s[1])
+    n = math.prod(node.shape)
+    return ops.reshape(ctx, kernels.op(ctx, kernels.GELU_BACK, (n, 1), [x, g], []), node.shape)
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -562,7 +572,6 @@ def _relu_nan_back(ctx, s, node):
     one-element rows, cost ~20% of a small MLP's step): an inf or NaN g where the output is
     0 gives NaN, where torch (and the kernel) give 0. ggml's step is x > 0 on the CPU and
     CUDA, x >= 0 on Vulkan, 0 for NaN everywhere."""
-    from .. import runtime
     g, out = s
     if _kernel_set(node):
         return _silu_back_mode(ctx, g, out, SILU_BACK_RELU)
@@ -587,7 +596,6 @@ def _leaky_relu_back(ctx, s, node):
     g, x = s
     if _kernel_set(node):
         return _silu_back_mode(ctx, g, x, SILU_BACK_LEAKY_RELU, node.arg)
-    from .. import runtime
     slope = node.arg
     above = G.ggml_step(ctx, x)
     if runtime.current().backend.info.kind == "vulkan":  # its step is x >= 0: take out x == 0

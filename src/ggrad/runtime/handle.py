@@ -185,8 +185,11 @@ class Handle:
         return self._tensor
 
     def location(self) -> tuple[int, int]:
-        """(backend buffer, data address) of a live handle: what a graph slot points at."""
-        self.check_live()
+        """(backend buffer, data address) of a live handle: what a graph slot points at
+        (`live` inlined: a kept graph asks for every slot at every run)."""
+        pool = self._pool
+        if pool.released or pool.generation != self._generation:
+            self.check_live()
         return self._location
 
     @property
