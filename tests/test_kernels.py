@@ -486,7 +486,7 @@ def test_node_budget_of_a_compiled_transformer_block_step(dev):
     assert sum(counts.values()) <= _budget("block"), counts
 
 
-needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 11, reason="ggml built without ggrad's GELU gradient kernel")
+needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 12, reason="ggml built without ggrad's GELU gradient kernel")
 
 
 @needs_gelu_kernel

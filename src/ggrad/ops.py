@@ -450,6 +450,27 @@ def _pad(ctx, s, node):
     return reshape(ctx, pad_axis(ctx, s[0], len(node.shape) - 1 - axis, before, after), node.shape)
 
 
+@compute("place")
+def _place(ctx, s, node):
+    """The pieces `s` at `starts` along one axis, zeros elsewhere (a sum of slices'
+    gradients): CONCATs where they tile the axis, else a padded copy of each, summed."""
+    axis, starts = node.arg
+    dim = len(node.shape) - 1 - axis
+    n = node.shape[axis]
+    sizes = [x.contents.ne[dim] for x in s]
+    ends = [start + size for start, size in zip(starts, sizes)]
+    if starts[0] == 0 and ends[-1] == n and all(e == b for e, b in zip(ends, starts[1:])):
+        out = contiguous(ctx, s[0])
+        for x in s[1:]:
+            out = G.ggml_concat(ctx, out, contiguous(ctx, x), dim)
+        return out
+    padded = [reshape(ctx, pad_axis(ctx, x, dim, start, n - end), node.shape) for x, start, end in zip(s, starts, ends)]
+    out = padded[0]
+    for x in padded[1:]:
+        out = G.ggml_add(ctx, out, x)
+    return out
+
+
 def pad_axis(ctx, x, dim: int, before: int, after: int):
     """`x` with zeros before and after it along ggml axis `dim`, as a pad of the first
     axis only: in memory, padding axis d of a contiguous tensor pads each run of its

@@ -12,6 +12,7 @@ from ggml import ggml as G
 from .. import autograd, dtypes, ops, runtime
 from ..ops import compute
 from ..runtime import kernels
+from .layout import PLACEMENTS, placed_sum
 from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
                     _out, cast, full_like, record, result_type, sum_to)
 
@@ -40,6 +41,10 @@ def add(a, b, alpha=1) -> Tensor:
     if _is_scalar(a):
         return affine(b, 1.0, float(a), dtype)
     a, b = _as_tensor(a), _as_tensor(b)
+    if a._node.op in PLACEMENTS and b._node.op in PLACEMENTS:  # slices' gradients meeting in backward
+        placed = placed_sum(a, b)
+        if placed is not None:
+            return placed
     return _binary("add", a, b, lambda ctx, g: (sum_to(g, ctx.parents[0].shape), sum_to(g, ctx.parents[1].shape)),
                    dtype)
 
@@ -331,7 +336,7 @@ def _gelu_rule(ctx, g):
     # next term is O(x^3)).
     x = ctx.parents[0].detach()
     if kernels.supported(runtime.current().backend, kernels.GELU_BACK):
-        return (_apply("gelu_back_kernel", (x, g), x.shape, dtype=g.dtype),)
+        return (_apply("gelu_back_kernel", (x, g, _out(ctx)), x.shape, dtype=g.dtype),)
     small = step(affine(abs(x), -1.0, 1e-3))
     big = affine(small, -1.0, 1.0)
     phi_cdf = big * _out(ctx) / (x + small) + small * affine(x, _INV_SQRT_2PI, 0.5)
@@ -341,9 +346,9 @@ def _gelu_rule(ctx, g):
 
 @compute("gelu_back_kernel")
 def _gelu_back_kernel(ctx, s, node):
-    x, g = ops.contiguous(ctx, s[0]), ops.contiguous(ctx, s[1])
+    x, g, y = [ops.contiguous(ctx, t) for t in s]
     n = math.prod(node.shape)
-    return ops.reshape(ctx, kernels.op(ctx, kernels.GELU_BACK, (n, 1), [x, g], []), node.shape)
+    return ops.reshape(ctx, kernels.op(ctx, kernels.GELU_BACK, (n, 1), [x, g, y], []), node.shape)
 
 
 _GELU_C = math.sqrt(2.0 / math.pi)

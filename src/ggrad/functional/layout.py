@@ -7,6 +7,7 @@ import numbers
 
 import numpy as np
 
+from .. import autograd
 from ..runtime import precision
 from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_shape, broadcast_to, cast, full_like, reshape,
                     result_type, sum_to)
@@ -282,6 +283,44 @@ def _slice(x: Tensor, axis: int, start: int, stop: int, step: int = 1) -> Tensor
             return (_apply("pad", (g,), ctx.parents[0].shape, None, (axis, start, n - stop), g.dtype),)
         return (_unstride(g, axis, start, step, n),)
     return _apply("slice", (x,), shape, rule, (axis, start, step), x.dtype)
+
+
+PLACEMENTS = ("pad", "place")  # ops that only place smaller tensors into zeros along one axis
+
+
+def _placement(node) -> tuple | None:
+    """(axis, ((start, piece node), ...)) of a node that only places pieces into zeros
+    along one axis (a slice's gradient, or a sum of them), else None."""
+    if node.op == "pad":
+        axis, before, _ = node.arg
+        return axis, ((before, node.srcs[0]),)
+    if node.op == "place":
+        axis, starts = node.arg
+        return axis, tuple(zip(starts, node.srcs))
+    return None
+
+
+def placed_sum(a: Tensor, b: Tensor) -> Tensor | None:
+    """a + b where both place pieces into zeros along one axis at ranges that do not
+    overlap (the gradients of a split's pieces, summed by backward): one node over the
+    pieces (CONCAT where they tile the axis) instead of a padded copy of each and their
+    sums. None where that does not apply (then a + b is an ordinary sum)."""
+    pa, pb = _placement(a.node), _placement(b.node)
+    if pa is None or pb is None or pa[0] != pb[0] or a.shape != b.shape or a.dtype is not b.dtype \
+            or autograd.is_recording() and (a.requires_grad or b.requires_grad):
+        return None
+    axis = pa[0]
+    pieces = sorted(pa[1] + pb[1], key=lambda piece: piece[0])
+    for (start, node), (following, _) in zip(pieces, pieces[1:]):
+        if start + node.shape[axis] > following:
+            return None
+    return _apply("place", tuple([Tensor._wrap(node) for _, node in pieces]), a.shape, _place_rule,
+                  (axis, tuple([start for start, _ in pieces])), a.dtype)
+
+
+def _place_rule(ctx, g):
+    axis, starts = ctx.arg
+    return tuple(_slice(g, axis, start, start + piece.shape[axis]) for start, piece in zip(starts, ctx.parents))
 
 
 def _unstride(g: Tensor, axis: int, start: int, step: int, n: int) -> Tensor:
