@@ -361,6 +361,9 @@ PRODUCTS = {
     "one row a batch": ((6, 1, 7), (3, 7), lambda m, a, b: a @ b.T),
     "one row a batch, spaced": ((6, 3, 7), (3, 7), lambda m, a, b: a[:, 1:2] @ b.T),
     "rows not evenly spaced": ((4, 6, 7), (3, 7), lambda m, a, b: a[:, 1:] @ b.T),
+    "attention's heads, permuted": ((2, 5, 3, 4), (2, 6, 3, 4),
+                                    lambda m, a, b: a.permute(0, 2, 1, 3) @ b.permute(0, 2, 3, 1)),
+    "heads times values": ((2, 3, 5, 6), (2, 6, 3, 4), lambda m, a, b: a @ b.permute(0, 2, 1, 3)),
 }
 
 
@@ -459,7 +462,7 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # bound: CUDA has no LayerNorm gradient kernel, so that gradient is composed there).
 # Issue 25's target for the MLP is 30 (Adam over a whole group in one node is still to
 # come). Lower them as kernels land, never raise them silently.
-BUDGETS = {"mlp": {"cpu": 35, "vulkan": 45, "cuda": 35}, "block": {"cpu": 91, "vulkan": 109, "cuda": 125}}
+BUDGETS = {"mlp": {"cpu": 35, "vulkan": 45, "cuda": 35}, "block": {"cpu": 84, "vulkan": 106, "cuda": 125}}
 
 
 def _budget(model: str) -> int:
