@@ -102,13 +102,24 @@ _UNARY = {
     "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
     "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
-    "gelu": G.ggml_gelu_erf, "silu": G.ggml_silu,
+    "silu": G.ggml_silu,
     "softmax": G.ggml_soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
     "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
 }
 for _name, _fn in _UNARY.items():
     compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
 builder("cont")(lambda ctx, s, node: G.ggml_cont(ctx, s[0]))
+
+
+@compute("gelu")
+def _gelu(ctx, s, node):
+    """x Phi(x): ggrad's kernel where the backend has it (a vectorized erf: ggml's GELU_ERF
+    calls erff for each element), else ggml's."""
+    from . import runtime
+    if not kernels.supported(runtime.current().backend, kernels.GELU):
+        return G.ggml_gelu_erf(ctx, s[0])
+    x = contiguous(ctx, s[0])
+    return reshape(ctx, kernels.op(ctx, kernels.GELU, (math.prod(node.shape), 1), [x], []), node.shape)
 
 
 @compute("step")

@@ -28,8 +28,9 @@ LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R)
 TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contiguous (cpu only)
 GEMM = 6                      # A, B; transpose flags -> op(A) @ op(B) (cpu with OpenBLAS only)
 GELU_BACK = 7                 # x, gradient of gelu(x), gelu(x), contiguous -> the gradient of x (cpu only)
+GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
-         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12}  # the kernel set's version that added each
+         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -126,6 +127,8 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (2, 2), [logits, logits], [0, 1])
         elif kernel == GELU_BACK:
             node = op(ctx, kernel, (4, 2), [logits, logits, logits], [])
+        elif kernel == GELU:
+            node = op(ctx, kernel, (4, 2), [logits], [])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
