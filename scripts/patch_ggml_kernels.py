@@ -39,7 +39,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 13
+KERNELS_VERSION = 14
 
 
 VULKAN_DISPATCH = """

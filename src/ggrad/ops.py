@@ -216,11 +216,11 @@ def _product(ctx, src0, src1, arg):
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
 
 
-def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg):
+def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
-    as ggrad's GEMM kernel: the CPU's float32 products where OpenBLAS is loaded (a transposed
-    view is read in place, no copy). None where the kernel does not serve: other backends,
-    autocast, layouts or batch shapes it cannot read."""
+    plus `bias` on every row where given, as ggrad's GEMM kernel: the CPU's float32 products
+    where OpenBLAS is loaded (a transposed view is read in place, no copy). None where the
+    kernel does not serve: other backends, autocast, layouts or batch shapes it cannot read."""
     from . import runtime
     if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
             or not kernels.supported(runtime.current().backend, kernels.GEMM):
@@ -229,12 +229,13 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg):
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     flags = [int(trans_a), int(trans_b)]
+    added = [] if bias is None else [bias]
     uncopied = [_uncopied(a), _uncopied(b)]
     product = None
     if uncopied != [a, b]:  # the kernel reads strided rows and batches: try the views first
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), uncopied, flags))
+        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), uncopied + added, flags))
     if product is None:
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b], flags))
+        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b] + added, flags))
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 
@@ -281,9 +282,15 @@ def _matmul_nt(ctx, s, node):
 
 @compute("linear")
 def _linear(ctx, s, node):
-    """F.linear's float32 x @ w^T + b, recorded as one op: the product's nodes, then b
-    added across the rows (ggml broadcasts it), as the two ops would build."""
+    """F.linear's float32 x @ w^T + b, recorded as one op: the CPU's GEMM kernel with the
+    bias added to its rows (kernel set 14), or the product's nodes and then b added across
+    the rows (ggml broadcasts it), as the two ops would build. Equal either way: the sum is
+    rounded once, after the product."""
     x, w, b = s
+    if kernels.version() >= 14:  # the CPU's GEMM kernel adds the bias to its own rows (no ADD node)
+        fused = _gemm(ctx, x, w, False, True, node.arg, bias=contiguous(ctx, b))
+        if fused is not None:
+            return reshape(ctx, fused, node.shape)
     return G.ggml_add(ctx, _matmul_nt(ctx, [x, w], node), b)
 
 

@@ -57,8 +57,7 @@ class MultiheadAttention(Module):
     def _project(self, x: Tensor, i: int, weight: Tensor | None) -> Tensor:
         e = self.embed_dim
         w = self.in_proj_weight[i * e:(i + 1) * e] if weight is None else weight
-        y = x @ w.T
-        return y + self.in_proj_bias[i * e:(i + 1) * e] if self.in_proj_bias is not None else y
+        return F.linear(x, w, self.in_proj_bias[i * e:(i + 1) * e] if self.in_proj_bias is not None else None)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False):
@@ -77,10 +76,7 @@ class MultiheadAttention(Module):
         source = key.shape[1]
         h, d = self.num_heads, self.head_dim
         if self._packed and query is key and key is value:  # self-attention: one product
-            qkv = query @ self.in_proj_weight.T
-            if self.in_proj_bias is not None:
-                qkv = qkv + self.in_proj_bias
-            q, k, v = F.chunk(qkv, 3, -1)
+            q, k, v = F.chunk(F.linear(query, self.in_proj_weight, self.in_proj_bias), 3, -1)
         else:
             q, k, v = (self._project(t, i, None if self._packed else getattr(self, f"{c}_proj_weight"))
                        for i, (t, c) in enumerate(((query, "q"), (key, "k"), (value, "v"))))
