@@ -426,6 +426,8 @@ TORCH_SCHEDULES = {
     "LambdaLR": ({}, {"lr_lambda": lambda epoch: 1.0 / (1 + epoch)}),
     "LambdaLR_per_group": ({}, {"lr_lambda": [lambda epoch: 0.9 ** epoch, lambda epoch: 1 + epoch % 3]}),
     "MultiplicativeLR": ({}, {"lr_lambda": lambda epoch: 0.8 if epoch % 2 else 1.1}),
+    "StepLR": ({"step_size": 3, "gamma": 0.5}, {}),
+    "CosineAnnealingLR": ({"T_max": 6, "eta_min": 0.01}, {}),  # past T_max: torch's recursive form goes on
 }
 
 
@@ -479,6 +481,45 @@ def test_sequential_schedules_follow_torchs(name):
     assert [inner["last_epoch"] for inner in state["_schedulers"]] == [s.last_epoch for s in mine._schedulers]
     with pytest.raises(ValueError, match="one more than the number of milestone"):
         lr_scheduler.SequentialLR(ours, [lr_scheduler.ExponentialLR(ours, 0.9)], [3])
+
+
+CHAINS = {
+    "constant_then_exponential": [("ConstantLR", {"factor": 0.1, "total_iters": 2}), ("ExponentialLR", {"gamma": 0.9})],
+    "warmup_and_steps": [("LinearLR", {"start_factor": 0.2, "total_iters": 4}), ("StepLR", {"step_size": 3, "gamma": 0.5})],
+    "milestones_and_polynomial": [("MultiStepLR", {"milestones": [2, 5, 5]}), ("PolynomialLR", {"total_iters": 8})],
+    "cosine_and_exponential": [("CosineAnnealingLR", {"T_max": 5, "eta_min": 0.001}), ("ExponentialLR", {"gamma": 0.95})],
+    "lambda_and_multiplicative": [("LambdaLR", {"lr_lambda": lambda epoch: 1 / (1 + epoch)}),
+                                  ("MultiplicativeLR", {"lr_lambda": lambda epoch: 0.9})],
+}
+
+
+@pytest.mark.parametrize("chained", [False, True])
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_schedulers_stepping_one_optimizer_multiply_as_torchs(name, chained):
+    """Two schedulers on one optimizer, stepped one after the other or by a
+    ChainedScheduler: their factors multiply, as torch's (a ConstantLR warm-up under an
+    ExponentialLR decay starts at a tenth of the rate). 15 steps of two groups, equal to
+    torch's rates; the chain's state dict lists each scheduler's."""
+    torch = pytest.importorskip("torch")
+    ours = SGD([{"params": [ggrad.param(P0)], "lr": 0.1}, {"params": [ggrad.param(P0)], "lr": 0.03}], lr=0.1)
+    theirs = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": 0.1},
+                              {"params": [torch.zeros(1, requires_grad=True)], "lr": 0.03}], lr=0.1)
+    mine = [getattr(lr_scheduler, c)(ours, **kw) for c, kw in CHAINS[name]]
+    reference = [getattr(torch.optim.lr_scheduler, c)(theirs, **kw) for c, kw in CHAINS[name]]
+    if chained:
+        mine, reference = [lr_scheduler.ChainedScheduler(mine)], [torch.optim.lr_scheduler.ChainedScheduler(reference)]
+    for _ in range(15):
+        assert [g["lr"] for g in ours.param_groups] == pytest.approx([g["lr"] for g in theirs.param_groups],
+                                                                     rel=1e-14, abs=0)
+        theirs.step()
+        for a, b in zip(mine, reference):
+            a.step()
+            b.step()
+    if chained:
+        state = mine[0].state_dict()
+        assert [inner["last_epoch"] for inner in state["_schedulers"]] == [15, 15]
+        with pytest.raises(ValueError, match="ReduceLROnPlateau"):
+            lr_scheduler.ChainedScheduler([lr_scheduler.ReduceLROnPlateau(ours)])
 
 
 def test_lambda_schedules_keep_stateful_functions_in_their_state_dict():

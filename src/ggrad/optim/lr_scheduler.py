@@ -1,6 +1,11 @@
 """Learning-rate schedules: host arithmetic that sets each group's lr (PyTorch's formulas).
 
-Setting an lr costs one 4-byte upload at the next optimizer step, and only when it changed.
+As torch's, a step computes each rate from the group's current one where torch's schedule
+is chainable (StepLR: lr * gamma at a step boundary), so two schedulers stepping one
+optimizer, or a ChainedScheduler, multiply their factors as torch's do; `lr_at` is the
+closed form (base rate at an epoch) that SequentialLR takes at a milestone, as torch's
+step(0). Setting an lr costs one 4-byte upload at the next optimizer step, and only when
+it changed.
 """
 
 from __future__ import annotations
@@ -53,12 +58,22 @@ class LRScheduler(_Scheduler):
         self._initial = False
 
     def lr_at(self, epoch: int, base_lr: float) -> float:
+        """The closed form: the rate at `epoch` from the base rate (torch's
+        _get_closed_form_lr, or its get_lr where that is closed)."""
         raise NotImplementedError
 
     def lr_for(self, epoch: int, index: int, lr: float, base_lr: float) -> float:
-        """Group `index`'s rate at `epoch`, from its current `lr` and its `base_lr`: the
-        closed form `lr_at` unless a schedule needs the group or the current rate."""
+        """Group `index`'s rate at `epoch`, from its current `lr` and its `base_lr`, as torch's
+        get_lr: the closed form `lr_at` unless the schedule is chainable (then it scales
+        `lr`; `self._initial` is torch's _is_initial, the construction's step)."""
         return self.lr_at(epoch, base_lr)
+
+    def _closed(self, epoch: int, index: int, lr: float, base_lr: float) -> float:
+        """The rate a SequentialLR's milestone sets (torch's step(0)): the closed form where
+        the schedule has one, else its get_lr."""
+        if type(self).lr_at is not LRScheduler.lr_at:
+            return self.lr_at(epoch, base_lr)
+        return self.lr_for(epoch, index, lr, base_lr)
 
     def step(self) -> None:
         self.last_epoch += 1
@@ -67,7 +82,7 @@ class LRScheduler(_Scheduler):
 
 
 class StepLR(LRScheduler):
-    """lr = base * gamma ** (epoch // step_size)"""
+    """lr = base * gamma ** (epoch // step_size): lr * gamma every step_size epochs"""
 
     def __init__(self, optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
         if step_size < 1:
@@ -77,6 +92,9 @@ class StepLR(LRScheduler):
 
     def lr_at(self, epoch, base_lr):
         return base_lr * self.gamma ** (epoch // self.step_size)
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        return lr if epoch == 0 or epoch % self.step_size else lr * self.gamma
 
 
 class MultiStepLR(LRScheduler):
@@ -89,9 +107,13 @@ class MultiStepLR(LRScheduler):
     def lr_at(self, epoch, base_lr):
         return base_lr * self.gamma ** bisect.bisect_right(self.milestones, epoch)
 
+    def lr_for(self, epoch, index, lr, base_lr):
+        repeats = self.milestones.count(epoch)
+        return lr * self.gamma ** repeats if repeats else lr
+
 
 class ExponentialLR(LRScheduler):
-    """lr = base * gamma ** epoch"""
+    """lr = base * gamma ** epoch: lr * gamma at every step"""
 
     def __init__(self, optimizer, gamma: float, last_epoch: int = -1) -> None:
         self.gamma = float(gamma)
@@ -99,6 +121,9 @@ class ExponentialLR(LRScheduler):
 
     def lr_at(self, epoch, base_lr):
         return base_lr * self.gamma ** epoch
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        return lr if self._initial else lr * self.gamma
 
 
 class ConstantLR(LRScheduler):
@@ -111,7 +136,12 @@ class ConstantLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, epoch, base_lr):
-        return base_lr * (self.factor if epoch < self.total_iters else 1.0)
+        return base_lr * (self.factor + (epoch >= self.total_iters) * (1 - self.factor))
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        if epoch == 0:
+            return lr * self.factor
+        return lr * (1.0 / self.factor) if epoch == self.total_iters else lr
 
 
 class LinearLR(LRScheduler):
@@ -127,8 +157,16 @@ class LinearLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, epoch, base_lr):
-        done = min(epoch, self.total_iters) / self.total_iters
-        return base_lr * (self.start_factor + (self.end_factor - self.start_factor) * done)
+        change = self.end_factor - self.start_factor
+        return base_lr * (self.start_factor + change * min(self.total_iters, epoch) / self.total_iters)
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        if epoch == 0:
+            return lr * self.start_factor
+        if self._initial or epoch > self.total_iters:
+            return lr
+        change = self.end_factor - self.start_factor
+        return lr * (1.0 + change / (self.total_iters * self.start_factor + (epoch - 1) * change))
 
 
 class PolynomialLR(LRScheduler):
@@ -139,7 +177,13 @@ class PolynomialLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def lr_at(self, epoch, base_lr):
-        return base_lr * (1.0 - min(epoch, self.total_iters) / self.total_iters) ** self.power
+        return base_lr * (1.0 - min(self.total_iters, epoch) / self.total_iters) ** self.power
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        if self._initial or epoch > self.total_iters:
+            return lr
+        decay = ((1.0 - epoch / self.total_iters) / (1.0 - (epoch - 1) / self.total_iters)) ** self.power
+        return lr * decay
 
 
 class LambdaLR(LRScheduler):
@@ -181,7 +225,26 @@ class MultiplicativeLR(LambdaLR):
         return lr if self._initial else lr * self.lr_lambdas[index](epoch)
 
 
-class SequentialLR(LRScheduler):
+class _OfSchedulers:
+    """The state of a scheduler made of others (SequentialLR, ChainedScheduler), as
+    torch's: its own, and theirs listed under "_schedulers"."""
+
+    _not_state = ("optimizer", "_schedulers")
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        saved = state.pop("_schedulers")
+        super().load_state_dict(state)
+        for scheduler, inner in zip(self._schedulers, saved):
+            scheduler.load_state_dict(inner)
+
+
+class SequentialLR(_OfSchedulers, LRScheduler):
     """`schedulers` one after another: the i-th runs from milestones[i-1] (its epoch 0)
     to milestones[i], as torch's (which restarts each at its milestone)."""
 
@@ -207,27 +270,43 @@ class SequentialLR(LRScheduler):
 
     def lr_for(self, epoch, index, lr, base_lr):
         active = bisect.bisect_right(self._milestones, epoch)
-        start = self._milestones[active - 1] if active else 0
         inner = self._schedulers[active]
+        if active and self._milestones[active - 1] == epoch:  # torch's step(0) of the next schedule
+            return inner._closed(0, index, lr, base_lr)
+        start = self._milestones[active - 1] if active else 0
         inner._initial = self._initial  # this construction's step is the active one's first too
         try:
             return inner.lr_for(epoch - start, index, lr, base_lr)
         finally:
             inner._initial = False
 
-    _not_state = ("optimizer", "_schedulers")
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
+class ChainedScheduler(_OfSchedulers, _Scheduler):
+    """`schedulers` stepped one after another at every `step()`, as torch's: each scales the
+    rate the one before it set (their factors multiply). No step at construction: each
+    scheduler made its own."""
 
-    def load_state_dict(self, state: dict) -> None:
-        state = dict(state)
-        saved = state.pop("_schedulers")
-        super().load_state_dict(state)
-        for scheduler, inner in zip(self._schedulers, saved):
-            scheduler.load_state_dict(inner)
+    def __init__(self, schedulers, optimizer: Optimizer | None = None) -> None:
+        schedulers = list(schedulers)
+        if not schedulers:
+            raise ValueError("ChainedScheduler expects at least one scheduler to be chained, but got no scheduler.")
+        optimizer = optimizer or schedulers[0].optimizer
+        for i, scheduler in enumerate(schedulers):
+            if isinstance(scheduler, ReduceLROnPlateau):
+                raise ValueError("ChainedScheduler does not support `ReduceLROnPlateau` scheduler as it requires "
+                                 "additional kwargs to be specified when calling `step`, but got one at index "
+                                 f"{i} in the given schedulers sequence.")
+            if not isinstance(scheduler, _Scheduler):
+                raise TypeError(f"ChainedScheduler takes the schedulers of lr_scheduler, got "
+                                f"{type(scheduler).__name__} at index {i}")
+            if scheduler.optimizer is not optimizer:
+                raise ValueError(f"ChainedScheduler expects all schedulers to belong to the same optimizer, but "
+                                 f"got scheduler {type(scheduler).__name__} at index {i} with another one")
+        self.optimizer, self._schedulers = optimizer, schedulers
+
+    def step(self) -> None:
+        for scheduler in self._schedulers:
+            scheduler.step()
 
 
 class CosineAnnealingLR(LRScheduler):
@@ -241,6 +320,14 @@ class CosineAnnealingLR(LRScheduler):
 
     def lr_at(self, epoch, base_lr):
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        if self._initial:
+            return lr
+        if (epoch - 1 - self.T_max) % (2 * self.T_max) == 0:  # the ratio below divides by 0 here
+            return lr + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
+        return ((1 + math.cos(math.pi * epoch / self.T_max)) / (1 + math.cos(math.pi * (epoch - 1) / self.T_max))
+                * (lr - self.eta_min) + self.eta_min)
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
