@@ -522,6 +522,55 @@ def test_schedulers_stepping_one_optimizer_multiply_as_torchs(name, chained):
             lr_scheduler.ChainedScheduler([lr_scheduler.ReduceLROnPlateau(ours)])
 
 
+@pytest.mark.parametrize("kwargs", [dict(mode="triangular"), dict(mode="triangular2", step_size_down=2),
+                                    dict(mode="exp_range", gamma=0.9), dict(scale_fn=lambda x: 0.5 ** x),
+                                    dict(cycle_momentum=False)])
+def test_cyclic_lr_follows_torchs(kwargs):
+    """CyclicLR's rates and, cycled the other way, SGD's momentum over 25 steps of two
+    groups (per-group base and max rates), against torch's."""
+    torch = pytest.importorskip("torch")
+    ours = SGD([{"params": [ggrad.param(P0)]}, {"params": [ggrad.param(P0)]}], lr=0.1, momentum=0.9)
+    theirs = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)]},
+                              {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.1, momentum=0.9)
+    args = dict(base_lr=[0.01, 0.02], max_lr=0.1, step_size_up=3, **kwargs)
+    mine = lr_scheduler.CyclicLR(ours, **args)
+    reference = torch.optim.lr_scheduler.CyclicLR(theirs, **args)
+    for _ in range(25):
+        for key in ("lr", "momentum"):
+            assert [g[key] for g in ours.param_groups] == pytest.approx([g[key] for g in theirs.param_groups],
+                                                                        rel=1e-14, abs=0), key
+        theirs.step()
+        mine.step()
+        reference.step()
+    assert mine.state_dict()["last_epoch"] == 25
+    with pytest.raises(ValueError, match="support momentum"):
+        lr_scheduler.CyclicLR(ggrad.optim.Adagrad([ggrad.param(P0)]), 0.01, 0.1)
+
+
+@pytest.mark.parametrize("name,kwargs", [("Adam", {}), ("Adam", {"fused": False}), ("Adam", {"amsgrad": True}),
+                                         ("AdamW", {}), ("Adamax", {}), ("NAdam", {})])
+def test_adam_family_under_a_cycling_beta1_follows_torchs(dev, name, kwargs):
+    """CyclicLR cycles Adam's beta1 (cycle_momentum): the bias corrections are torch's,
+    1 - beta1^t with each step's beta1 (kernel and composed forms), so 12 steps end at
+    torch's weights."""
+    torch = pytest.importorskip("torch")
+    grads = np.random.default_rng(9).standard_normal((12,) + P0.shape).astype(np.float32)
+    p = ggrad.param(P0)
+    w = torch.tensor(P0.astype(np.float32), requires_grad=True)
+    opt = getattr(ggrad.optim, name)([p], **kwargs)
+    ref = getattr(torch.optim, name)([w], **{k: v for k, v in kwargs.items() if k != "fused"})
+    mine = lr_scheduler.CyclicLR(opt, 0.001, 0.01, step_size_up=3, base_momentum=0.5, max_momentum=0.9)
+    reference = torch.optim.lr_scheduler.CyclicLR(ref, 0.001, 0.01, step_size_up=3, base_momentum=0.5,
+                                                  max_momentum=0.9)
+    for g in grads:
+        p.grad, w.grad = ggrad.tensor(g), torch.tensor(g)
+        opt.step()
+        ref.step()
+        mine.step()
+        reference.step()
+    np.testing.assert_allclose(p.numpy(), w.detach().numpy(), rtol=2e-6, atol=1e-7)
+
+
 def test_lambda_schedules_keep_stateful_functions_in_their_state_dict():
     """As torch's: a plain function is not saved (None), an object's fields are, and a
     resumed schedule goes on where it was."""

@@ -88,6 +88,7 @@ class Adam(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
                  fused: bool | None = None, accumulate_steps: int = 1, average: bool = True) -> None:
+        self._corrections_of: dict[int, tuple] = {}  # id(p) -> the betas of its composed-form corrections
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       amsgrad=bool(amsgrad), fused=None if fused is None else bool(fused)),
                          accumulate_steps, average)
@@ -165,9 +166,13 @@ class Adam(Optimizer):
             made += [Tensor(np.array(constants, dtype=np.float32)), Tensor(np.array([beta1, beta2], dtype=np.float32)),
                      Tensor(np.array([1 - beta1, 1 - beta2], dtype=np.float32))]
             shared["constants"], shared["betas"], shared["inflow"] = made
+            if shared.get("constants_of", constants)[:2] != constants[:2]:
+                # betas changed (CyclicLR cycles beta1): torch's corrections are 1 - beta^t with
+                # today's betas, which the recurrence below only follows from a fresh start
+                shared.pop("corrections", None)
             shared["constants_of"] = constants
         if not {"corrections", "step"} <= shared.keys():  # 1 - beta^t for the steps the group's state has taken
-            t = self._steps_taken(group)
+            t = shared["step"] if "step" in shared else self._steps_taken(group)
             shared["corrections"] = Tensor(np.array([1 - beta1 ** t, 1 - beta2 ** t], dtype=np.float32))
             shared["step"] = t
             made.append(shared["corrections"])
@@ -207,6 +212,11 @@ class Adam(Optimizer):
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)  # no-op unless the state was replaced or fused switched off
         beta1, beta2 = group["betas"]
+        if self._corrections_of.setdefault(id(p), (beta1, beta2)) != (beta1, beta2):
+            # CyclicLR cycles beta1: torch's corrections are 1 - beta^t with today's betas
+            t = state["step"] - 1  # the steps before this one; adam_update advances them to this one
+            state["correction1"], state["correction2"] = device_scalar(1 - beta1 ** t), device_scalar(1 - beta2 ** t)
+            self._corrections_of[id(p)] = (beta1, beta2)
         new = adam_update(float32(p), float32(g), float32(state["m"]), float32(state["v"]), state["correction1"],
                           state["correction2"], lr, beta1=beta1, beta2=beta2, eps=group["eps"],
                           weight_decay=group["weight_decay"], decoupled=self.decoupled,

@@ -37,12 +37,15 @@ class Adamax(Optimizer):
                          accumulate_steps, average)
 
     def _init_group(self, index, group) -> list:
+        """The bias correction 1 - beta1^t, made again from the host formula when beta1
+        changed (CyclicLR cycles it): torch's uses today's beta1."""
         shared = self.group_state[index]
-        if "correction" in shared:
+        beta1 = group["betas"][0]
+        if "correction" in shared and shared.get("correction_of", beta1) == beta1:
             return []
-        t = self._steps_taken(group)
-        shared["correction"] = Tensor(np.array([1 - group["betas"][0] ** t], dtype=np.float32))
-        shared["step"] = t
+        t = shared["step"] if "step" in shared else self._steps_taken(group)
+        shared["correction"] = Tensor(np.array([1 - beta1 ** t], dtype=np.float32))
+        shared["step"], shared["correction_of"] = t, beta1
         return [shared["correction"]]
 
     def _init_state(self, p, group) -> list:

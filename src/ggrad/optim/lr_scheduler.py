@@ -42,6 +42,23 @@ class _Scheduler:
         self.__dict__.update(copy.deepcopy(state))  # copies: two schedulers never share a list
 
 
+def _function_state(fn):
+    """What a state dict keeps of a schedule function, as torch's: an object's fields, not
+    a plain function (None)."""
+    return None if fn is None or isinstance(fn, types.FunctionType) else copy.deepcopy(fn.__dict__)
+
+
+def _per_group(name: str, optimizer: Optimizer, value) -> list:
+    """One value per parameter group: a list of them, or one for all (torch's _format_param)."""
+    groups = len(optimizer.param_groups)
+    if isinstance(value, (list, tuple)):
+        if len(value) != groups:
+            raise ValueError(f"{name} must have the same length as optimizer.param_groups. "
+                             f"{name} has {len(value)} values, param_groups has {groups}.")
+        return list(value)
+    return [value] * groups
+
+
 class LRScheduler(_Scheduler):
     """Calls to `step()` advance `last_epoch` and set every group's lr from `lr_at`."""
 
@@ -204,8 +221,7 @@ class LambdaLR(LRScheduler):
 
     def state_dict(self) -> dict:
         state = super().state_dict()
-        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else copy.deepcopy(fn.__dict__)
-                               for fn in self.lr_lambdas]
+        state["lr_lambdas"] = [_function_state(fn) for fn in self.lr_lambdas]
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -328,6 +344,84 @@ class CosineAnnealingLR(LRScheduler):
             return lr + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
         return ((1 + math.cos(math.pi * epoch / self.T_max)) / (1 + math.cos(math.pi * (epoch - 1) / self.T_max))
                 * (lr - self.eta_min) + self.eta_min)
+
+
+class CyclicLR(LRScheduler):
+    """torch's cyclical rate: from base_lr up to max_lr over step_size_up steps and down
+    over step_size_down, each cycle scaled by `mode` (triangular: 1, triangular2: halved
+    every cycle, exp_range: gamma ** step) or `scale_fn`; with cycle_momentum the momentum
+    (Adam's beta1) goes the other way, between max_momentum and base_momentum. The base
+    and max values are one per group or one for all."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up: int = 2000, step_size_down: int | None = None,
+                 mode: str = "triangular", gamma: float = 1.0, scale_fn=None, scale_mode: str = "cycle",
+                 cycle_momentum: bool = True, base_momentum=0.8, max_momentum=0.9, last_epoch: int = -1) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode, self.gamma, self._scale_fn_custom = mode, gamma, scale_fn
+        self.scale_mode = scale_mode if scale_fn is not None else ("iterations" if mode == "exp_range" else "cycle")
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for high, low, group in zip(self.max_momentums, self.base_momentums, optimizer.param_groups):
+                    self._set_momentum(group, high)
+                    group["max_momentum"], group["base_momentum"] = high, low
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def _set_momentum(self, group: dict, momentum: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (momentum, *group["betas"][1:])
+        else:
+            group["momentum"] = momentum
+
+    def _scale(self, x: float) -> float:
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        return 1 / (2.0 ** (x - 1)) if self.mode == "triangular2" else self.gamma ** x
+
+    def lr_for(self, epoch, index, lr, base_lr):
+        """The group's rate (and, with cycle_momentum, its momentum, set here) at `epoch`."""
+        cycle = math.floor(1 + epoch / self.total_size)
+        x = 1.0 + epoch / self.total_size - cycle
+        rise = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self._scale(cycle if self.scale_mode == "cycle" else epoch)
+        if self.cycle_momentum:
+            high, low = self.max_momentums[index], self.base_momentums[index]
+            self._set_momentum(self.optimizer.param_groups[index], high - (high - low) * rise * scale)
+        return base_lr + (self.max_lrs[index] - base_lr) * rise * scale
+
+    _not_state = ("optimizer", "_scale_fn_custom")
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state["_scale_fn_custom"] = _function_state(self._scale_fn_custom)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        fields = state.pop("_scale_fn_custom", None)
+        super().load_state_dict(state)
+        if fields is not None:
+            self._scale_fn_custom.__dict__.update(copy.deepcopy(fields))
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
