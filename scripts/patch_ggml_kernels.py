@@ -39,7 +39,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 14
+KERNELS_VERSION = 15
 
 
 VULKAN_DISPATCH = """
@@ -304,10 +304,12 @@ def patch(tree: Path) -> None:
          "                    op->src[1]->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32 &&\n"
          "                    op->src[2] != NULL && ggml_is_contiguous(op->src[2]) && op->src[2]->type == GGML_TYPE_F32) ||\n"
          "                   (ggml_get_op_params_i32(op, 0) == 8 && ggml_is_contiguous(op->src[0]) &&\n"
-         "                    op->src[0]->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32);\n"
+         "                    op->src[0]->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) == 9 && ggml_ggrad_cpu_adamw_group_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
-         f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n\n"
+         f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
+         "extern \"C\" bool ggml_ggrad_cpu_adamw_group_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [

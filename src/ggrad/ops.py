@@ -580,10 +580,18 @@ ADAMW_ROW = 4096
 
 @builder("adamw")
 def _adamw(ctx, s, effect):
-    """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`)."""
+    """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`): on the CPU
+    with the exact form's 9 constants, two parameters a node (ggrad's ADAMW_GROUP kernel:
+    the same update, element for element), else one OPT_STEP_ADAMW per parameter."""
     *quads, hyper = s
-    return [step for i in range(0, len(quads), 4)
-            for step in _adamw_one(ctx, *quads[i:i + 4], hyper, math.prod(effect.targets[3 * i // 4].shape))]
+    quads = [quads[i:i + 4] for i in range(0, len(quads), 4)]
+    if hyper.contents.ne[0] == 9 and all(G.ggml_is_contiguous(t) for quad in quads for t in quad):
+        from . import runtime
+        if kernels.supported(runtime.current().backend, kernels.ADAMW_GROUP):
+            return [kernels.op(ctx, kernels.ADAMW_GROUP, (1, 1), [hyper] + [t for quad in pair for t in quad], [len(pair)])
+                    for pair in (quads[i:i + 2] for i in range(0, len(quads), 2))]
+    return [step for quad, target in zip(quads, effect.targets[::3])
+            for step in _adamw_one(ctx, *quad, hyper, math.prod(target.shape))]
 
 
 def _adamw_one(ctx, p, g, m, v, hyper, n: int) -> list:

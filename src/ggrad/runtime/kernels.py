@@ -29,8 +29,9 @@ TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contigu
 GEMM = 6                      # A, B[, bias (N)]; transpose flags -> op(A) @ op(B) [+ bias] (cpu with OpenBLAS only)
 GELU_BACK = 7                 # x, gradient of gelu(x), gelu(x), contiguous -> the gradient of x (cpu only)
 GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only)
+ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
-         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13}  # the kernel set's version that added each
+         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -53,11 +54,15 @@ def _constructor():
 
 
 def op(ctx, kernel: int, shape: tuple[int, int], srcs: list, params: list[int | float], dtype=None):
-    """A GGML_OP_GGRAD node running `kernel` over `srcs` (up to 4, None for absent ones) into
-    a new tensor of ggml shape `shape` (ne0, ne1), float32 unless `dtype` (a ggml type)
-    says; `params` go to op_params[1:] (ints as int32, floats as float32 bits)."""
-    srcs = list(srcs) + [None] * (4 - len(srcs))
-    node = _constructor()(ctx, kernel, G.GGML_TYPE_F32 if dtype is None else dtype, shape[0], shape[1], *srcs)
+    """A GGML_OP_GGRAD node running `kernel` over `srcs` (up to GGML_MAX_SRC, None for absent
+    ones) into a new tensor of ggml shape `shape` (ne0, ne1), float32 unless `dtype` (a ggml
+    type) says; `params` go to op_params[1:] (ints as int32, floats as float32 bits)."""
+    if len(srcs) > G.GGML_MAX_SRC:
+        raise ValueError(f"a ggml node takes at most {G.GGML_MAX_SRC} sources, got {len(srcs)}")
+    first = list(srcs[:4]) + [None] * (4 - len(srcs[:4]))
+    node = _constructor()(ctx, kernel, G.GGML_TYPE_F32 if dtype is None else dtype, shape[0], shape[1], *first)
+    for i, src in enumerate(srcs[4:], start=4):  # the constructor takes four; the graph walks every slot
+        node.contents.src[i] = src
     op_params = node.contents.op_params
     for i, value in enumerate(params, start=1):
         op_params[i] = param(value)
@@ -129,6 +134,9 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 2), [logits, logits, logits], [])
         elif kernel == GELU:
             node = op(ctx, kernel, (4, 2), [logits], [])
+        elif kernel == ADAMW_GROUP:
+            hyper = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 9)
+            node = op(ctx, kernel, (1, 1), [hyper] + [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 8) for _ in range(4)], [1])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
