@@ -519,8 +519,9 @@ class Compiled:
         self._failures += 1
         if self._failures >= 3 and not self._warned:
             self._warned = True
-            warnings.warn(f"ggrad.compile({getattr(self.fn, '__name__', 'fn')}): not captured, each "
-                          f"call runs as an ordinary step: {reason}", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"ggrad.compile({getattr(self.fn, '__name__', 'fn')}): not captured in "
+                          f"{self._failures} calls, which ran as ordinary steps (later calls try again): "
+                          f"{reason}", RuntimeWarning, stacklevel=4)
 
     def release(self) -> None:
         """Drop every kept graph (the next call traces again)."""
