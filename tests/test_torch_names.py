@@ -2,6 +2,7 @@
 in ggrad and hold the same functions, and what they add equals torch's."""
 
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -458,3 +459,29 @@ def test_a_torch_data_loader_call_ports_as_written():
     for (a, b), (c, d) in zip(plain, pinned):
         np.testing.assert_array_equal(a, c)
         np.testing.assert_array_equal(b, d)
+
+
+def test_multinomial_draws_as_torchs_does():
+    """torch.multinomial's shapes, dtype, errors and distribution: frequencies of 30,000
+    draws within 0.01 of the weights, never a zero-weight category while positive ones
+    remain, each row's draws distinct without replacement (zero-weight categories last,
+    as torch's), and the same draws again after ggrad.manual_seed."""
+    torch = pytest.importorskip("torch")
+    weights = np.array([[1.0, 2.0, 7.0, 0.0], [0.0, 5.0, 0.0, 5.0]], dtype=np.float32)
+    ggrad.manual_seed(0)
+    drawn = ggrad.multinomial(ggrad.tensor(weights), 30000, replacement=True)
+    assert drawn.shape == (2, 30000) and drawn.dtype is ggrad.int64
+    counts = np.stack([np.bincount(row, minlength=4) for row in drawn.numpy()]) / 30000
+    np.testing.assert_allclose(counts, weights / weights.sum(1, keepdims=True), atol=0.01)
+    ggrad.manual_seed(0)
+    assert np.array_equal(ggrad.tensor(weights).multinomial(30000, replacement=True).numpy(), drawn.numpy())
+    rows = ggrad.multinomial(ggrad.tensor(weights), 4).numpy()
+    for row, w in zip(rows, weights):
+        assert sorted(row) == [0, 1, 2, 3] and set(row[:np.count_nonzero(w)]) == set(np.flatnonzero(w))
+    assert ggrad.multinomial(ggrad.tensor([0.2, 0.8]), 1).shape == tuple(torch.multinomial(torch.tensor([0.2, 0.8]), 1).shape)
+    for bad, n, replacement in [([0.1, -0.2], 1, False), ([0.0, 0.0], 1, False), ([0.5, np.nan], 1, False),
+                                ([0.5, 0.5], 3, False), ([0.5, 0.5], 0, True), (np.ones((2, 2, 2)), 1, True)]:
+        with pytest.raises(RuntimeError) as theirs:
+            torch.multinomial(torch.tensor(bad, dtype=torch.float32), n, replacement)
+        with pytest.raises(RuntimeError, match=re.escape(str(theirs.value).splitlines()[0])):
+            ggrad.multinomial(ggrad.tensor(np.asarray(bad, dtype=np.float32)), n, replacement)

@@ -13,7 +13,7 @@ from .functional import (abs, add, addcdiv, addcmul, all, amax, amin, any, argma
                          broadcast_to, cat, ceil, chunk, clamp, concat, conv1d, conv2d, conv_transpose2d, cos, cumsum, div,
                          einsum, eq, exp, flatten, floor, floor_divide, ge, gt, isfinite, isinf, isnan, layer_norm, le, log,
                          log_softmax, logical_and, logical_not, logical_or, logical_xor, logsumexp, lt, masked_fill, matmul,
-                         max_pool1d, max_pool2d, maximum, mean, minimum, movedim, mul, narrow, ne, neg, norm, permute, pow,
+                         max_pool1d, max_pool2d, maximum, mean, minimum, movedim, mul, multinomial, narrow, ne, neg, norm, permute, pow,
                          relu, remainder, reshape, round, sigmoid, sign, sin, softmax, sort, split, sqrt, square, squeeze,
                          stack, std, sub, sum, tanh, topk, transpose, tril, triu, trunc, unflatten, unsqueeze, var, where)
 from .gradcheck import gradcheck
@@ -43,7 +43,7 @@ __all__ = [
     "gt", "half", "History", "int", "int32", "int64", "is_anomaly_enabled", "isfinite", "isinf", "isnan",
     "layer_norm", "le", "linspace", "load", "log", "log_softmax", "logical_and", "logical_not", "logical_or",
     "logical_xor", "logsumexp", "long", "lt", "manual_seed", "masked_fill", "matmul", "max", "max_pool1d",
-    "max_pool2d", "maximum", "mean", "min", "minimum", "ModelCheckpoint", "movedim", "mul", "narrow", "ne",
+    "max_pool2d", "maximum", "mean", "min", "minimum", "ModelCheckpoint", "movedim", "mul", "multinomial", "narrow", "ne",
     "neg", "nn", "no_grad", "norm", "ones", "ones_like", "optim", "param", "permute", "pow", "rand",
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "relu", "remainder", "reshape",
     "result_type", "round", "runtime", "save", "set_detect_anomaly", "set_device",

@@ -502,6 +502,9 @@ class Tensor:
     def argmax(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return F.argmax(self, dim, keepdim, axis=axis)
     def argmin(self, dim=None, keepdim: bool = False, *, axis=None) -> Tensor: return F.argmin(self, dim, keepdim, axis=axis)
     def cumsum(self, dim: int, *, dtype=None) -> Tensor: return F.cumsum(self, dim, dtype=dtype)
+    def multinomial(self, num_samples: int, replacement: bool = False, *, generator=None) -> Tensor:
+        return F.multinomial(self, num_samples, replacement, generator=generator)
+
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
         return TopK(*F.topk(self, k, dim, largest, sorted))
 

@@ -25,6 +25,7 @@ from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cro
 from .normalization import batch_norm, group_norm, instance_norm, layer_norm
 from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, logsumexp, max, mean, min,
                      norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
+from .sampling import multinomial
 
 __all__ = [
     "abs", "adaptive_avg_pool2d", "add", "addcdiv", "addcmul", "affine", "all", "amax", "amin", "any", "argmax", "argmin", "argsort",
@@ -34,7 +35,7 @@ __all__ = [
     "flatten", "floor", "fold", "floor_divide", "gather", "ge", "gelu", "getitem", "group_norm", "gt", "huber_loss", "isfinite", "isinf",
     "instance_norm", "interpolate", "isnan", "kl_div", "layer_norm", "l1_loss", "le", "leaky_relu", "linear", "log", "log_softmax", "logical_and", "logical_not",
     "logical_or", "logical_xor", "logsumexp", "lt", "masked_fill", "matmul", "matmul_nt", "max",
-    "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "narrow", "ne", "neg", "nll_loss", "norm",
+    "maximum", "mean", "min", "minimum", "movedim", "mse_loss", "mul", "multinomial", "narrow", "ne", "neg", "nll_loss", "norm",
     "one_hot", "one_hot_argmax", "pad", "permute", "pixel_shuffle", "pixel_unshuffle", "pow", "rand_like", "relu", "remainder", "repeat",
     "reshape", "rotary_embedding", "round", "scale", "scaled_dot_product_attention", "setitem", "sigmoid", "sign", "silu", "sin", "smooth_l1_loss", "softmax", "sort", "split",
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
