@@ -1,6 +1,7 @@
 """Optimizers on the device: equal to float64 formulas written from PyTorch's documented
 algorithms, in place, resident, and free of host<->device crossings."""
 
+import contextlib
 import math
 
 import numpy as np
@@ -819,3 +820,80 @@ def test_radam_is_captured_from_its_first_rectified_step(dev):
         if compiled:
             assert run.captured == 1, run.reason
     np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("line_search_fn", [None, "strong_wolfe"])
+def test_lbfgs_follows_torchs(dev, line_search_fn):
+    """LBFGS with torch's closure API on a regularised logistic regression: three steps of
+    4 iterations (the line search's too) follow torch's losses, weights and evaluation
+    counts; run to convergence, both reach the same minimum."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 5)).astype(np.float32), (rng.random(64) > 0.5).astype(np.float32)
+    w0 = (rng.standard_normal((1, 5)) * 0.1).astype(np.float32)
+
+    def run(lib, max_iter, steps):
+        F_ = lib.nn.functional
+        if lib is torch:
+            w, b = torch.tensor(w0, requires_grad=True), torch.zeros(1, requires_grad=True)
+            xs, ys = torch.tensor(x), torch.tensor(y)
+        else:
+            w, b = ggrad.param(w0), ggrad.param(np.zeros(1, np.float32))
+            xs, ys = ggrad.tensor(x), ggrad.tensor(y)
+        opt = lib.optim.LBFGS([w, b], lr=0.5, max_iter=max_iter, history_size=5, line_search_fn=line_search_fn)
+
+        def closure():
+            opt.zero_grad()
+            with (ggrad.grad_tape() if lib is ggrad else contextlib.nullcontext()):
+                loss = F_.binary_cross_entropy_with_logits((xs @ w.T + b).squeeze(1), ys) + 0.01 * (w * w).sum()
+                loss.backward()
+            return loss
+        losses = [float(opt.step(closure)) for _ in range(steps)]
+        weights = w.numpy() if lib is ggrad else w.detach().numpy()
+        return losses, weights, opt.state[w]["func_evals"]
+
+    ours, theirs = run(ggrad, 4, 3), run(torch, 4, 3)
+    np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6)
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-6)
+    assert ours[2] == theirs[2]
+    converged_ours, converged_theirs = run(ggrad, 20, 3), run(torch, 20, 3)
+    assert converged_ours[0][-1] == pytest.approx(converged_theirs[0][-1], rel=1e-6)
+
+
+def test_lbfgs_state_dict_resumes_the_same_run():
+    """An LBFGS state dict (torch's keys: the history as lists of arrays) loaded into a
+    fresh optimizer continues exactly where the saved one would have."""
+    rng = np.random.default_rng(1)
+    target = rng.standard_normal(P0.shape).astype(np.float32)
+
+    def make():
+        p = ggrad.param(P0)
+        opt = ggrad.optim.LBFGS([p], max_iter=3, history_size=4)
+
+        def closure():
+            opt.zero_grad()
+            with ggrad.grad_tape():
+                loss = ((p - ggrad.tensor(target)) ** 4).sum()
+                loss.backward()
+            return loss
+        return p, opt, closure
+
+    p, opt, closure = make()
+    opt.step(closure)
+    saved = opt.state_dict()
+    assert {"d", "t", "old_dirs", "old_stps", "ro", "H_diag", "prev_flat_grad", "prev_loss", "func_evals",
+            "n_iter"} <= set(saved["state"][0])
+    q, resumed, resumed_closure = make()
+    q.assign_(p.numpy())
+    resumed.load_state_dict(saved)
+    opt.step(closure)
+    resumed.step(resumed_closure)
+    np.testing.assert_array_equal(q.numpy(), p.numpy())
+
+
+def test_lbfgs_refuses_what_torchs_refuses():
+    p = ggrad.param(P0)
+    with pytest.raises(RuntimeError, match="only 'strong_wolfe' is supported"):
+        ggrad.optim.LBFGS([p], line_search_fn="armijo")
+    with pytest.raises(ValueError, match="parameter groups"):
+        ggrad.optim.LBFGS([{"params": [p]}, {"params": [ggrad.param(P0)]}])
