@@ -848,7 +848,7 @@ def test_lbfgs_follows_torchs(dev, line_search_fn):
                 loss = F_.binary_cross_entropy_with_logits((xs @ w.T + b).squeeze(1), ys) + 0.01 * (w * w).sum()
                 loss.backward()
             return loss
-        losses = [float(opt.step(closure)) for _ in range(steps)]
+        losses = [opt.step(closure).item() for _ in range(steps)]
         weights = w.numpy() if lib is ggrad else w.detach().numpy()
         return losses, weights, opt.state[w]["func_evals"]
 
