@@ -138,3 +138,65 @@ def test_what_torch_warns_or_refuses():
         nn.LSTM(4, 5, proj_size=3)
     with pytest.raises(TypeError, match="Tensor or an array"):
         nn.RNN(4, 5)([[0.0] * 4] * 3)
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU", "RNN"])
+def test_packed_sequences_run_as_torchs(dev, cls):
+    """pack_padded_sequence (unsorted lengths, batch_first), a 2-layer bidirectional
+    recurrent layer over the PackedSequence, pad_packed_sequence: the packed data, batch
+    sizes and orders, the padded outputs (padding_value past each end), the final states
+    and every gradient (input and weights) equal torch's."""
+    import torch.nn.utils.rnn as torch_rnn
+    from ggrad.nn.utils import rnn
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6, 3)).astype(np.float32)  # batch first
+    lengths = [4, 6, 2, 5]
+    theirs = getattr(torch.nn, cls)(3, 5, num_layers=2, bidirectional=True)
+    ours = getattr(nn, cls)(3, 5, num_layers=2, bidirectional=True)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    xt = torch.tensor(x, requires_grad=True)
+    packed_t = torch_rnn.pack_padded_sequence(xt, lengths, batch_first=True, enforce_sorted=False)
+    out_t, state_t = theirs(packed_t)
+    padded_t, lengths_t = torch_rnn.pad_packed_sequence(out_t, batch_first=True, padding_value=-1.0, total_length=7)
+    h_t = state_t[0] if cls == "LSTM" else state_t
+    (padded_t.sum() + (h_t * h_t).sum()).backward()
+    xg = ggrad.tensor(x, requires_grad=True)
+    with ggrad.grad_tape():
+        packed = rnn.pack_padded_sequence(xg, lengths, batch_first=True, enforce_sorted=False)
+        out, state = ours(packed)
+        padded, lengths_g = rnn.pad_packed_sequence(out, batch_first=True, padding_value=-1.0, total_length=7)
+        h = state[0] if cls == "LSTM" else state
+        (padded.sum() + (h * h).sum()).backward()
+    for key in ("batch_sizes", "sorted_indices", "unsorted_indices"):
+        assert np.array_equal(getattr(packed, key).numpy(), getattr(packed_t, key).numpy()), key
+        assert np.array_equal(getattr(out, key).numpy(), getattr(out_t, key).numpy()), key
+    assert np.array_equal(lengths_g.numpy(), lengths_t.numpy()) and lengths_g.dtype is ggrad.int64
+    close = dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.data.numpy(), out_t.data.detach().numpy(), **close)
+    np.testing.assert_allclose(padded.numpy(), padded_t.detach().numpy(), **close)
+    np.testing.assert_allclose(h.numpy(), h_t.detach().numpy(), **close)
+    np.testing.assert_allclose(xg.grad.numpy(), xt.grad.numpy(), **close)
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(dict(ours.named_parameters())[name].grad.numpy(), p.grad.numpy(), **close)
+
+
+def test_pad_and_pack_sequence_as_torchs():
+    """pad_sequence (both sides), pack_sequence and their errors, as torch's."""
+    import torch.nn.utils.rnn as torch_rnn
+    from ggrad.nn.utils import rnn
+    rng = np.random.default_rng(1)
+    seqs = [rng.standard_normal((n, 2)).astype(np.float32) for n in (3, 1, 4)]
+    for kwargs in (dict(), dict(batch_first=True, padding_value=9.0), dict(padding_side="left")):
+        np.testing.assert_array_equal(rnn.pad_sequence([ggrad.tensor(s) for s in seqs], **kwargs).numpy(),
+                                      torch_rnn.pad_sequence([torch.tensor(s) for s in seqs], **kwargs).numpy())
+    ordered = sorted(seqs, key=len, reverse=True)
+    ours, theirs = rnn.pack_sequence([ggrad.tensor(s) for s in ordered]), torch_rnn.pack_sequence(
+        [torch.tensor(s) for s in ordered])
+    np.testing.assert_array_equal(ours.data.numpy(), theirs.data.numpy())
+    np.testing.assert_array_equal(ours.batch_sizes.numpy(), theirs.batch_sizes.numpy())
+    assert ours.sorted_indices is None and theirs.sorted_indices is None
+    x = ggrad.tensor(np.zeros((4, 3, 2), np.float32))
+    with pytest.raises(RuntimeError, match="sorted in decreasing order"):
+        rnn.pack_padded_sequence(x, [2, 4, 1])
+    with pytest.raises(RuntimeError, match="greater than 0"):
+        rnn.pack_padded_sequence(x, [4, 0, 1], enforce_sorted=False)

@@ -18,6 +18,7 @@ from .. import functional as F
 from ..random import generator
 from ..tensor import Tensor, full_like, param, tensor
 from .module import Module
+from .utils.rnn import PackedSequence, repack, step_masks
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
 
@@ -115,13 +116,26 @@ class _RNNBase(Module):
         return get("weight_ih"), get("weight_hh"), get("bias_ih"), get("bias_hh")
 
     def forward(self, input: Tensor, hx=None):
-        name, directions = type(self).__name__, 2 if self.bidirectional else 1
+        if isinstance(input, PackedSequence):  # sequences of different lengths: each keeps its state past its end
+            padded, _, masks = step_masks(input)
+            out, state = self._run(F.transpose(padded, 0, 1), hx, False, masks)
+            return repack(F.transpose(out, 0, 1), input), state
+        name = type(self).__name__
         input = _as_input(input, name, "input")
         unbatched = input.ndim == 2
         if input.ndim not in (2, 3) or input.shape[-1] != self.input_size:
             raise ValueError(f"{name}(input_size={self.input_size}) needs (L, N, {self.input_size}) (or batch_first, "
                              f"or unbatched (L, {self.input_size})), got {input.shape}")
         x = F.unsqueeze(input, 0) if unbatched else (input if self.batch_first else F.transpose(input, 0, 1))
+        x, state = self._run(x, hx, unbatched)
+        out = F.squeeze(x, 0) if unbatched else (x if self.batch_first else F.transpose(x, 0, 1))
+        return out, state
+
+    def _run(self, x: Tensor, hx, unbatched: bool, masks: list[Tensor] | None = None):
+        """The layers over a (batch, time, features) `x`: (the last layer's outputs, the
+        final states). With `masks` (a (batch, 1) bool per step), a sequence whose mask is
+        off keeps its state (packed input: a sequence past its end)."""
+        directions = 2 if self.bidirectional else 1
         batch, length = x.shape[0], x.shape[1]
         states = self._initial_states(hx, batch, unbatched, x)
         finals_h, finals_c = [], []
@@ -136,7 +150,12 @@ class _RNNBase(Module):
                 steps = range(length - 1, -1, -1) if d else range(length)
                 seen = [None] * length
                 for t in steps:
-                    h, c = _step(self.mode, projected[:, t], h, c, w_hh, b_hh)
+                    h_new, c_new = _step(self.mode, projected[:, t], h, c, w_hh, b_hh)
+                    if masks is None:
+                        h, c = h_new, c_new
+                    else:
+                        h = F.where(masks[t], h_new, h)
+                        c = F.where(masks[t], c_new, c) if c is not None else None
                     seen[t] = h
                 outputs.append(F.stack(seen, 1))
                 finals_h.append(h)
@@ -144,13 +163,12 @@ class _RNNBase(Module):
             x = outputs[0] if directions == 1 else F.cat(outputs, -1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout)
-        out = F.squeeze(x, 0) if unbatched else (x if self.batch_first else F.transpose(x, 0, 1))
         h_n = F.stack(finals_h, 0)
         h_n = F.squeeze(h_n, 1) if unbatched else h_n
         if self.mode != "LSTM":
-            return out, h_n
+            return x, h_n
         c_n = F.stack(finals_c, 0)
-        return out, (h_n, F.squeeze(c_n, 1) if unbatched else c_n)
+        return x, (h_n, F.squeeze(c_n, 1) if unbatched else c_n)
 
     def _initial_states(self, hx, batch: int, unbatched: bool, like: Tensor) -> list:
         """(h, c) per layer and direction: zeros, or slices of the given (h0[, c0])."""

@@ -1,5 +1,5 @@
-"""torch.nn.utils: gradient clipping (ggrad.optim's, on the device) and a model's
-parameters as one flat vector and back."""
+"""torch.nn.utils: gradient clipping (ggrad.optim's, on the device), a model's
+parameters as one flat vector and back, and `rnn`'s packed sequences."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from ... import autograd
 from ... import functional as F
 from ...optim.clip import clip_grad_norm_, clip_grad_value_
 from ...tensor import Tensor
+from . import rnn
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "rnn", "vector_to_parameters"]
 
 
 def _listed(parameters, what: str) -> list[Tensor]:
