@@ -551,3 +551,28 @@ def test_a_micro_step_called_twice_per_iteration_is_refused_and_accumulates_as_e
         np.testing.assert_array_equal(a, b)
     assert step.captured == 0 and "gradient set before the call" in step.reason
     assert any("not captured" in str(w.message) for w in caught)
+
+
+def test_compile_of_a_model_returns_the_model_and_its_step_still_trains():
+    """`model = ggrad.compile(model)` (a ported torch.compile call) returns the model
+    itself: its forward runs inside the step's grad tape as before, and the step,
+    compiled, trains it as the eager loop does."""
+    x = ggrad.tensor(np.arange(12, dtype=np.float32).reshape(4, 3) / 10)
+    results = []
+    for compiled in (False, True):
+        ggrad.manual_seed(0)
+        model = ggrad.nn.Linear(3, 2)
+        if compiled:
+            assert ggrad.compile(model) is model
+        opt = ggrad.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            with ggrad.grad_tape():
+                loss = (model(x) ** 2).mean()
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        run = ggrad.compile(step) if compiled else step
+        results.append([run(x).item() for _ in range(4)])
+    assert results[0] == results[1]

@@ -543,13 +543,24 @@ def _release_all() -> None:
 runtime.on_release(_release_all)
 
 
+# Types ggrad.compile returns as they are: nn.Module registers itself (a model's forward
+# runs inside a step's grad tape; the step is what ggrad captures).
+RETURNED_AS_IS: list[type] = []
+
+
 def compile(fn: Callable) -> Compiled:
     """Capture `fn` (a training or evaluation step) on its first calls and replay it after.
 
     ``fn``'s arguments are tensors, numpy arrays (the batch: uploaded into the kept graph's
     input buffers at each call) and static numbers or strings (part of the signature);
     models and optimizers are reached through its closure. It returns tensors or None.
+
+    A model (``model = ggrad.compile(model)``, as ported torch.compile calls read) is
+    returned as it is: ggrad captures the whole step, so compile the function that runs
+    the forward, backward and optimizer step instead.
     """
+    if isinstance(fn, tuple(RETURNED_AS_IS)):
+        return fn
     if not callable(fn):
         raise TypeError(f"ggrad.compile needs a function, got {type(fn).__name__}")
     return Compiled(fn)

@@ -425,3 +425,6 @@ class ParameterList(Module):
 
     def __len__(self) -> int:
         return len(self._parameters)
+
+
+capture.RETURNED_AS_IS.append(Module)  # ggrad.compile(model) is the model (see ggrad.compile)
