@@ -180,15 +180,30 @@ def test_in_place_on_a_recorded_param_is_refused(dev):
             W -= 1.0
 
 
-def test_pass_values_die_with_their_tape(dev):
-    W = ggrad.param(np.ones(3))
+def test_values_read_inside_a_tape_outlive_it(dev):
+    """A value computed into the pass pool (read inside a tape: a prefetched batch) that a
+    tensor still holds moves to the persistent pool when the next tape starts: one
+    dispatch, no crossing; its old raw handle dies with the pass. A small one (a loss read
+    with .item()) is kept at once."""
+    W = ggrad.param(np.ones((100, 50)))
     with ggrad.grad_tape():
         h = W * 2.0
         h.numpy()
-    with ggrad.grad_tape():
-        with pytest.raises(RuntimeError, match="reset"):
-            h.numpy()
-    np.testing.assert_array_equal(W.numpy(), np.ones(3))
+        loss = (W * 3.0).sum()
+        loss.item()
+    old = h.node.handle
+    assert old.scope == "pass" and loss.node.handle.scope == "persistent"
+    with ggrad.count_transfers() as moved:
+        with ggrad.grad_tape():
+            pass
+    assert (moved.dispatches, moved.crossings) == (1, 0) and not old.live
+    np.testing.assert_array_equal(h.numpy(), 2 * np.ones((100, 50)))
+    assert loss.item() == 15000.0
+    with ggrad.count_transfers() as moved:
+        with ggrad.grad_tape():  # nothing left to move
+            pass
+    assert moved.dispatches == 0
+    np.testing.assert_array_equal(W.numpy(), np.ones((100, 50)))
 
 
 def test_shape_errors_name_both_shapes(dev):
@@ -273,13 +288,13 @@ def test_a_failed_first_run_is_not_kept_and_nothing_aborts():
 
 
 def test_a_value_from_a_reset_pass_fails_at_the_op(dev):
-    acc = ggrad.tensor(np.zeros(2))
+    acc = ggrad.tensor(np.zeros(5000))
     with ggrad.grad_tape():
-        v = ggrad.tensor(np.ones(2)) * 2.0
+        v = ggrad.tensor(np.ones(5000)) * 2.0
         v.numpy()  # computed while the tape records: scratch of this pass
-    with ggrad.grad_tape():
-        with pytest.raises(RuntimeError, match="reset"):
-            acc + v
+    ggrad.runtime.reset_pass()  # the pool reset by hand: nothing moved v out
+    with pytest.raises(RuntimeError, match="reset"):
+        acc + v
     assert ggrad.ones(2).sum().item() == 2.0  # nothing left behind to fail later graphs
 
 

@@ -63,9 +63,11 @@ def is_recording() -> bool:
 @contextlib.contextmanager
 def grad_tape() -> Iterator[None]:
     """Record operations for `backward`. Entering starts a new pass: pending work that
-    is still wanted runs first, then the pass pool is reset."""
+    is still wanted runs first, values of the last pass that a tensor still holds move
+    to the persistent pool (lazy.keep_pass_values), then the pass pool is reset."""
     if lazy.has_pending_work():
         lazy.realize()
+    lazy.keep_pass_values()
     runtime.reset_pass()
     state, lazy_state = _local, lazy.local
     state.tape_generation += 1

@@ -29,6 +29,7 @@ graph that ran is always recorded as run.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 from typing import Callable, Iterable
@@ -128,6 +129,8 @@ class _ThreadState(threading.local):
         self.default_scope = "persistent"
         # while a graph is filled: ggml tensors builders share within it (`build_memo`)
         self.memo: dict | None = None
+        # values computed into this thread's pass pool (read inside a tape): `keep_pass_values`
+        self.pass_values: list[weakref.ref] = []
 
 
 local = _ThreadState()
@@ -151,11 +154,17 @@ def from_host(array: np.ndarray, dtype: dtypes.dtype, scope: str = "persistent")
     return Node(array.shape, dtype, host=array, scope=scope)
 
 
+SMALL_VALUE = 4096  # elements: a value this small read inside a tape (a loss) is kept at once
+
+
 def _landing(node: Node) -> str:
     """The pool a result goes to. A value computed while a tape records (read mid-pass)
-    is scratch of that pass; one computed outside a tape -- the normal case, as the next
-    tape's entry runs the step -- is kept: a loss or an accumulator outlives that reset."""
-    return "persistent" if node.scope == "persistent" or local.default_scope == "persistent" else "pass"
+    is scratch of that pass, unless it is small (a loss read with .item() inside the tape:
+    kept, so that the next tape need not copy it out); one computed outside a tape -- the
+    normal case, as the next tape's entry runs the step -- is kept."""
+    if node.scope == "persistent" or local.default_scope == "persistent" or math.prod(node.shape) <= SMALL_VALUE:
+        return "persistent"
+    return "pass"
 
 
 def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.float32, arg=None) -> Node:
@@ -365,6 +374,8 @@ def _run(state: _ThreadState, outputs: list[Node], stores: list, effects: list[E
     for node, handle in results:
         node.op, node.srcs, node.arg, node.handle = None, (), None, handle
         state.pending.discard(weakref.ref(node))
+        if handle.scope == "pass":
+            state.pass_values.append(weakref.ref(node))
 
 
 def _first_half(pending: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> list[Node]:
@@ -522,6 +533,24 @@ def _walk(roots: list[Node]) -> tuple[list[Node], dict[Node, int], list[tuple]]:
                 entries.append((node.op, node.shape, node.dtype, node.arg, tuple([index[s] for s in node.srcs]))
                                if node.op is not None else (None, node.shape, node.dtype))
     return order, index, entries
+
+
+def keep_pass_values() -> None:
+    """Before this thread's pass pool resets (a new tape): the values computed into it that
+    a Tensor still holds (read inside the tape now ending, e.g. a batch prefetched there)
+    move to the persistent pool, one device copy for all and no crossing, instead of
+    dying with the pass. Their old handles die with it, as the pool's contract says."""
+    state = local
+    nodes = [ref() for ref in state.pass_values]
+    state.pass_values = []
+    kept = [n for n in nodes if n is not None and n.owners > 0 and n.op is None and n.handle is not None
+            and n.handle.scope == "pass" and n.handle.live]
+    if not kept:
+        return
+    copies = [Node(n.shape, n.dtype, op="cont", srcs=(n,), scope="persistent") for n in kept]
+    realize(copies)
+    for node, copy in zip(kept, copies):
+        node.handle = copy.handle
 
 
 def _finish_before_release() -> None:
