@@ -10,7 +10,7 @@ import numpy as np
 from .. import capture
 from .. import functional as F
 from ..tensor import Tensor, full_like
-from .optimizer import Optimizer, _check_positive, count_group_step, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, count_group_step, float32, store
 
 
 class Adagrad(Optimizer):
@@ -98,10 +98,7 @@ class Adadelta(Optimizer):
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay), accumulate_steps, average)
 
     def _init_state(self, p, group) -> list:
-        state = self.state.setdefault(p, {"step": 0})
-        made = {key: device_zeros_like(p) for key in ("square_avg", "acc_delta") if key not in state}
-        state.update(made)
-        return list(made.values())
+        return self._zero_state(p, ("square_avg", "acc_delta"))
 
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)

@@ -14,7 +14,7 @@ from ..functional._core import _apply
 from ..ops import compute
 from ..runtime import backend, kernels
 from ..tensor import Tensor, inplace
-from .optimizer import Optimizer, _check_positive, count_group_step, device_scalar, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, count_group_step, device_scalar, float32, store
 
 
 def adam_update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, correction1: Tensor,
@@ -180,16 +180,15 @@ class Adam(Optimizer):
 
     def _init_state(self, p: Tensor, group: dict) -> list[Tensor]:
         """Zero moments (and bias corrections) on the device, in the persistent pool."""
-        state = self.state.setdefault(p, {"step": 0})
-        moments = ("m", "v", "v_max") if group["amsgrad"] else ("m", "v")
-        made = {key: device_zeros_like(p) for key in moments if key not in state}
+        made = self._zero_state(p, ("m", "v", "v_max") if group["amsgrad"] else ("m", "v"))
+        state = self.state[p]
         composed = not self._kernel(group)  # the kernel shares them per group
         if composed and not {"correction1", "correction2"} <= state.keys():  # 1 - beta^t for the t steps taken
             beta1, beta2 = group["betas"]
             t = state["step"]
-            made["correction1"], made["correction2"] = device_scalar(1 - beta1 ** t), device_scalar(1 - beta2 ** t)
-        state.update(made)
-        return list(made.values())
+            state["correction1"], state["correction2"] = device_scalar(1 - beta1 ** t), device_scalar(1 - beta2 ** t)
+            made += [state["correction1"], state["correction2"]]
+        return made
 
     def _fused(self, p, g, state, group, hyper) -> tuple:
         """ggml's AdamW kernel over p, in place: the kernel's operands (p, g, m, v), for

@@ -9,7 +9,7 @@ import numpy as np
 from .. import capture
 from .. import functional as F
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_positive, count_group_step, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, count_group_step, float32, store
 from .rmsprop import _lerp
 
 
@@ -49,10 +49,7 @@ class Adamax(Optimizer):
         return [shared["correction"]]
 
     def _init_state(self, p, group) -> list:
-        state = self.state.setdefault(p, {"step": 0})
-        made = {key: device_zeros_like(p) for key in ("exp_avg", "exp_inf") if key not in state}
-        state.update(made)
-        return list(made.values())
+        return self._zero_state(p, ("exp_avg", "exp_inf"))
 
     def _update_group(self, index, group, items, lr) -> None:
         self._init_group(index, group)  # no-op unless the state was replaced

@@ -11,7 +11,7 @@ import numpy as np
 from .. import capture
 from .. import functional as F
 from ..tensor import Tensor
-from .optimizer import Optimizer, _check_positive, count_group_step, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, count_group_step, float32, store
 from .rmsprop import _lerp
 
 
@@ -42,10 +42,7 @@ class _StepScalars(Optimizer):
         return [shared["t"], shared["correction2"]]
 
     def _init_state(self, p, group) -> list:
-        state = self.state.setdefault(p, {"step": 0})
-        made = {key: device_zeros_like(p) for key in ("exp_avg", "exp_avg_sq") if key not in state}
-        state.update(made)
-        return list(made.values())
+        return self._zero_state(p, ("exp_avg", "exp_avg_sq"))
 
     def _update_group(self, index, group, items, lr) -> None:
         self._init_group(index, group)  # no-op unless the state was replaced

@@ -3,7 +3,8 @@
 A new update rule is a subclass with two methods (docs/coming_from_pytorch.md has one):
 
 - ``_init_state(self, p, group) -> list[Tensor]``: make p's state tensors on the device
-  (``device_zeros_like(p)``) into ``self.state.setdefault(p, {"step": 0})``, return them;
+  (``self._zero_state(p, keys)`` for zeros, or ``device_zeros_like(p)`` into
+  ``self.state.setdefault(p, {"step": 0})``), return them;
 - ``_update(self, p, g, lr, group, state) -> None``: p's new value and new state from the
   gradient `g` and the group's learning rate `lr` (a (1,) tensor on the device), written
   in place with ``store(target, value)``. ``state["step"]`` already counts this step.
@@ -210,6 +211,14 @@ class Optimizer:
         step; here it is made at once, on the device, so the optimizer is resident from the
         start); returns the tensors made. The base class makes none."""
         return []
+
+    def _zero_state(self, p: Tensor, keys) -> list[Tensor]:
+        """Zeros like `p` on the device for each of `keys` p's state lacks, stored there
+        (the state made if needed); returns those made (what `_init_state` returns)."""
+        state = self.state.setdefault(p, {"step": 0})
+        made = {key: device_zeros_like(p) for key in keys if key not in state}
+        state.update(made)
+        return list(made.values())
 
     def _validate(self, group: dict) -> None:
         _check_positive("learning rate", group["lr"])

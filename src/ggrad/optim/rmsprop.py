@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import functional as F
-from .optimizer import Optimizer, _check_positive, device_zeros_like, float32, store
+from .optimizer import Optimizer, _check_positive, float32, store
 
 
 class RMSprop(Optimizer):
@@ -33,12 +33,9 @@ class RMSprop(Optimizer):
                                       centered=bool(centered)), accumulate_steps, average)
 
     def _init_state(self, p, group) -> list:
-        state = self.state.setdefault(p, {"step": 0})
         wanted = ["square_avg"] + (["momentum_buffer"] if group["momentum"] > 0 else []) + \
             (["grad_avg"] if group["centered"] else [])
-        made = {key: device_zeros_like(p) for key in wanted if key not in state}
-        state.update(made)
-        return list(made.values())
+        return self._zero_state(p, wanted)
 
     def _update(self, p, g, lr, group, state) -> None:
         self._init_state(p, group)  # no-op unless the state was replaced
