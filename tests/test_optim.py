@@ -871,6 +871,23 @@ def test_lbfgs_state_dict_resumes_the_same_run():
     np.testing.assert_array_equal(q.numpy(), p.numpy())
 
 
+@pytest.mark.parametrize("name", ["Adam", "NAdam", "RAdam"])
+def test_changing_the_betas_mid_run_follows_torchs(dev, name):
+    """Both betas changed by hand after 5 steps: the bias corrections follow torch's,
+    1 - beta^t with today's betas, so 10 steps end at torch's weights."""
+    torch = pytest.importorskip("torch")
+    grads = np.random.default_rng(10).standard_normal((10,) + P0.shape).astype(np.float32)
+    p, w = ggrad.param(P0), torch.tensor(P0.astype(np.float32), requires_grad=True)
+    opt, ref = getattr(ggrad.optim, name)([p], lr=0.01), getattr(torch.optim, name)([w], lr=0.01)
+    for i, g in enumerate(grads):
+        if i == 5:
+            opt.param_groups[0]["betas"] = ref.param_groups[0]["betas"] = (0.8, 0.99)
+        p.grad, w.grad = ggrad.tensor(g), torch.tensor(g)
+        opt.step()
+        ref.step()
+    np.testing.assert_allclose(p.numpy(), w.detach().numpy(), rtol=2e-6, atol=1e-7)
+
+
 def test_lbfgs_refuses_what_torchs_refuses():
     p = ggrad.param(P0)
     with pytest.raises(RuntimeError, match="only 'strong_wolfe' is supported"):

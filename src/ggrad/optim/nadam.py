@@ -32,14 +32,19 @@ class _StepScalars(Optimizer):
     group_state_shapes = {"t": (1,), "correction2": (1,)}
 
     def _init_group(self, index, group) -> list:
+        """t and the correction, made again from the host formula when beta2 changed:
+        torch's is 1 - beta2^t with today's beta2 (as Adam's and Adamax's)."""
         shared = self.group_state[index]
-        if "t" in shared:
+        beta2 = group["betas"][1]
+        if "t" in shared and shared.get("correction2_of", beta2) == beta2:
             return []
-        t = self._steps_taken(group)
-        shared["t"] = Tensor(np.array([t], dtype=np.float32))
-        shared["correction2"] = Tensor(np.array([1 - group["betas"][1] ** t], dtype=np.float32))
-        shared["step"] = t
-        return [shared["t"], shared["correction2"]]
+        t = shared["step"] if "step" in shared else self._steps_taken(group)
+        made = [] if "t" in shared else [Tensor(np.array([t], dtype=np.float32))]
+        if made:
+            shared["t"] = made[0]
+        shared["correction2"] = Tensor(np.array([1 - beta2 ** t], dtype=np.float32))
+        shared["step"], shared["correction2_of"] = t, beta2
+        return made + [shared["correction2"]]
 
     def _init_state(self, p, group) -> list:
         return self._zero_state(p, ("exp_avg", "exp_avg_sq"))
