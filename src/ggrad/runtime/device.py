@@ -74,17 +74,10 @@ class ActiveDevice:
             del self.graphs[key]
         self.held.add(graph)
 
-    def new_handle(self, shape: tuple[int, ...], dtype, scope: str) -> Handle:
+    def new_handle(self, shape: tuple[int, ...], dtype, scope: str, over: np.ndarray | None = None) -> Handle:
+        """A handle in the pool of `scope`; `over`: see `Handle` (a host-memory backend only)."""
         pool = self.persistent if scope == "persistent" else self.passes
-        handle = Handle(pool, shape, dtype, self.name)
-        if scope == "persistent":
-            self._persistent_handles.add(handle)
-        return handle
-
-    def borrow_handle(self, array: np.ndarray, scope: str) -> Handle:
-        """`Handle.over_host_array` in the pool of `scope` (a host-memory backend only)."""
-        pool = self.persistent if scope == "persistent" else self.passes
-        handle = Handle.over_host_array(pool, array, self.name)
+        handle = Handle(pool, shape, dtype, self.name, over)
         if scope == "persistent":
             self._persistent_handles.add(handle)
         return handle

@@ -255,9 +255,10 @@ def to_device(array, scope: str = "pass", give: bool = False) -> Handle:
     host = as_host_array(array)
     with critical():
         dev = current()
+        shape = logical_shape(host.shape, host.dtype)
         if give and host is array and dev.backend.host_memory and host.ctypes.data % HOST_ALIGNMENT == 0:
-            return dev.borrow_handle(host, scope)
-        handle = dev.new_handle(logical_shape(host.shape, host.dtype), host.dtype, scope)
+            return dev.new_handle(shape, host.dtype, scope, over=host)
+        handle = dev.new_handle(shape, host.dtype, scope)
         handle.write(host)
     return handle
 

@@ -61,7 +61,7 @@ def _buffer_from_ptr():
 def aligned_copy(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy of `array`. One of ALIGNED_COPY_BYTES or more starts on a
     HOST_ALIGNMENT boundary, so that a host-memory device can compute on it where it lies
-    (`Handle.over_host_array`) instead of copying it again; a smaller one is numpy's plain
+    (a `Handle` over it) instead of copying it again; a smaller one is numpy's plain
     copy (aligning costs ~2 us, more than copying it into a pool)."""
     if array.nbytes < ALIGNED_COPY_BYTES:
         return np.array(array, order="C")
@@ -97,7 +97,12 @@ class Handle:
     __slots__ = ("shape", "dtype", "scope", "device", "host_copy", "_pool", "_generation",
                  "_tensor", "_block", "_host_memory", "_location", "_ctx", "_borrowed", "__weakref__")
 
-    def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str) -> None:
+    def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str,
+                 over: np.ndarray | None = None) -> None:
+        """A block of `pool`; or, with `over` (a device that computes in host memory: the
+        CPU), `over`'s own memory, with no block and no copy: the caller gives the array up
+        (later writes through the handle land in it); it holds the handle's storage form,
+        C-contiguous, from a HOST_ALIGNMENT boundary. Either lives and dies with `pool`."""
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.scope: str = pool.scope
@@ -110,39 +115,18 @@ class Handle:
         self._borrowed = None
         self._ctx = ctx = _metadata_context()
         tensor = new_tensor(ctx, self.dtype, self.shape)
-        with lock:
-            block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
-            G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
-        self._tensor = tensor
-        self._block = block
-        self._location = (tensor.contents.buffer, tensor.contents.data)
-
-    @classmethod
-    def over_host_array(cls, pool, array: np.ndarray, device: str) -> Handle:
-        """A handle whose buffer is `array`'s own memory, on a device that computes in host
-        memory (the CPU): no pool block and no copy. The caller gives `array` up (later
-        writes through the handle land in it); it must be C-contiguous in its storage form
-        and start on a HOST_ALIGNMENT boundary. It lives and dies as a block of `pool` would."""
-        self = cls.__new__(cls)
-        self.shape = logical_shape(array.shape, array.dtype)
-        self.dtype = array.dtype
-        self.scope = pool.scope
-        self.device = device
-        self.host_copy = None
-        self._pool = pool
-        self._generation = pool.generation
-        self._host_memory = True
-        self._block = None
-        self._borrowed = None
-        self._ctx = ctx = _metadata_context()
-        tensor = new_tensor(ctx, self.dtype, self.shape)
-        address = array.ctypes.data
-        buffer = ctypes.c_void_p(_buffer_from_ptr()(address, array.nbytes))
-        self._borrowed = (buffer, array)
-        G.ggml_backend_tensor_alloc(buffer, tensor, ctypes.c_void_p(address))
+        if over is not None:
+            address = over.ctypes.data
+            buffer = ctypes.c_void_p(_buffer_from_ptr()(address, over.nbytes))
+            self._borrowed = (buffer, over)
+            G.ggml_backend_tensor_alloc(buffer, tensor, ctypes.c_void_p(address))
+        else:
+            with lock:
+                block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
+                G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
+            self._block = block
         self._tensor = tensor
         self._location = (tensor.contents.buffer, tensor.contents.data)
-        return self
 
     def __del__(self) -> None:
         """The metadata, and a persistent block, go back when the handle dies (in whatever
