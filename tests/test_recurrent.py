@@ -180,7 +180,7 @@ def test_packed_sequences_run_as_torchs(dev, cls):
         np.testing.assert_allclose(dict(ours.named_parameters())[name].grad.numpy(), p.grad.numpy(), **close)
 
 
-def test_pad_and_pack_sequence_as_torchs():
+def test_pad_and_pack_sequence_as_torchs(dev):
     """pad_sequence (both sides), pack_sequence and their errors, as torch's."""
     import torch.nn.utils.rnn as torch_rnn
     from ggrad.nn.utils import rnn

@@ -461,7 +461,7 @@ def test_a_torch_data_loader_call_ports_as_written():
         np.testing.assert_array_equal(b, d)
 
 
-def test_multinomial_draws_as_torchs_does():
+def test_multinomial_draws_as_torchs_does(dev):
     """torch.multinomial's shapes, dtype, errors and distribution: frequencies of 30,000
     draws within 0.01 of the weights, never a zero-weight category while positive ones
     remain, each row's draws distinct without replacement (zero-weight categories last,
