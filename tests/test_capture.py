@@ -576,3 +576,66 @@ def test_compile_of_a_model_returns_the_model_and_its_step_still_trains():
         run = ggrad.compile(step) if compiled else step
         results.append([run(x).item() for _ in range(4)])
     assert results[0] == results[1]
+
+
+def accumulating_iteration(model, opt, micro_steps: int, compiled: bool):
+    """A whole iteration of gradient accumulation: `micro_steps` tapes, each adding its
+    share of the loss's gradient, then one optimizer step."""
+    def iteration(xs, ys):
+        total = 0
+        for i in range(micro_steps):
+            with ggrad.grad_tape():
+                loss = F.cross_entropy(model(xs[i]), ys[i]) / micro_steps
+                loss.backward()
+            total = total + loss.detach()
+        opt.step()
+        opt.zero_grad()
+        return total
+    return ggrad.compile(iteration) if compiled else iteration
+
+
+def test_a_whole_iteration_of_micro_steps_is_captured_and_equals_eager(dev):
+    """nanoGPT's accumulation loop compiled as one function: its tapes become one graph,
+    replayed as one dispatch, bit for bit the eager loop's losses and weights."""
+    k, rng = 3, np.random.default_rng(5)
+    data = [(rng.standard_normal((k, BATCH, SIZES[0])).astype(np.float32),
+             rng.integers(0, SIZES[-1], (k, BATCH))) for _ in range(5)]
+    runs = []
+    for compiled in (False, True):
+        model = mlp()
+        opt = Adam(model.parameters(), lr=1e-2)
+        iteration = accumulating_iteration(model, opt, k, compiled)
+        losses = [iteration(*data[i % len(data)]).item() for i in range(4)]
+        device_data = [(ggrad.tensor(x), ggrad.tensor(y)) for x, y in data]
+        for x, y in device_data:
+            x.handle, y.handle  # noqa: B018
+        with ggrad.count_transfers() as counts:
+            for i in range(4, 8):
+                iteration(*device_data[i % len(data)])
+        losses.append(iteration(*data[0]).item())
+        runs.append((losses, [p.numpy() for p in model.parameters()], iteration, counts))
+    (losses_e, params_e, _, _), (losses_c, params_c, iteration, counts) = runs
+    assert iteration.reason is None and iteration.traces == 2 and iteration.captured == 2  # host and device batches
+    assert losses_c == losses_e
+    for a, b in zip(params_e, params_c):
+        np.testing.assert_array_equal(a, b)
+    assert counts.dispatches == 4 and counts.crossings == 0  # one graph a call, the tracing one's included
+
+
+def test_captured_micro_steps_reuse_one_micro_step_s_scratch_memory(dev):
+    """The captured iteration computes micro-step after micro-step: its scratch memory is
+    one micro-step's activations (plus the running gradients), not one per micro-step."""
+    scratch, kept = {}, []  # kept: a compiled function that dies frees its graphs
+    for k in (1, 2, 4):
+        model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
+        opt = SGD(model.parameters(), lr=0.1)
+        rng = np.random.default_rng(k)
+        xs = rng.standard_normal((k, 512, 32)).astype(np.float32)
+        ys = rng.integers(0, 4, (k, 512))
+        iteration = accumulating_iteration(model, opt, k, True)
+        kept.append(iteration)
+        before = ggrad.runtime.memory()["scratch_bytes"]
+        iteration(xs, ys)
+        assert iteration.captured == 1, iteration.reason
+        scratch[k] = ggrad.runtime.memory()["scratch_bytes"] - before
+    assert max(scratch[2], scratch[4]) < 1.5 * scratch[1]

@@ -64,12 +64,21 @@ def is_recording() -> bool:
 def grad_tape() -> Iterator[None]:
     """Record operations for `backward`. Entering starts a new pass: pending work that
     is still wanted runs first, values of the last pass that a tensor still holds move
-    to the persistent pool (lazy.keep_pass_values), then the pass pool is reset."""
-    if lazy.has_pending_work():
-        lazy.realize()
-    lazy.keep_pass_values()
-    runtime.reset_pass()
+    to the persistent pool (lazy.keep_pass_values), then the pass pool is reset.
+
+    In a step being compiled, a later tape continues the first one's pass: nothing has run
+    yet, and the step's micro-steps (gradient accumulation) become one graph, which
+    computes what the tapes run apart would (ggml's allocator reuses one micro-step's
+    scratch memory for the next)."""
     state, lazy_state = _local, lazy.local
+    tapes = lazy_state.traced_tapes
+    if not tapes:
+        if lazy.has_pending_work():
+            lazy.realize()
+        lazy.keep_pass_values()
+        runtime.reset_pass()
+    if tapes is not None:
+        tapes.append(lazy.pending_values())
     state.tape_generation += 1
     previous, state.recording = state.recording, True
     previous_scope, lazy_state.default_scope = lazy_state.default_scope, "pass"

@@ -455,6 +455,7 @@ class Compiled:
         state = lazy.local
         previous, state.recorder = state.recorder, trace.record
         state.host_read_hook = _host_read
+        state.traced_tapes = []
         downloads = runtime.transfers()["downloads"]
         try:
             result = self.fn(*call[:positional], **dict(zip(names, call[positional:])))
@@ -473,6 +474,7 @@ class Compiled:
             _local.trace = None
             state.recorder = previous
             state.host_read_hook = None
+            state.traced_tapes = None
         try:
             if trace.refusal:
                 raise _Refused(trace.refusal)

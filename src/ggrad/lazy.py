@@ -131,6 +131,10 @@ class _ThreadState(threading.local):
         self.memo: dict | None = None
         # values computed into this thread's pass pool (read inside a tape): `keep_pass_values`
         self.pass_values: list[weakref.ref] = []
+        # while a step is traced (`capture`): for each grad tape it entered, the values
+        # pending at the entry. Its tapes after the first continue that pass, so its
+        # micro-steps become one graph, computed micro-step by micro-step (`_fill_nodes`)
+        self.traced_tapes: list[list[Node]] | None = None
 
 
 local = _ThreadState()
@@ -232,6 +236,12 @@ def pending_reader(node: Node) -> bool:
 def has_pending_work() -> bool:
     return bool(local.stores) or bool(local.effects) or any(
         n.pending and n.op not in (VERSION, FAILED) and n.wanted() for n in _pending_nodes(local))
+
+
+def pending_values() -> list[Node]:
+    """The pending values still wanted, in recording order."""
+    return sorted([n for n in _pending_nodes(local) if n.pending and n.op not in (VERSION, FAILED) and n.wanted()],
+                  key=lambda n: n.seq)
 
 
 def ensure_on_device(node: Node):
@@ -465,6 +475,12 @@ def _fill_nodes(graph: Graph, order: list[Node], outputs: list[Node], stores: li
     room(3 * len(values) + BUILDER_ROOM)  # a copy-out, a destination and a copy-in each
     for node in values:  # a value still in a buffer (a view, a slot) is copied out first
         built[id(node)] = graph.computed(built[id(node)])
+    # 0. a traced step's micro-steps one after another: what each tape started with
+    # (gradients so far) comes first, so one micro-step's scratch memory is free for the next
+    for tape in local.traced_tapes or ():
+        for node in tape:
+            if id(node) in built:
+                graph.expand(built[id(node)])
     for node in [*values, *(s for e in effects for s in e.srcs)]:
         graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
     destinations = [graph.slot(node.shape, node.dtype.storage) for node in values]
