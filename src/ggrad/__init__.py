@@ -24,7 +24,7 @@ from .runtime.precision import get_float32_matmul_precision, set_float32_matmul_
 from .tensor import (Tensor, from_dlpack, from_numpy, full, full_like, ones, ones_like, param, realize, tensor,
                      zeros, zeros_like)
 from .tensor import top_level_max as max, top_level_min as min  # noqa: A004  (torch's names)
-from .train import CSVLogger, EarlyStopping, History, ModelCheckpoint, evaluate, fit
+from .train import CSVLogger, EarlyStopping, History, ModelCheckpoint, TensorBoard, evaluate, fit
 
 __version__ = "0.1.0"
 
@@ -48,7 +48,7 @@ __all__ = [
     "rand_like", "randint", "randint_like", "randn", "randn_like", "realize", "relu", "remainder", "reshape",
     "result_type", "round", "runtime", "save", "set_detect_anomaly", "set_device",
     "set_float32_matmul_precision", "set_rng_state", "sigmoid", "sign", "sin", "softmax", "sort", "split",
-    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "tensor", "Tensor", "topk",
+    "sqrt", "square", "squeeze", "stack", "std", "sub", "sum", "tanh", "tensor", "Tensor", "TensorBoard", "topk",
     "transpose", "tril", "triu", "trunc", "unflatten", "unsqueeze", "utils", "var", "where", "zeros",
     "zeros_like",
 ]

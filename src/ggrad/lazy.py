@@ -91,6 +91,11 @@ class Node:
         return f"Node({self.shape}, {self.dtype}, {state})"
 
 
+def mark() -> int:
+    """A point in recording order: nodes recorded after it have a larger `seq`."""
+    return next(_sequence)
+
+
 VERSION = "version"  # the op of a value an effect will leave in its target's buffer
 FAILED = "failed"  # the op of a value whose graph failed; `arg` is the error
 

@@ -201,6 +201,52 @@ class CSVLogger(Callback):
             self._file = self._writer = None
 
 
+class TensorBoard(Callback):
+    """Keras's TensorBoard callback for `fit`, writing through `ggrad.utils.tensorboard`
+    (tensorboardX): each epoch's logs as scalars (the tags are the logs' keys: loss,
+    accuracy, val_loss, lr...; the step is the epoch), a histogram of every parameter each
+    `histogram_freq` epochs (0: none; one read of each parameter), and, with
+    `example_input`, the model's graph once at the start (`SummaryWriter.add_graph`).
+    `log_dir=None` writes under ``runs/<date>_<host>`` as torch's SummaryWriter; `writer`
+    logs into a SummaryWriter of your own instead (left open). Under a process group,
+    rank 0 writes (the logs are the same)."""
+
+    def __init__(self, log_dir: str | None = None, histogram_freq: int = 1, write_graph: bool = True,
+                 example_input=None, writer=None) -> None:
+        if histogram_freq < 0:
+            raise ValueError(f"histogram_freq must be >= 0, got {histogram_freq}")
+        if writer is not None and log_dir is not None:
+            raise ValueError("pass log_dir or writer, not both")
+        self.log_dir, self.histogram_freq, self.write_graph = log_dir, int(histogram_freq), bool(write_graph)
+        self.example_input = example_input
+        self.writer, self._own = writer, writer is None
+
+    def on_train_begin(self, model, optimizer) -> None:
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        if self._own:
+            from .utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(self.log_dir)
+        if self.write_graph and self.example_input is not None:
+            self.writer.add_graph(model, self.example_input)
+
+    def on_epoch_end(self, epoch, logs, model, optimizer) -> bool:
+        if self.writer is None:
+            return False
+        for key, value in logs.items():
+            self.writer.add_scalar(key, value, epoch)
+        if self.histogram_freq and epoch % self.histogram_freq == 0:
+            for name, p in model.named_parameters():
+                self.writer.add_histogram(name, p, epoch)
+        self.writer.flush()
+        return False
+
+    def on_train_end(self, model, optimizer) -> None:
+        if self.writer is not None and self._own:
+            self.writer.close()
+            self.writer = None
+
+
 def _as_loader(data, batch_size: int, shuffle: bool) -> DataLoader | None:
     if data is None or isinstance(data, DataLoader):
         return data
