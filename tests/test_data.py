@@ -445,3 +445,45 @@ def test_fit_trains_on_a_dataset_loader():
                                    verbose=0)["loss"])
     assert histories[0][-1] < 0.5 * histories[0][0]
     np.testing.assert_allclose(histories[1], histories[0], rtol=1e-6)
+
+
+def test_pinned_batches_are_the_batches_uploaded_once_from_reused_pinned_memory(dev):
+    """pin_memory=True: on a device with pinned host memory (Vulkan, CUDA) each batch waits
+    there, is uploaded with one counted crossing as an unpinned one, and holds the same
+    values; the pinned blocks are reused, epoch after epoch. The CPU has none: unchanged."""
+    from ggrad.runtime import pinned
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((300, 70)).astype(np.float32), rng.integers(0, 9, 300)
+    has_pinned = ggrad.runtime.current().backend.host_memory is False
+    for loader in (ggrad.DataLoader(x, y, batch_size=64, pin_memory=True),
+                   ggrad.DataLoader(data.TensorDataset(x, y), batch_size=64, pin_memory=True),
+                   ggrad.DataLoader(data.TensorDataset(x, y), batch_size=64, pin_memory=True, num_workers=1)):
+        held = []
+        for epoch in range(3):
+            rows, targets = [], []
+            for xb, yb in loader:
+                assert xb.is_pinned() == yb.is_pinned() == has_pinned
+                with ggrad.count_transfers() as counts:
+                    total = (xb * 2).sum()
+                    total.handle  # noqa: B018
+                assert counts.uploads == (1 if has_pinned else 0) and not xb.is_pinned()  # uploaded: left it
+                rows.append(xb.numpy())
+                targets.append(yb.numpy())
+            np.testing.assert_array_equal(np.concatenate(rows), x)
+            np.testing.assert_array_equal(np.concatenate(targets), y)
+            del xb, yb
+            gc.collect()
+            held.append(pinned.cached_bytes())
+        assert held[0] == held[1] == held[2]  # the blocks of an epoch serve the next
+        assert (held[0] > 0) == has_pinned
+
+
+def test_pin_memory_of_a_tensor_as_torch(dev):
+    a = ggrad.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    p = a.pin_memory()
+    has_pinned = ggrad.runtime.current().backend.host_memory is False
+    assert p.is_pinned() == has_pinned and (p is a) != has_pinned and not a.is_pinned()
+    np.testing.assert_array_equal(p.numpy(), np.arange(12).reshape(3, 4))
+    computed = a * 2
+    assert computed.pin_memory() is computed and not computed.is_pinned()
+    assert p.pin_memory() is p

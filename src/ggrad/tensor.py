@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from . import autograd, dtypes, lazy, runtime
+from .runtime import pinned
 from .runtime.graph import as_host_array
 
 
@@ -138,6 +139,24 @@ class Tensor:
     def handle(self) -> runtime.Handle:
         """The runtime handle holding this value on the device (runs pending work)."""
         return lazy.ensure_on_device(self._node)
+
+    def pin_memory(self) -> Tensor:
+        """torch's: a tensor whose data, still on the host, waits in the device's pinned
+        memory, so that its upload is one direct copy (`DataLoader(pin_memory=True)`). A
+        tensor already computed or uploaded, or on a device without pinned memory (the
+        CPU), is returned as it is."""
+        node = self._node
+        if node.op is not None or node.handle is not None or node.host is None or pinned.is_pinned(node.host):
+            return self
+        array = pinned.pinned(node.host)
+        if array is node.host:
+            return self
+        return Tensor._wrap(lazy.from_host(array, node.dtype, node.scope))
+
+    def is_pinned(self) -> bool:
+        """Whether this tensor's data waits in pinned memory (see `pin_memory`)."""
+        host = self._node.host
+        return self._node.handle is None and host is not None and pinned.is_pinned(host)
 
     def numpy(self) -> np.ndarray:
         """The values on the host, in the tensor's dtype (int64 and bool as numpy's)."""

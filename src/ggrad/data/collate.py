@@ -35,17 +35,18 @@ def default_collate(samples: list) -> Any:
     raise TypeError(f"default_collate cannot batch {type(first).__name__}; pass a collate_fn")
 
 
-def _to_tensors(batch: Any) -> Any:
-    """numpy batches (in any nesting) as ggrad tensors, made here: uploaded when first used."""
+def _to_tensors(batch: Any, pin: bool = False) -> Any:
+    """numpy batches (in any nesting) as ggrad tensors, made here: uploaded when first used
+    (`pin`: from the device's pinned memory, see Tensor.pin_memory)."""
     if isinstance(batch, np.ndarray):
-        return tensor(batch)
+        return tensor(batch).pin_memory() if pin else tensor(batch)
     if isinstance(batch, dict):
-        return {k: _to_tensors(v) for k, v in batch.items()}
+        return {k: _to_tensors(v, pin) for k, v in batch.items()}
     if isinstance(batch, tuple):
-        fields = [_to_tensors(v) for v in batch]
+        fields = [_to_tensors(v, pin) for v in batch]
         return type(batch)(*fields) if hasattr(batch, "_fields") else tuple(fields)
     if isinstance(batch, list) and batch and not isinstance(batch[0], (str, bytes)):
-        return [_to_tensors(v) for v in batch]
+        return [_to_tensors(v, pin) for v in batch]
     return batch
 
 

@@ -42,9 +42,11 @@ class DataLoader:
     before forking (keep its data in numpy arrays).
     Workers stop when the iteration ends or is dropped (with `persistent_workers`, when
     the loader is garbage collected). Automatic batching cannot be turned off:
-    `batch_size=None` means the default. `pin_memory` is accepted and changes nothing:
-    a batch is uploaded once, from its numpy array straight into the device pool, when
-    first used (torch pins to speed up that copy; ggrad has no pinned staging buffer).
+    `batch_size=None` means the default. A batch is uploaded once, when first used; with
+    `pin_memory` its arrays wait in the current device's pinned (page-locked) host memory,
+    so that the upload is one direct copy (CUDA, Vulkan: `Tensor.pin_memory`); where the
+    device has none (the CPU) it changes nothing, as torch's without an accelerator.
+    `pin_memory_device` is accepted for torch's signature (ggrad pins for the current device).
 
     Under a process group of more than one rank (`ggrad.distributed.is_initialized()`),
     a loader given no sampler or batch_sampler reads only its rank's shard, through a
@@ -102,6 +104,7 @@ class DataLoader:
         self.collate_fn = collate_fn or default_collate
         self.worker_init_fn, self.multiprocessing_context = worker_init_fn, multiprocessing_context
         self.persistent_workers = bool(persistent_workers)
+        self.pin_memory = bool(pin_memory)
         self.generator = _rng(generator, seed)
         self._workers: _Workers | None = None
         self._epoch: int | None = None  # the DistributedSampler's next epoch, when this loader made it
@@ -159,7 +162,7 @@ class DataLoader:
             order = (self.generator or _global_generator()).permutation(n) if self.shuffle else np.arange(n)
         for i in range(len(self)):
             rows = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield tuple(tensor(a[rows]) for a in self.arrays)
+            yield tuple(tensor(a[rows]).pin_memory() if self.pin_memory else tensor(a[rows]) for a in self.arrays)
 
     def _fetcher(self) -> _Fetcher:
         return _Fetcher(self.dataset, self.collate_fn, self.batch_size, self.drop_last)
@@ -176,7 +179,7 @@ class DataLoader:
                 batch = fetch(indices)
             except StopIteration:
                 return
-            yield _to_tensors(batch)
+            yield _to_tensors(batch, self.pin_memory)
 
     def _worker_batches(self) -> Iterator:
         workers = self._workers or _Workers(self)
@@ -184,7 +187,7 @@ class DataLoader:
             self._workers = workers
         try:
             for batch in workers.batches(self._tasks()):
-                yield _to_tensors(batch)
+                yield _to_tensors(batch, self.pin_memory)
         finally:
             if not self.persistent_workers:
                 workers.close()
