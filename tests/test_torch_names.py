@@ -2,6 +2,7 @@
 in ggrad and hold the same functions, and what they add equals torch's."""
 
 import importlib
+import operator
 import re
 
 import numpy as np
@@ -356,6 +357,39 @@ def test_iterating_a_tensor_reads_it_once(dev):
     with ggrad.grad_tape():
         sum(row.sum() * k for k, row in enumerate(w)).backward()
     np.testing.assert_array_equal(w.grad.numpy(), [[0, 0], [1, 1], [2, 2]])
+
+
+def test_nanogpt_get_batch_runs_no_graph_and_equals_torchs(dev):
+    """nanoGPT's get_batch: slices of a numpy array at `i:i+k` for each element of a
+    random index tensor, stacked. The index arithmetic (an integer moved by integers) and
+    the stack of host rows are done on the host: one read of the indices per loop, no graph, no
+    upload until the batch is used; the same batch as torch's for the same indices."""
+    data = np.random.default_rng(0).integers(0, 65, 5000).astype(np.uint16)
+    ix = ggrad.randint(len(data) - 32, (12,))
+    ggrad.realize(ix)
+    with ggrad.count_transfers() as moved:
+        x = ggrad.stack([ggrad.from_numpy(data[i:i + 32].astype(np.int64)) for i in ix])
+        y = ggrad.stack([ggrad.from_numpy(data[i + 1:i + 1 + 32].astype(np.int64)) for i in ix])
+    assert moved.dispatches == 0 and moved.uploads == 0 and moved.crossings <= 2  # a read per loop over ix
+    tix = torch.tensor(ix.numpy())
+    tx = torch.stack([torch.from_numpy(data[i:i + 32].astype(np.int64)) for i in tix])
+    ty = torch.stack([torch.from_numpy(data[i + 1:i + 1 + 32].astype(np.int64)) for i in tix])
+    assert x.dtype == y.dtype == ggrad.int64
+    np.testing.assert_array_equal(x.numpy(), tx.numpy())
+    np.testing.assert_array_equal(y.numpy(), ty.numpy())
+    # what the host computes is what the device computes; past float32's exact integers
+    # (or with a fractional step) the device computes it
+    for value, scale, bias in [(7, 3, -5), (2 ** 23, 1, 1), (2 ** 24 + 1, 1, 1), (5, 0.5, 0)]:
+        i = ggrad.tensor(value)
+        moved_expr = ggrad.functional.affine(i, scale, bias, dtype=ggrad.int64)
+        on_device = ggrad.functional.affine(i, scale, bias, dtype=ggrad.int64) * 1
+        ggrad.realize(on_device)
+        assert int(moved_expr) == int(on_device.numpy()) == operator.index(moved_expr)
+    assert ggrad.cat([ggrad.tensor([1, 2]), ggrad.tensor([3.5])]).tolist() == [1.0, 2.0, 3.5]  # promoted
+    w = ggrad.tensor([1.0, 2.0], requires_grad=True)
+    with ggrad.grad_tape():
+        (ggrad.stack([w, ggrad.tensor([3.0, 4.0])]) * ggrad.tensor([[1.0], [2.0]])).sum().backward()
+    assert w.grad.tolist() == [1.0, 1.0]
 
 
 @pytest.mark.parametrize("shape,r", [((2, 18, 3, 4), 3), ((8, 2, 5), 2), ((1, 4, 1, 1), 2)])

@@ -249,6 +249,29 @@ def pending_values() -> list[Node]:
                   key=lambda n: n.seq)
 
 
+EXACT_IN_FLOAT32 = 1 << 24  # integers this small survive the float32 an affine computes in
+
+
+def host_integer(node: Node) -> int | None:
+    """The value of a one-element integer node that is a host integer moved by integral
+    affine steps (``i + 1``, ``i * 2 - 3`` of a host index), computed here: the device
+    would compute the same (every value involved is an integer that float32 holds exactly),
+    and an index read per element (``data[i:i + k] for i in ix``) costs no graph.
+    None for anything else."""
+    if node.dtype.is_floating_point or node.dtype is dtypes.bool_ or math.prod(node.shape) != 1:
+        return None
+    if node.op is None:
+        return int(node.host.reshape(())) if node.host is not None else None
+    if node.op != "affine" or not all(float(a).is_integer() for a in node.arg):
+        return None
+    x = host_integer(node.srcs[0])
+    if x is None:
+        return None
+    scale, bias = (int(a) for a in node.arg)
+    value = scale * x + bias
+    return value if max(abs(x), abs(scale * x), abs(bias), abs(value)) < EXACT_IN_FLOAT32 else None
+
+
 def ensure_on_device(node: Node):
     """A live handle on the current device for a leaf node: uploads host data once,
     and moves values that a released device left on the host."""

@@ -199,12 +199,14 @@ class Tensor:
         return float(self.item())
 
     def __int__(self) -> int:
-        return int(self.item())
+        value = lazy.host_integer(self._node)
+        return int(self.item()) if value is None else value
 
     def __index__(self) -> int:
         if self.dtype.is_floating_point or self.numel() != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
-        return int(self.item())
+        value = lazy.host_integer(self._node)
+        return int(self.item()) if value is None else value
 
     def __bool__(self) -> bool:
         if self.numel() != 1:

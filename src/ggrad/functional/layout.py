@@ -7,7 +7,7 @@ import numbers
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, lazy
 from ..runtime import precision
 from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_shape, broadcast_to, cast, full_like, reshape,
                     result_type, sum_to)
@@ -362,6 +362,9 @@ def concat(tensors, axis: int = 0, *, dim=None) -> Tensor:
     for t in tensors[1:]:
         if t.ndim != first.ndim or any(p != q for i, (p, q) in enumerate(zip(t.shape, first.shape)) if i != a):
             raise ValueError(f"shape mismatch in concat along axis {a}: {first.shape} and {t.shape}")
+    hosts = _host_arrays(tensors)
+    if hosts is not None:
+        return Tensor._wrap(lazy.from_host(np.concatenate(hosts, a), dtype))
     out = first
     for t in tensors[1:]:
         out = _concat2(out, t, a)
@@ -369,6 +372,19 @@ def concat(tensors, axis: int = 0, *, dim=None) -> Tensor:
 
 
 cat = concat
+
+
+def _host_arrays(tensors: list[Tensor]) -> list[np.ndarray] | None:
+    """The host data of tensors not yet on the device, none needing a gradient (a batch
+    made of rows read from numpy): joined on the host, they go up as one upload instead of
+    one each and a node per join. None if any is elsewhere."""
+    hosts = []
+    for t in tensors:
+        node = t.node
+        if t.requires_grad or node.op is not None or node.handle is not None or node.host is None:
+            return None
+        hosts.append(node.host)
+    return hosts
 
 
 def _concat2(x: Tensor, y: Tensor, axis: int) -> Tensor:
@@ -436,6 +452,9 @@ def stack(tensors, dim: int = 0) -> Tensor:
         raise ValueError("stack needs at least one tensor")
     if any(t.shape != tensors[0].shape for t in tensors):
         raise ValueError(f"stack needs tensors of one shape, got {[t.shape for t in tensors]}")
+    hosts = _host_arrays(tensors) if len({t.dtype for t in tensors}) == 1 else None
+    if hosts is not None:
+        return Tensor._wrap(lazy.from_host(np.stack(hosts, _axis(dim, tensors[0].ndim + 1)), tensors[0].dtype))
     return concat([unsqueeze(t, dim) for t in tensors], dim)
 
 

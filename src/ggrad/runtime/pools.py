@@ -83,8 +83,8 @@ class PersistentPool:
         return self.nbytes - holes - sum(block.size for block in list(self._freed))
 
     def alloc(self, nbytes: int) -> Block:
-        while self._freed:
-            self._coalesce(self._freed.popleft())
+        if self._freed:
+            self._coalesce()
         size = _round_up(max(nbytes, 1), self.backend.alignment)
         for chunk in self.chunks:
             holes = self._free[id(chunk)]
@@ -105,19 +105,25 @@ class PersistentPool:
         if not self.released:
             self._freed.append(block)
 
-    def _coalesce(self, block: Block) -> None:
-        holes = self._free.get(id(block.chunk))
-        if holes is None:  # its chunk was released
-            return
-        holes.append([block.offset, block.size])
-        holes.sort()
-        merged: list[list[int]] = []
-        for offset, size in holes:
-            if merged and merged[-1][0] + merged[-1][1] == offset:
-                merged[-1][1] += size
-            else:
-                merged.append([offset, size])
-        holes[:] = merged
+    def _coalesce(self) -> None:
+        """The freed blocks into their chunks' free lists: each list sorted and merged once."""
+        touched: set[int] = set()
+        while self._freed:
+            block = self._freed.popleft()
+            holes = self._free.get(id(block.chunk))
+            if holes is not None:  # (None: its chunk was released)
+                holes.append([block.offset, block.size])
+                touched.add(id(block.chunk))
+        for key in touched:
+            holes = self._free[key]
+            holes.sort()
+            merged: list[list[int]] = []
+            for offset, size in holes:
+                if merged and merged[-1][0] + merged[-1][1] == offset:
+                    merged[-1][1] += size
+                else:
+                    merged.append([offset, size])
+            holes[:] = merged
 
     def release(self) -> None:
         for chunk in self.chunks:
