@@ -120,7 +120,7 @@ FLAVOR_SUFFIX="llamafile-noerrno"
 # (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam) and
 # scripts/patch_ggml_kernels.py (ggrad's kernel set, version 15); the suffix names the
 # patches, so a wheel cached before them is not reused.
-PATCH_SUFFIX="adamw2-kernels15"
+PATCH_SUFFIX="adamw2-kernels16"
 
 build_wheel() {
   local flavor="$1" args="$2"

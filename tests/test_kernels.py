@@ -618,3 +618,71 @@ def test_adam_over_two_parameters_a_node_is_ggmls_adamw_bit_for_bit(dev, monkeyp
     for got, want in zip(*results):
         np.testing.assert_array_equal(got, want)
     assert counts[0].get("GGRAD", 0) - counts[1].get("GGRAD", 0) == 2 and "OPT_STEP_ADAMW" not in counts[0], counts
+
+
+needs_pool_kernel = pytest.mark.skipif(kernels.version() < 16, reason="ggml built without ggrad's max pooling kernels")
+
+POOLS = [  # kernel, stride, padding, dilation, ceil_mode
+    ((2, 2), None, (0, 0), (1, 1), False),
+    ((3, 3), (2, 2), (1, 1), (1, 1), False),
+    ((3, 2), (1, 2), (1, 0), (1, 1), True),
+    ((3, 3), (2, 1), (1, 0), (2, 1), True),
+    ((2, 3), (3, 2), (0, 1), (1, 2), False),
+]
+
+
+@needs_pool_kernel
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil", POOLS)
+def test_max_pool_kernels_are_torchs_nan_ties_and_inf_included(dev, kernel, stride, padding, dilation, ceil,
+                                                                monkeypatch):
+    """max_pool2d and its gradient through ggrad's kernels (one node each on the CPU) equal
+    torch's exactly: ties go to the first maximum, a window with NaN is NaN and its
+    gradient goes where torch's goes (the last NaN), padding is never the maximum, an
+    all -inf window is -inf; and the composed form (other backends) on finite data."""
+    rng = np.random.default_rng(1)
+    x = rng.integers(-3, 4, (2, 3, 9, 11)).astype(np.float32)  # small integers: many ties
+    x[0, 0, 1:3, 1:4] = np.nan
+    x[0, 1, 4, 5] = np.nan
+    x[1, 2, :4, :5] = -np.inf
+    x[1, 0, 5, 6] = np.inf
+    args = dict(kernel_size=kernel, stride=stride, padding=padding, dilation=dilation, ceil_mode=ceil)
+    finite = np.nan_to_num(x, nan=2.0, posinf=5.0, neginf=-5.0)
+    if not kernels.supported(ggrad.runtime.current().backend, kernels.MAX_POOL):
+        x = finite  # composed: a NaN window's gradient lands elsewhere (the values are NaN anyway)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = torch.nn.functional.max_pool2d(xt, **args)
+    g = rng.integers(1, 5, yt.shape).astype(np.float32)  # integers: sums of taps exact in any order
+    yt.backward(torch.tensor(g))
+
+    def run(data):
+        xs = ggrad.tensor(data, requires_grad=True)
+        with ggrad.grad_tape():
+            y = F.max_pool2d(xs, **args)
+            y.backward(ggrad.tensor(g))
+        return y.numpy(), xs.grad.numpy()
+
+    y, dx = run(x)
+    np.testing.assert_array_equal(y, yt.detach().numpy())
+    np.testing.assert_array_equal(dx, xt.grad.numpy())
+    ours = run(finite)
+    monkeypatch.setattr(kernels, "supported", lambda backend, k: False)
+    for a, b in zip(ours, run(finite)):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_pool_kernel
+def test_max_pool_is_one_node_each_way(dev):
+    x = ggrad.tensor(np.random.default_rng(0).standard_normal((4, 3, 8, 8)).astype(np.float32), requires_grad=True)
+
+    @ggrad.compile
+    def step(x):
+        with ggrad.grad_tape():
+            F.max_pool2d(x, 2).sum().backward()
+        return x.grad
+
+    step(x)
+    counts = step.op_counts()
+    if kernels.supported(ggrad.runtime.current().backend, kernels.MAX_POOL):
+        assert counts.get("GGRAD", 0) == 2 and "POOL_2D" not in counts and "POOL_2D_BACK" not in counts, counts
+    else:
+        assert counts.get("POOL_2D", 0) >= 1, counts

@@ -18,8 +18,8 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
-from .. import lazy, runtime
-from ..runtime import launch
+from .. import dtypes, lazy, ops, runtime
+from ..runtime import kernels, launch
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
@@ -400,6 +400,11 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     images, lead = _channel_images(x, "max_pool2d")
     (oh, extra_h), (ow, extra_w) = (_pool_geometry(n, k, s, p, d, ceil_mode) for n, k, s, p, d in
                                     zip(images.shape[2:], kernel, stride, padding, dilation))
+    if x.dtype is dtypes.float32 and kernels.supported(runtime.current().backend, kernels.MAX_POOL):
+        geometry = (*kernel[::-1], *stride[::-1], *padding[::-1], *dilation[::-1], ow, oh)
+        pooled = _apply("max_pool_kernel", (images,), images.shape[:2] + (oh, ow), _max_pool_kernel_rule, geometry,
+                        x.dtype)
+        return reshape(pooled, lead + (oh, ow))
     if padding != (0, 0) or extra_h or extra_w:
         images = pad(images, (padding[1], padding[1] + extra_w, padding[0], padding[0] + extra_h), value=-math.inf)
     if dilation != (1, 1):  # ggml's POOL_2D has no dilation: the max over unfolded windows
@@ -420,6 +425,29 @@ def _max_pool_rule(ctx, g):
     windows = unfold_windows(images, (kh, kw), (sh, sw))
     hot = one_hot_argmax(windows) * reshape(g, windows.shape[:3] + (1,))
     return (_fold(hot, images.shape, (kh, kw, sh, sw, 0, 0, 1, 1)),)
+
+
+def _max_pool_kernel_rule(ctx, g):
+    images = ctx.parents[0].detach()
+    return (_apply("max_pool_kernel_back", (g, images), images.shape, None, ctx.arg, g.dtype),)
+
+
+@compute("max_pool_kernel")
+def _max_pool_kernel(ctx, s, node):
+    """ggrad's kernel: torch's max pooling in one node (NaN, padding, dilation as torch's)."""
+    x = ops.contiguous(ctx, s[0])
+    planes = node.shape[0] * node.shape[1]
+    out = kernels.op(ctx, kernels.MAX_POOL, (node.shape[2] * node.shape[3], planes), [x], list(node.arg))
+    return ops.reshape(ctx, out, node.shape)
+
+
+@compute("max_pool_kernel_back")
+def _max_pool_kernel_back(ctx, s, node):
+    g, x = (ops.contiguous(ctx, t) for t in s)
+    planes = node.shape[0] * node.shape[1]
+    g = ops.reshape(ctx, g, (planes, node.arg[8] * node.arg[9]))  # (OW*OH, planes), as the kernel reads it
+    out = kernels.op(ctx, kernels.MAX_POOL_BACK, (node.shape[2] * node.shape[3], planes), [g, x], list(node.arg))
+    return ops.reshape(ctx, out, node.shape)
 
 
 _pool_back: dict[str, bool] = {}

@@ -30,8 +30,11 @@ GEMM = 6                      # A, B[, bias (N)]; transpose flags -> op(A) @ op(
 GELU_BACK = 7                 # x, gradient of gelu(x), gelu(x), contiguous -> the gradient of x (cpu only)
 GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only)
 ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu only)
+MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilation, out size -> (OW*OH, planes) (cpu only)
+MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes) (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
-         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15}  # the kernel set's version that added each
+         TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
+         MAX_POOL_BACK: 16}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -137,6 +140,10 @@ def _ask(dev_backend, kernel: int) -> bool:
         elif kernel == ADAMW_GROUP:
             hyper = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 9)
             node = op(ctx, kernel, (1, 1), [hyper] + [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 8) for _ in range(4)], [1])
+        elif kernel in (MAX_POOL, MAX_POOL_BACK):  # 2x2 windows over one 4x2 plane
+            pool = [2, 2, 2, 2, 0, 0, 1, 1, 2, 1]
+            node = op(ctx, kernel, (2, 1), [logits], pool) if kernel == MAX_POOL else \
+                op(ctx, kernel, (8, 1), [G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 1), logits], pool)
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
