@@ -19,6 +19,8 @@ import functools
 import os
 import sys
 
+from . import replay
+
 _enabled = False
 _checking = False  # a check runs operations itself: those are not checked
 _backward_of: list[tuple[str, str]] = []  # (op, forward call site) of the rules running now
@@ -62,8 +64,7 @@ def set_detect_anomaly(mode: bool, check_nan: bool = True) -> None:
 
 
 def _invalidate_captures() -> None:
-    from . import capture
-    capture.invalidate()  # kept step graphs would replay without the checks
+    replay.invalidate()  # kept step graphs would replay without the checks
 
 
 def is_anomaly_enabled() -> bool:
@@ -86,8 +87,7 @@ def _call_site() -> str:
 
 
 def _has_nan(t) -> bool:
-    from .functional import compare
-    return bool(compare.any(compare.isnan(t)).item())
+    return bool(t.isnan().any().item())  # Tensor's methods: this module sits below functional
 
 
 def check(op: str, inputs: tuple, out) -> None:

@@ -101,10 +101,10 @@ def no_grad() -> Iterator[None]:
 
 
 def backward(loss, grad=None) -> None:
-    """Accumulate d(loss)/d(leaf) into `.grad` of every leaf that requires grad."""
-    from .tensor import Tensor, ones_like  # the tensor layer sits on this module
-
-    if not isinstance(loss, Tensor):
+    """Accumulate d(loss)/d(leaf) into `.grad` of every leaf that requires grad. (The
+    tensor layer sits on this module: `loss` is a ggrad Tensor, told apart by its tape
+    slot, and makes its own seed.)"""
+    if not hasattr(loss, "_ctx") or not hasattr(loss, "_seed"):
         raise TypeError(f"backward needs a ggrad Tensor, got {type(loss).__name__}")
     if loss._ctx is FREED:
         raise RuntimeError("backward: the tape of this tensor was already used by a backward "
@@ -117,15 +117,12 @@ def backward(loss, grad=None) -> None:
     elif loss._ctx.generation != _local.tape_generation:
         raise RuntimeError("backward: this tensor's tape was reset (a newer grad_tape was entered); "
                            "its pass memory is gone, record the forward pass again")
-    if grad is None:
-        if loss.numel() != 1:
-            raise ValueError(f"backward on a tensor of shape {loss.shape} needs an explicit grad= "
-                             "seed of that shape (only a scalar loss has an implied seed of 1)")
-        seed = ones_like(loss)
-    else:
-        seed = grad if isinstance(grad, Tensor) else Tensor(grad)
-        if seed.shape != loss.shape:
-            raise ValueError(f"backward: grad has shape {seed.shape}, loss has shape {loss.shape}")
+    if grad is None and loss.numel() != 1:
+        raise ValueError(f"backward on a tensor of shape {loss.shape} needs an explicit grad= "
+                         "seed of that shape (only a scalar loss has an implied seed of 1)")
+    seed = loss._seed(grad)
+    if seed.shape != loss.shape:
+        raise ValueError(f"backward: grad has shape {seed.shape}, loss has shape {loss.shape}")
 
     order = _topological(loss)
     grads = {id(loss): seed}

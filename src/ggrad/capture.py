@@ -27,25 +27,15 @@ import functools
 import numbers
 import warnings
 import weakref
-import threading
 from typing import Any, Callable
 
 import numpy as np
 
-from . import autograd, dtypes, lazy, runtime
+from . import autograd, dtypes, lazy, replay, runtime
 from .runtime import precision
+from .replay import invalidate, on_input, on_replay, refuse, tracing  # noqa: F401  (capture's API too)
 from .runtime.critical import critical
 from .tensor import Tensor, _host_array
-
-_epoch = 0  # bumped when state a capture reads is replaced: every capture is then stale
-
-
-def invalidate() -> None:
-    """Make every capture stale (a parameter, optimizer state or the device RNG state was
-    replaced by a new tensor, so a kept graph would read the old buffer)."""
-    global _epoch
-    _epoch += 1
-
 
 class _Trace:
     """What a tracing call registered and what it ran."""
@@ -93,45 +83,6 @@ class _Trace:
                 run.graph.free()
 
 
-class _ThreadState(threading.local):
-    trace: _Trace | None = None  # the call this thread is tracing
-
-
-_local = _ThreadState()
-
-
-def tracing() -> bool:
-    return _local.trace is not None
-
-
-def on_replay(check: Callable[[], bool] | None = None, advance: Callable[[], None] | None = None) -> None:
-    """While tracing: `check()` must stay true for the capture to be replayed (it runs
-    before a replay, with the state as it was before the traced call), and `advance()`
-    repeats the traced call's Python bookkeeping at every replay."""
-    trace = _local.trace
-    if trace is None:
-        return
-    if check is not None:
-        trace.checks.append(check)
-    if advance is not None:
-        trace.advances.append(advance)
-
-
-def on_input(node: lazy.Node, check: Callable[[np.ndarray], None]) -> None:
-    """While tracing: run `check(host_array)` on every replay's data for the argument that
-    `node` holds (host-side validation, e.g. index ranges, that the trace did)."""
-    trace = _local.trace
-    if trace is not None:
-        trace.input_checks.append((node, check))
-
-
-def refuse(reason: str) -> None:
-    """While tracing: this call cannot be replayed (say why)."""
-    trace = _local.trace
-    if trace is not None and trace.refusal is None:
-        trace.refusal = reason
-
-
 def boundary(nodes: list[lazy.Node], work: Callable[[list], None]) -> None:
     """Run the recorded work (at least `nodes`), then host work on their buffers:
     ``work(handles)``, e.g. a collective across processes that writes them in place.
@@ -139,7 +90,7 @@ def boundary(nodes: list[lazy.Node], work: Callable[[list], None]) -> None:
     While tracing, the graph and the work become steps of the capture, repeated in order
     at every replay with the same buffers: the values computed up to a boundary land in
     persistent memory, which the capture keeps."""
-    trace = _local.trace
+    trace = replay.local.trace
     if trace is None:
         lazy.realize(nodes)
         work([lazy.ensure_on_device(n) for n in nodes])
@@ -177,7 +128,7 @@ def optimizers() -> list:
 
 def carried_over(grad) -> bool:
     """While tracing: whether `grad` was a parameter's gradient before the call began."""
-    trace = _local.trace
+    trace = replay.local.trace
     return trace is not None and any(grad is g for g in trace.carried)
 
 
@@ -414,7 +365,7 @@ class Compiled:
         self.reason: str | None = None  # why the last trace was not captured
         self.traces = 0  # calls that ran the function's Python (the rest were replays)
         self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
-        self._epoch = _epoch
+        self._epoch = replay.epoch()
         self._dev = None  # the device the kept graphs belong to
         self._failures = 0
         self._warned = False
@@ -432,7 +383,7 @@ class Compiled:
         names = sorted(kwargs)
         values = [*args, *(kwargs[k] for k in names)]
         key = (len(args), tuple(names), tuple(_argument_key(v) for v in values))
-        if self._epoch != _epoch or (self._captures and self._dev is not runtime.current()):
+        if self._epoch != replay.epoch() or (self._captures and self._dev is not runtime.current()):
             self.release()
         if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would
             lazy.realize()
@@ -443,7 +394,7 @@ class Compiled:
         return self._trace(key, values, len(args), names)
 
     def _trace(self, key: tuple, values: list, positional: int, names: list[str]):
-        if _local.trace is not None:
+        if replay.local.trace is not None:
             raise RuntimeError("ggrad.compile: a compiled function was called from inside another "
                                "compiled function while that one was being traced; compile the "
                                "outer function only")
@@ -451,7 +402,7 @@ class Compiled:
         arrays = {i: Tensor(v) for i, v in enumerate(values) if isinstance(v, np.ndarray)}
         tensor_args = {i: _own_leaf(v) for i, v in enumerate(values) if isinstance(v, Tensor)}
         call = [arrays.get(i, tensor_args.get(i, v)) for i, v in enumerate(values)]
-        trace = _local.trace = _Trace()
+        trace = replay.local.trace = _Trace()
         state = lazy.local
         previous, state.recorder = state.recorder, trace.record
         state.host_read_hook = _host_read
@@ -471,7 +422,7 @@ class Compiled:
             trace.give_back()
             raise
         finally:
-            _local.trace = None
+            replay.local.trace = None
             state.recorder = previous
             state.host_read_hook = None
             state.traced_tapes = None
@@ -531,7 +482,7 @@ class Compiled:
             for capture in variants:
                 capture.free()
         self._captures.clear()
-        self._epoch = _epoch
+        self._epoch = replay.epoch()
 
 
 _compiled: weakref.WeakSet[Compiled] = weakref.WeakSet()

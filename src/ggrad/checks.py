@@ -22,7 +22,7 @@ import threading
 import numpy as np
 from ggml import ggml as G
 
-from . import capture, dtypes, lazy, runtime
+from . import dtypes, lazy, replay, runtime
 from .ops import F32, I32, compute, reshape
 from .runtime.critical import critical
 from .tensor import Tensor, read_checks
@@ -83,7 +83,7 @@ def bounded(index: Tensor, size: int, what: str, wrap: bool = False) -> Tensor:
         counter = _counter()
         counter._assign(Tensor._wrap(lazy.apply("add", (counter.node, errors), (1,))))
         _arm(what)
-        capture.on_replay(advance=functools.partial(_arm, what))
+        replay.on_replay(advance=functools.partial(_arm, what))
     return Tensor._wrap(lazy.apply("clamp_index", (index.node,), index.shape, index.dtype, arg))
 
 

@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from . import capture, dtypes
+from . import dtypes, replay
 from .functional.losses import rand_like
 from .random import generator
 from .tensor import Tensor, _shape_args, full, zeros_like
@@ -59,7 +59,7 @@ def empty_like(t: Tensor, dtype=None) -> Tensor:
 
 
 def _random(draw, size, dtype, device, requires_grad, what: str) -> Tensor:
-    capture.refuse(f"{what} draws on the host; a replay would reuse the first draw (use rand_like)")
+    replay.refuse(f"{what} draws on the host; a replay would reuse the first draw (use rand_like)")
     return Tensor(draw(_shape_args(size)), requires_grad=requires_grad, device=device,
                   dtype=dtypes.float32 if dtype is None else dtype)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import capture
+from . import replay
 
 _generator = np.random.default_rng()
 _device_seed = float(np.random.default_rng().integers(0, 1000))
@@ -18,7 +18,7 @@ def manual_seed(seed: int) -> None:
     _generator = np.random.default_rng(int(seed))
     _device_seed = float(np.random.default_rng(int(seed)).integers(0, 1000))
     _device_state = None
-    capture.invalidate()  # captured steps read the old device state
+    replay.invalidate()  # captured steps read the old device state
 
 
 def generator() -> np.random.Generator:

@@ -7,6 +7,9 @@ reach a builder), adds a lazy node, and -- inside a grad tape -- records its rul
 are written with these same operations, so the backward pass is more lazy nodes.
 """
 
+import sys
+
+from . import methods
 from ._core import broadcast_to, cast, reshape, sum_to
 from .attention import rotary_embedding, scaled_dot_product_attention
 from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, fold,
@@ -41,3 +44,7 @@ __all__ = [
     "sqrt", "square", "squeeze", "stack", "std", "step", "sub", "sum", "sum_to", "take",
     "take_along_last", "tanh", "topk", "transpose", "tril", "triu", "trunc", "unflatten", "unfold", "unsqueeze", "var", "where",
 ]
+
+# The Tensor methods these functions implement go onto Tensor now that they all exist
+# (the tensor layer below knows nothing of this one).
+methods.install(sys.modules[__name__])

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from .. import autograd, capture, checks, dtypes
+from .. import autograd, checks, dtypes, replay
 from ._core import Tensor, _apply, _as_tensor, _float, cast, full_like, reshape, tensor
 from .compare import where
 from .layout import _slice, _unstride, permute, unsqueeze
@@ -36,7 +36,7 @@ def checked_index(index: Tensor, size: int, what: str, of: str, wrap: bool = Fal
         if values.size and (values.min() < low or values.max() >= size):
             raise IndexError(f"{what} out of range for {size} {of} (min {values.min()}, max {values.max()})")
     check(host)
-    capture.on_input(index.node, check)
+    replay.on_input(index.node, check)
     return checks.wrapped(index, size) if wrap else index
 
 
@@ -148,7 +148,7 @@ def _is_array_index(ix) -> bool:
 def _mask_to_indices(mask, what: str) -> np.ndarray:
     """The positions where a bool mask holds, read on the host (see the module's note)."""
     if isinstance(mask, Tensor):
-        capture.refuse("boolean-mask indexing: the result's size depends on the mask's values")
+        replay.refuse("boolean-mask indexing: the result's size depends on the mask's values")
         host = mask.node.host
         values = dtypes.from_storage(host, dtypes.bool_) if host is not None and not mask.node.pending \
             else mask.numpy()

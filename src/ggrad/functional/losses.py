@@ -8,7 +8,7 @@ import math
 import numpy as np
 from ggml import ggml as G
 
-from .. import autograd, capture, checks, dtypes, runtime
+from .. import autograd, checks, dtypes, replay, runtime
 from ..ops import backend_kind, compute, contiguous_rows, once_per_graph, template
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
@@ -43,7 +43,7 @@ def dropout(x, p: float = 0.5, training: bool = True, rng: np.random.Generator |
     if not training or p == 0.0:
         return x
     if rng is not None:
-        capture.refuse("dropout with a host rng draws its mask on the host; a replay would reuse it")
+        replay.refuse("dropout with a host rng draws its mask on the host; a replay would reuse it")
         mask = tensor((rng.random(x.shape) >= p).astype(np.float32) / np.float32(1.0 - p))
     else:
         mask = affine(step(affine(rand_like(x), 1.0, -p)), 1.0 / (1.0 - p))
@@ -161,7 +161,7 @@ def _checked_on_host(target: Tensor, classes: int, ignore_index: int, what: str)
             if bad.any():
                 raise IndexError(f"{what}: class index out of range for {classes} classes (got {values[bad].flat[0]})")
         check(host)
-        capture.on_input(target.node, check)
+        replay.on_input(target.node, check)
     return host
 
 
@@ -328,7 +328,7 @@ def _check_probabilities(x: Tensor, name: str) -> None:
                                f"(got {values[bad].flat[0]})")
     if x.node.host is not None:
         check(x.node.host)
-    capture.on_input(x.node, check)
+    replay.on_input(x.node, check)
 
 
 def _bce_rule(w):
