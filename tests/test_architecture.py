@@ -104,14 +104,8 @@ def test_the_scanner_finds_circles_and_resolves_submodules():
     assert "ggrad.runtime.device" in edges  # `from .device import ...`
 
 
-# The circles left while issue 30 removes them: none may grow, and no new one may appear.
-KNOWN = [{"ggrad.functional._core", "ggrad.functional.compare", "ggrad.functional.elementwise",
-          "ggrad.functional.indexing", "ggrad.functional.layout", "ggrad.functional.reduce"},
-         {"ggrad.data.loader", "ggrad.data.workers"}]
-
-
 def test_no_module_imports_itself_around_a_circle():
     graph = import_graph()
-    found = [c for c in cycles(graph) if not any(set(c) <= known for known in KNOWN)]
+    found = cycles(graph)
     assert not found, "import circles:\n" + "\n".join(
         f"- {len(c)} modules: {' -> '.join(a_circle(c, graph))}\n  all: {', '.join(c)}" for c in found)

@@ -182,7 +182,9 @@ class DataLoader:
             yield _to_tensors(batch, self.pin_memory)
 
     def _worker_batches(self) -> Iterator:
-        workers = self._workers or _Workers(self)
+        workers = self._workers or _Workers(self.dataset, self._fetcher(), self.num_workers, self.prefetch_factor,
+                                            self.timeout, self.multiprocessing_context, self.generator,
+                                            self.worker_init_fn)
         if self.persistent_workers:
             self._workers = workers
         try:

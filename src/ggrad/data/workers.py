@@ -13,16 +13,13 @@ import types
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..random import generator as _global_generator, manual_seed
 from ..tensor import Tensor
 from .collate import _Fetcher
-
-if TYPE_CHECKING:
-    from .loader import DataLoader
 
 
 @dataclass(frozen=True)
@@ -193,20 +190,23 @@ class _Workers:
     k mod n (its shard); results are read as they arrive and kept until their turn, so at
     most `prefetch_factor` batches per worker are ahead in flight or in host memory."""
 
-    def __init__(self, loader: DataLoader) -> None:
-        context = loader.multiprocessing_context
+    def __init__(self, dataset, fetcher: _Fetcher, count: int, prefetch_factor: int, timeout: float,
+                 context=None, generator: np.random.Generator | None = None,
+                 worker_init_fn: Callable | None = None) -> None:
+        """`count` workers over `dataset`, each making batches with `fetcher`; the rest
+        has DataLoader's meaning (the loader passes its own)."""
         if context is None or isinstance(context, str):
             context = multiprocessing.get_context(context)
-        _refuse_device_tensors(loader.dataset, context)
+        _refuse_device_tensors(dataset, context)
         # spawn() leaves the generator's stream alone: the shuffle is the same with and without workers
-        base_seed = int((loader.generator or _global_generator()).spawn(1)[0].integers(2**62))
-        self.timeout, self.ahead = loader.timeout, loader.num_workers * loader.prefetch_factor
+        base_seed = int((generator or _global_generator()).spawn(1)[0].integers(2**62))
+        self.timeout, self.ahead = timeout, count * prefetch_factor
         self.conns, self.processes, self.epoch = [], [], 0
-        for i in range(loader.num_workers):
+        for i in range(count):
             mine, theirs = context.Pipe()
-            info = WorkerInfo(i, loader.num_workers, base_seed + i, loader.dataset)
+            info = WorkerInfo(i, count, base_seed + i, dataset)
             process = context.Process(target=_worker_loop, daemon=True, name=f"DataLoader worker {i}",
-                                      args=(theirs, loader._fetcher(), info, loader.worker_init_fn))
+                                      args=(theirs, fetcher, info, worker_init_fn))
             process.start()
             theirs.close()
             self.conns.append(mine)

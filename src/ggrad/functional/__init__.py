@@ -14,19 +14,20 @@ from ._core import broadcast_to, cast, reshape, sum_to
 from .attention import rotary_embedding, scaled_dot_product_attention
 from .conv import (adaptive_avg_pool2d, avg_pool1d, avg_pool2d, conv1d, conv2d, conv_transpose2d, fold,
                    interpolate, max_pool1d, max_pool2d, unfold, unfold_windows)
-from .compare import (all, any, eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
+from .compare import (eq, ge, gt, isfinite, isinf, isnan, le, logical_and, logical_not,
                       logical_or, logical_xor, lt, masked_fill, ne, tril, triu, where)
 from .elementwise import (abs, add, addcdiv, addcmul, affine, ceil, clamp, cos, div, exp, floor, floor_divide, gelu, leaky_relu,
                           log, maximum, minimum, mul, neg, pow, relu, remainder, round, scale, sigmoid,
                           sign, silu, sin, sqrt, square, step, sub, tanh, trunc)
 from .indexing import embedding, fill, gather, getitem, one_hot, setitem, take
-from .layout import (bilinear, cat, chunk, concat, einsum, expand, flatten, linear, matmul, matmul_nt, movedim, narrow, pad,
+from .einsum import einsum
+from .layout import (bilinear, cat, chunk, concat, expand, flatten, linear, matmul, matmul_nt, movedim, narrow, pad,
                      permute, pixel_shuffle, pixel_unshuffle, repeat, split, squeeze, stack, transpose, unflatten,
                      unsqueeze)
 from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, dropout, huber_loss,
                      kl_div, l1_loss, mse_loss, nll_loss, rand_like, smooth_l1_loss)
 from .normalization import batch_norm, group_norm, instance_norm, layer_norm
-from .reduce import (amax, amin, argmax, argmin, argsort, cumsum, log_softmax, logsumexp, max, mean, min,
+from .reduce import (all, amax, amin, any, argmax, argmin, argsort, cumsum, log_softmax, logsumexp, max, mean, min,
                      norm, one_hot_argmax, softmax, sort, std, sum, take_along_last, topk, var)
 from .sampling import multinomial
 

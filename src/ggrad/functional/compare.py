@@ -13,7 +13,6 @@ import numpy as np
 from .. import dtypes
 from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _constant, _is_scalar, broadcast_shape, cast, full_like,
                     result_type, sum_to)
-from .reduce import sum
 
 BOOL = dtypes.bool_
 
@@ -126,16 +125,6 @@ def isinf(x) -> Tensor:
 
 def isfinite(x) -> Tensor:
     return _classify("finite", x)
-
-
-def any(x, dim=None, keepdim: bool = False) -> Tensor:
-    """Whether any element (along `dim`) is nonzero; a bool tensor."""
-    return gt(sum(cast(_as_bool(x), F32), dim, keepdim), 0)
-
-
-def all(x, dim=None, keepdim: bool = False) -> Tensor:
-    x = _as_bool(x)
-    return eq(sum(cast(logical_not(x), F32), dim, keepdim), 0)
 
 
 def where(condition, a, b) -> Tensor:

@@ -8,11 +8,13 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
-from .. import autograd, dtypes, ops
+from .. import autograd, dtypes, ops, runtime
 from ..ops import compute
 from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, cast, full_like, reshape
-from .elementwise import _with_rule, affine, exp, log
-from .layout import permute, transpose
+from .compare import _as_bool as as_bool, eq, gt, isinf, isnan, logical_not, ne, where
+from .elementwise import _with_rule, abs, affine, exp, log, pow, sign
+from .indexing import checked_index
+from .layout import narrow, permute, transpose
 
 
 # ---- reductions (torch's dim=/keepdim=, numpy's axis=/keepdims= alike) ---------------------
@@ -103,7 +105,6 @@ def _sqrt_zero_grad(v: Tensor) -> Tensor:
     """sqrt whose gradient is 0 where the result is 0 (not inf * 0 = NaN): torch's rule
     for std and the 2-norm."""
     def rule(ctx, g):
-        from .compare import eq, where
         out = _out(ctx)
         return (where(eq(out, 0.0), 0.0, affine(g / out, 0.5)),)
     return _apply("sqrt", (v,), v.shape, rule, dtype=v.dtype)
@@ -113,7 +114,6 @@ def norm(x, p=2, dim=None, keepdim: bool = False) -> Tensor:
     """The vector p-norm over `dim` (all elements by default): p = 2, 1, inf, -inf, 0 (the
     count of nonzeros) or any other positive number; gradients as torch's (0 where the
     norm is 0, shared between ties for +-inf)."""
-    from .elementwise import abs, pow
     x = _float(_as_tensor(x), "norm")
     if p == "fro":
         p = 2
@@ -130,7 +130,6 @@ def norm(x, p=2, dim=None, keepdim: bool = False) -> Tensor:
         raise ValueError(f"norm: p must be positive, 0, 'fro' or +-inf, got {p}")
     with autograd.no_grad():
         if p == 0:
-            from .compare import ne
             out = sum(cast(ne(x, 0.0), x.dtype), dim, keepdim)
         else:
             out = pow(sum(pow(abs(x), p), dim, keepdim), 1.0 / p)
@@ -141,8 +140,6 @@ def norm(x, p=2, dim=None, keepdim: bool = False) -> Tensor:
     kept = tuple(1 if i in _reduce_axes(x, dim) else n for i, n in enumerate(x.shape))
 
     def rule(ctx, g):  # torch's norm_backward for other p
-        from .compare import eq, where
-        from .elementwise import sign
         v, n = x.detach(), reshape(_out(ctx), kept)
         g = reshape(g, kept)
         if p < 1:
@@ -209,7 +206,6 @@ def _one_hot(index: Tensor, n: int) -> Tensor:
 def _to_index_rule(ctx, g):
     """torch's max(dim) gradient: all of it to the element the index points at, and
     exact zeros elsewhere (a product with the one-hot row spread a NaN g over the row)."""
-    from .compare import where
     rows, index = ctx.parents
     hot = cast(_one_hot(reshape(index, (rows.shape[0],)), rows.shape[1]), dtypes.bool_)
     return where(hot, g, 0.0), None
@@ -220,7 +216,6 @@ def _shared_rule(nan_ties: bool):
     NaN elements) and of amax / amin (a NaN result gives NaN gradients): shared evenly
     between the elements equal to the result."""
     def rule(ctx, g):
-        from .compare import eq, isnan, where
         rows, out = ctx.parents[0].detach(), _out(ctx)
         ties = eq(rows, out)
         if nan_ties:
@@ -256,7 +251,6 @@ def max(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tens
     x = _as_tensor(x)
     dim, keepdim = _dims(dim, axis), _keep(keepdim, keepdims)
     if x.dtype is dtypes.bool_:
-        from .compare import any
         return any(x, dim, keepdim)
     if dim is None:
         return _reduce_extreme(x, None, keepdim, _shared_rule(nan_ties=True))
@@ -268,7 +262,6 @@ def max(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tens
 def min(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
     x = _as_tensor(x)
     if x.dtype is dtypes.bool_:
-        from .compare import all
         return all(x, _dims(dim, axis), _keep(keepdim, keepdims))
     return -max(-x, dim, keepdim, axis=axis, keepdims=keepdims)
 
@@ -278,7 +271,6 @@ def amax(x, dim=(), keepdim: bool = False) -> Tensor:
     the gradient is shared between the ties (NaN gradients for a NaN result), as torch's."""
     x = _as_tensor(x)
     if x.dtype is dtypes.bool_:
-        from .compare import any
         return any(x, None if dim in ((), None) else dim, keepdim)
     return _reduce_extreme(x, None if dim in ((), None) else dim, keepdim, _shared_rule(nan_ties=False))
 
@@ -286,7 +278,6 @@ def amax(x, dim=(), keepdim: bool = False) -> Tensor:
 def amin(x, dim=(), keepdim: bool = False) -> Tensor:
     x = _as_tensor(x)
     if x.dtype is dtypes.bool_:
-        from .compare import all
         return all(x, None if dim in ((), None) else dim, keepdim)
     return -amax(-x, dim, keepdim)
 
@@ -356,7 +347,6 @@ def topk(x, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
     values, index = sort(x, a, descending=largest)
     if k == x.shape[a]:
         return values, index
-    from .layout import narrow
     return narrow(values, a, 0, k), narrow(index, a, 0, k)
 
 
@@ -366,7 +356,6 @@ def take_along_last(x, index) -> Tensor:
     into the picked places. Indices must lie in [0, n): known on the host, a bad one raises
     IndexError now; computed on the device, they are read clamped into range and a bad
     one raises IndexError at the next host read (checks.py)."""
-    from .indexing import checked_index
     x, index = _as_tensor(x), _as_tensor(index)
     if index.dtype.category != dtypes.int32.category:
         raise TypeError(f"take_along_last needs an integer index, got {index.dtype}")
@@ -386,7 +375,6 @@ def _take_last(x: Tensor, index: Tensor) -> Tensor:
     def rule(ctx, g):
         """Each pick's gradient to its element, exact zeros elsewhere (a product with the
         one-hot rows spread a NaN over the whole row; torch scatters)."""
-        from .compare import where
         src, ix = ctx.parents
         k, n = g.shape[-1], src.shape[-1]
         hot = reshape(cast(_one_hot(ix, n), dtypes.bool_), (rows, k, n))
@@ -397,7 +385,6 @@ def _take_last(x: Tensor, index: Tensor) -> Tensor:
 def logsumexp(x, dim: int = -1, keepdim: bool = False, *, axis=None, keepdims=None) -> Tensor:
     """log(sum(exp(x))) along `dim`, stable, as torch's: the shift by the maximum is 0 where
     that is infinite (all -inf gives -inf, an inf gives inf); gradient exp(x - result)."""
-    from .compare import isinf, where
     x = _as_tensor(x)
     axis, keepdims = (dim if axis is None else axis), _keep(keepdim, keepdims)
     with autograd.no_grad():
@@ -449,7 +436,6 @@ def _argmax_first(ctx, s, node):
         score_j = (n - j) * (1 - below_j) + 2n * isnan(x_j),
     with below_j = [x_j < m] - [x_j > m] (0 where x_j = m or x_j - m is NaN), has one
     largest entry, the wanted index, which every backend's ARGMAX finds."""
-    from .. import runtime
     n = s[0].contents.ne[0]
     rows = math.prod(node.shape)
     x = ops.reshape(ctx, s[0], (rows, n))
@@ -464,3 +450,13 @@ def _argmax_first(ctx, s, node):
     nan_bonus = G.ggml_scale_bias(ctx, ops._not_nan(ctx, x), -2.0 * n, 2.0 * n)
     score = G.ggml_add(ctx, G.ggml_sub(ctx, nan_bonus, j_minus_n), G.ggml_mul(ctx, below, j_minus_n))
     return ops.reshape(ctx, G.ggml_argmax(ctx, score), node.shape)
+
+
+def any(x, dim=None, keepdim: bool = False) -> Tensor:
+    """Whether any element (along `dim`) is nonzero; a bool tensor."""
+    return gt(sum(cast(as_bool(x), dtypes.float32), dim, keepdim), 0)
+
+
+def all(x, dim=None, keepdim: bool = False) -> Tensor:
+    x = as_bool(x)
+    return eq(sum(cast(logical_not(x), dtypes.float32), dim, keepdim), 0)

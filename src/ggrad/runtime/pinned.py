@@ -11,7 +11,6 @@ without pinned memory (the CPU, whose tensors are host memory already) has none:
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import numpy as np
