@@ -10,10 +10,12 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ..distributed import group
 from ..random import generator as _global_generator
 from ..tensor import Tensor, tensor
 from .collate import _Fetcher, _to_tensors, default_collate
 from .datasets import Dataset, IterableDataset, _host, _rng
+from .distributed import DistributedSampler
 from .samplers import BatchSampler, RandomSampler, SequentialSampler
 from .workers import _Workers
 
@@ -108,7 +110,6 @@ class DataLoader:
         self.generator = _rng(generator, seed)
         self._workers: _Workers | None = None
         self._epoch: int | None = None  # the DistributedSampler's next epoch, when this loader made it
-        from ..distributed import DistributedSampler, group  # (the distributed layer sits above data)
         if sampler is None and batch_sampler is None and not isinstance(self.dataset, IterableDataset) \
                 and group.size_or_one() > 1:
             seed = seed if seed is not None else 0 if generator is None else int(generator.integers(2 ** 31))
@@ -146,10 +147,9 @@ class DataLoader:
         A loader that did not shard itself is returned as it is."""
         if self._epoch is None:
             return self
-        from ..distributed import get_rank, get_world_size
         share = copy.copy(self)
         share._epoch, share._workers = None, None
-        share.sampler = range(get_rank(), len(self.sampler.dataset), get_world_size())
+        share.sampler = range(group.get_rank(), len(self.sampler.dataset), group.get_world_size())
         if share.dataset is not None:
             share.batch_sampler = BatchSampler(share.sampler, self.batch_size, self.drop_last)
         return share

@@ -11,7 +11,7 @@ from .collectives import all_gather, all_reduce, all_reduce_coalesced, broadcast
 from .ddp import DistributedDataParallel
 from .group import (barrier, destroy_process_group, get_backend, get_rank, get_world_size, init_process_group,
                     is_initialized, local_rank)
-from .sampler import DistributedSampler
+from ..data.distributed import DistributedSampler
 
 __all__ = ["DistributedDataParallel", "DistributedSampler", "all_gather", "all_reduce", "all_reduce_coalesced",
            "barrier", "broadcast", "destroy_process_group", "get_backend", "get_rank", "get_world_size",

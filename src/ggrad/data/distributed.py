@@ -1,4 +1,6 @@
-"""`DistributedSampler`: each rank its shard of a dataset, as torch's."""
+"""`DistributedSampler`: each rank its shard of a dataset, as torch's
+(torch.utils.data.distributed). It asks the process group (distributed/group.py, the
+lowest part of the distributed layer) for the ranks."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data.samplers import Sampler
-from . import group
+from ..distributed import group
+from .samplers import Sampler
 
 
 class DistributedSampler(Sampler):
