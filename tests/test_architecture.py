@@ -109,3 +109,35 @@ def test_no_module_imports_itself_around_a_circle():
     found = cycles(graph)
     assert not found, "import circles:\n" + "\n".join(
         f"- {len(c)} modules: {' -> '.join(a_circle(c, graph))}\n  all: {', '.join(c)}" for c in found)
+
+
+# docs/architecture.md's layers, bottom first (a module's layer: the longest prefix listed)
+LAYERS = [
+    ["ggrad.runtime", "ggrad.accelerator", "ggrad.backends", "ggrad.torch_checkpoint"],
+    ["ggrad.lazy", "ggrad.dtypes", "ggrad.replay", "ggrad.anomaly"],
+    ["ggrad.autograd", "ggrad.ops"],
+    ["ggrad.tensor", "ggrad.random", "ggrad.checks", "ggrad.capture", "ggrad.gradcheck"],
+    ["ggrad.functional"],
+    ["ggrad.nn", "ggrad.optim", "ggrad.amp", "ggrad.cuda", "ggrad.models", "ggrad.creation"],
+    ["ggrad.train", "ggrad.io", "ggrad.gguf", "ggrad.data", "ggrad.distributed", "ggrad.utils", "ggrad.sklearn",
+     "ggrad.__main__"],
+]
+
+
+def layer_of(module: str) -> int | None:
+    found = [(len(prefix), i) for i, layer in enumerate(LAYERS) for prefix in layer
+             if module == prefix or module.startswith(prefix + ".")]
+    return max(found)[1] if found else None
+
+
+def test_every_import_runs_down_the_layers():
+    """No module imports one of a higher layer (a package's __init__ re-exports, and the
+    package root, which gathers the public names, aside)."""
+    modules = module_names()
+    inits = {m for m, path in modules.items() if path.name == "__init__.py"}
+    unplaced = sorted(m for m in modules if m != "ggrad" and layer_of(m) is None)
+    assert not unplaced, f"modules in no layer of docs/architecture.md: {unplaced}"
+    upward = [f"{m} (layer {layer_of(m)}) imports {d} (layer {layer_of(d)})"
+              for m, deps in import_graph().items() if m not in inits
+              for d in deps if d != "ggrad" and layer_of(d) > layer_of(m)]
+    assert not upward, "imports that run up:\n" + "\n".join(upward)

@@ -5,7 +5,7 @@ are kept and read back without effect."""
 
 from __future__ import annotations
 
-from .runtime import precision
+from .runtime import devices, precision
 
 
 class _TF32Switch:
@@ -30,8 +30,8 @@ class _Cuda:
 
     @staticmethod
     def is_built() -> bool:
-        from . import cuda as ggrad_cuda
-        return ggrad_cuda.is_available()
+        """Whether this ggml build sees a CUDA device (ggrad.cuda.is_available)."""
+        return any(d.kind == "cuda" for d in devices())
 
 
 class _Cudnn(_TF32Switch):
