@@ -22,7 +22,7 @@ from .. import dtypes, lazy, ops, runtime
 from ..runtime import kernels, launch
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
-from ._core import _apply, _as_tensor, _constant, _float, cast, reshape
+from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape
 from .layout import concat, matmul, matmul_nt, narrow, pad, permute
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
@@ -300,6 +300,12 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         return _finish(y, bias, unbatched, "conv2d")
     columns = _windows(x, (kh, kw), stride, pads, dilation)
     _, oh, ow, width = columns.shape
+    if groups == 1 and n > 1 and x.dtype is dtypes.float32 and kernels.supported(runtime.current().backend, kernels.GEMM):
+        # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
+        # columns' gradient comes out in their own layout too): no transposed copies
+        flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
+        y = matmul_nt(flat, reshape(columns, (n, oh * ow, width)))
+        return _finish(reshape(y, (n, oc, oh, ow)), bias, unbatched, "conv2d")
     y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
     return _finish(permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2)), bias, unbatched, "conv2d")
 
