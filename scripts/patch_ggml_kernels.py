@@ -22,7 +22,8 @@
   ADD/SUB/MUL/DIV with one value per row run one loop per row (ggml called its row loop
   once per element); the cross_entropy kernels use ggml's vectorised exp; torch's max
   pooling and its gradient are one node each (NaN, padding, dilation as torch's kernel:
-  thirteen nodes made ggml's POOL_2D torch's at the edges).
+  thirteen nodes made ggml's POOL_2D torch's at the edges); a convolution's columns in
+  torch's unfold layout (a row per tap: strided copies of input rows) and their adjoint.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -41,7 +42,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 16
+KERNELS_VERSION = 17
 
 
 VULKAN_DISPATCH = """
@@ -309,12 +310,15 @@ def patch(tree: Path) -> None:
          "                    op->src[0]->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32) ||\n"
          "                   (ggml_get_op_params_i32(op, 0) == 9 && ggml_ggrad_cpu_adamw_group_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 10 || ggml_get_op_params_i32(op, 0) == 11) &&\n"
-         "                    ggml_ggrad_cpu_max_pool_supported(op));\n"
+         "                    ggml_ggrad_cpu_max_pool_supported(op)) ||\n"
+         "                   ((ggml_get_op_params_i32(op, 0) == 12 || ggml_get_op_params_i32(op, 0) == 13) &&\n"
+         "                    ggml_ggrad_cpu_columns_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
          "extern \"C\" bool ggml_ggrad_cpu_adamw_group_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [

@@ -3,6 +3,7 @@ the composed form it replaced, NaN, infinities and signed zeros included, on eve
 and the node budgets of compiled training steps, so a change cannot grow them silently."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -686,3 +687,53 @@ def test_max_pool_is_one_node_each_way(dev):
         assert counts.get("GGRAD", 0) == 2 and "POOL_2D" not in counts and "POOL_2D_BACK" not in counts, counts
     else:
         assert counts.get("POOL_2D", 0) >= 1, counts
+
+
+needs_columns_kernel = pytest.mark.skipif(kernels.version() < 17, reason="ggml built without ggrad's columns kernels")
+
+
+@needs_columns_kernel
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 0, 1), (2, 1, 1), ((1, 2), (2, 1), (2, 1)), (1, "same", 1),
+                                                     (3, 2, 2)])
+def test_convolution_columns_kernels_equal_torch_and_the_composed_form(dev, stride, padding, dilation, monkeypatch):
+    """conv2d's forward and its three gradients through ggrad's columns kernels (the CPU)
+    equal torch's, and the composed path (ggml's IM2COL, other backends), padding, stride
+    and dilation included; the step makes no IM2COL and no transposed copy."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 4, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((5, 4, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+
+    def run():
+        xs, ws, bs = (ggrad.tensor(a, requires_grad=True) for a in (x, w, b))
+        with ggrad.grad_tape():
+            y = F.conv2d(xs, ws, bs, stride, padding, dilation)
+            (y * y).sum().backward()
+        return [t.numpy() for t in (y, xs.grad, ws.grad, bs.grad)]
+
+    ours = run()
+    xt, wt, bt = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    with warnings.catch_warnings():  # torch's note that its own "same" padding copies the input
+        warnings.simplefilter("ignore", UserWarning)
+        yt = torch.nn.functional.conv2d(xt, wt, bt, stride, padding, dilation)
+    (yt * yt).sum().backward()
+    for a, t in zip(ours, (yt, xt.grad, wt.grad, bt.grad)):
+        np.testing.assert_allclose(a, t.detach().numpy(), rtol=2e-5, atol=2e-4)
+    supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in (kernels.COLUMNS, kernels.COLUMNS_BACK)
+                        and supported(backend, k))
+    for a, c in zip(ours, run()):
+        np.testing.assert_allclose(a, c, rtol=2e-5, atol=2e-4)
+
+
+@needs_columns_kernel
+def test_a_convolution_step_has_no_im2col_and_no_transposed_copy(dev):
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 7 * 7, 10))
+    rng = np.random.default_rng(0)
+    counts = _compiled_step_nodes(model, rng.standard_normal((4, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 4))
+    if kernels.supported(ggrad.runtime.current().backend, kernels.COLUMNS):
+        assert not {"IM2COL", "IM2COL_BACK", "CONT"} & set(counts), counts
+    else:
+        assert counts.get("IM2COL", 0) >= 2, counts

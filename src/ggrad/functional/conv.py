@@ -236,6 +236,37 @@ def _windows(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tup
     return unfold_windows(x, kernel, stride, (top, left), dilation)
 
 
+def _columns(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple, out: tuple) -> Tensor:
+    """A convolution's columns in torch's unfold layout, (N, C*KH*KW, OH*OW): ggrad's CPU
+    kernel (a row per tap, copied from input rows), with its adjoint as the gradient."""
+    (top, bottom), (left, right) = pads
+    if top != bottom or left != right:
+        x = pad(x, (left, right, top, bottom))
+        top = left = 0
+    n, c = x.shape[:2]
+    geometry = (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
+    return _apply("columns", (x,), (n, c * kernel[0] * kernel[1], out[0] * out[1]), _columns_rule, geometry, x.dtype)
+
+
+def _columns_rule(ctx, g):
+    return (_apply("columns_back", (g,), ctx.parents[0].shape, None, ctx.arg, g.dtype),)
+
+
+@compute("columns")
+def _columns_kernel(ctx, s, node):
+    x = ops.contiguous(ctx, s[0])
+    n, taps, pixels = node.shape
+    return ops.reshape(ctx, kernels.op(ctx, kernels.COLUMNS, (pixels, taps * n), [x], list(node.arg)), node.shape)
+
+
+@compute("columns_back")
+def _columns_back_kernel(ctx, s, node):
+    g = ops.contiguous(ctx, s[0])
+    n, c, h, w = node.shape
+    image = ops.template(ctx, node.shape)  # only its sizes are read
+    return ops.reshape(ctx, kernels.op(ctx, kernels.COLUMNS_BACK, (w * h, c * n), [g, image], list(node.arg)), node.shape)
+
+
 def _grouped_product(columns: Tensor, weight: Tensor, groups: int) -> Tensor:
     """(P, G*K) columns times a (G*O, K) weight, group by group -> (P, G*O)."""
     rows, width = columns.shape
@@ -298,14 +329,18 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         y = concat([conv2d(narrow(x, 0, first, count), weight, None, stride, padding, dilation, groups)
                     for first, count in parts], 0)
         return _finish(y, bias, unbatched, "conv2d")
-    columns = _windows(x, (kh, kw), stride, pads, dilation)
-    _, oh, ow, width = columns.shape
-    if groups == 1 and n > 1 and x.dtype is dtypes.float32 and kernels.supported(runtime.current().backend, kernels.GEMM):
+    if groups == 1 and n > 1 and min(oh, ow) > 0 and x.dtype is dtypes.float32 and \
+            kernels.supported(runtime.current().backend, kernels.GEMM):
         # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies
-        flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
-        y = matmul_nt(flat, reshape(columns, (n, oh * ow, width)))
+        flat = broadcast_to(reshape(weight, (1, oc, c * kh * kw)), (n, oc, c * kh * kw))
+        if kernels.supported(runtime.current().backend, kernels.COLUMNS):
+            y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
+        else:
+            y = matmul_nt(flat, reshape(_windows(x, (kh, kw), stride, pads, dilation), (n, oh * ow, c * kh * kw)))
         return _finish(reshape(y, (n, oc, oh, ow)), bias, unbatched, "conv2d")
+    columns = _windows(x, (kh, kw), stride, pads, dilation)
+    _, oh, ow, width = columns.shape
     y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
     return _finish(permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2)), bias, unbatched, "conv2d")
 

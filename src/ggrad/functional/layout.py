@@ -94,6 +94,10 @@ def _product_grads(a: Tensor, b: Tensor, g: Tensor, arg: tuple) -> tuple:
         # not one per batch summed after (a REPEAT_BACK of batch x the weight's size)
         rows_g, rows_a = reshape(g, (-1, g.shape[-1])), reshape(a.detach(), (-1, a.shape[-1]))
         gb = _matmul_tn(rows_g, rows_a, arg)
+    elif b.requires_grad and _is_swap(b) and b.shape[:-2] == g.shape[:-2] == a.shape[:-2]:
+        # b is a transposed view (matmul's right operand): its source's gradient a^T @ g is
+        # made in the source's own layout, and the view's transpose of it undoes itself
+        gb = transpose(_matmul_tn(a.detach(), g, arg))
     elif b.requires_grad:
         gb = sum_to(_matmul_tn(g, a.detach(), arg), b.shape)
     return ga, gb
@@ -140,6 +144,10 @@ def permute(x, *axes) -> Tensor:
         raise ValueError(f"permute of a {x.ndim}-d tensor needs a permutation of its axes, got {axes}")
     if axes == tuple(range(x.ndim)):
         return x
+    node = x.node
+    if node.pending and node.op == "permute" and not x.requires_grad and \
+            tuple(node.arg[a] for a in axes) == tuple(range(x.ndim)):
+        return Tensor._wrap(node.srcs[0])  # undoes a permute no gradient passes through
     inverse = tuple(axes.index(i) for i in range(len(axes)))
     return _apply("permute", (x,), tuple(x.shape[a] for a in axes),
                   lambda ctx, g: (permute(g, inverse),), axes, x.dtype)

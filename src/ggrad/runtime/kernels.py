@@ -32,9 +32,11 @@ GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only
 ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu only)
 MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilation, out size -> (OW*OH, planes) (cpu only)
 MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes) (cpu only)
+COLUMNS = 12                  # x (W, H, C, N); as MAX_POOL -> a convolution's columns (OW*OH, C*KH*KW, N) (cpu only)
+COLUMNS_BACK = 13             # the columns' gradient; as COLUMNS -> (W, H, C, N) (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
-         MAX_POOL_BACK: 16}  # the kernel set's version that added each
+         MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -144,6 +146,10 @@ def _ask(dev_backend, kernel: int) -> bool:
             pool = [2, 2, 2, 2, 0, 0, 1, 1, 2, 1]
             node = op(ctx, kernel, (2, 1), [logits], pool) if kernel == MAX_POOL else \
                 op(ctx, kernel, (8, 1), [G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 1), logits], pool)
+        elif kernel in (COLUMNS, COLUMNS_BACK):  # 1x2 taps over one 4x2 plane
+            taps = [2, 1, 1, 1, 0, 0, 1, 1, 3, 2]
+            node = op(ctx, kernel, (6, 2), [logits], taps) if kernel == COLUMNS else \
+                op(ctx, kernel, (4, 2), [G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 6, 2), logits], taps)
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
