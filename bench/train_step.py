@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -53,6 +55,13 @@ def block(nn, dim=512, heads=8):
                                       norm_first=True)
 
 
+def resnet(nn):
+    """ResNet-18's layout for 32x32 RGB images (examples/resnet_cifar.py's builder)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from resnet_cifar import resnet as build
+    return build(nn)
+
+
 # name: (model of a torch.nn-like namespace, input shape of one sample, classes (None: the
 # loss is the mean square of the output, no labels), batch)
 MODELS = {
@@ -61,8 +70,15 @@ MODELS = {
     "mlp-large": (lambda nn: mlp(nn, [1024, 4096, 4096, 1024]), (1024,), 1024, 512),
     "cnn": (cnn, (1, 28, 28), 10, 128),
     "block": (block, (256, 512), None, 32),
+    "resnet": (resnet, (3, 32, 32), 10, 128),
 }
-HEAVY = ("mlp-large", "cnn", "block")  # half the steps per block
+HEAVY = ("mlp-large", "cnn", "block", "resnet")  # half the steps per block
+# Models whose losses after two Adam steps move by this much in PyTorch itself when its
+# input moves by one part in 1e7 (Adam's first updates are about lr * sign(g) for every
+# weight, so float32 rounding flips some of them; measured: resnet 2.4e-4, 2.8e-4 at steps
+# 2 and 3): the first loss, before any update, is checked at the usual tolerance, the
+# later ones at this one.
+CHAOTIC = {"resnet": 1e-3}
 AMP = {"none": None, "bf16": "bfloat16", "f16": "float16"}
 CHECKED = 3  # steps whose losses are compared (forward, gradients and Adam) before the timing
 
@@ -274,12 +290,15 @@ def main() -> None:
                 first[("torch", tag)] = [float(runners[("torch", tag)][0](i).item()) for i in range(CHECKED)]
         reference = np.array(first[("torch", "eager")])
         tol = 2e-2 if args.amp != "none" else 1e-4 if args.precision == "highest" else 1e-2
+        later = max(tol, CHAOTIC.get(name, tol))  # the losses after the first update
         for tag, _ in ours:
-            rel = float(np.max(np.abs(np.array(first[("ggrad", tag)]) - reference) / np.abs(reference)))
+            rels = np.abs(np.array(first[("ggrad", tag)]) - reference) / np.abs(reference)
+            ok = rels[0] <= tol and rels.max() <= later
+            bound = f"tolerance {tol:g}" + (f", {later:g} after the first update (CHAOTIC)" if later > tol else "")
             notes.append(f"{label}, amp {args.amp}, precision {args.precision}: losses of steps 1-{CHECKED} "
                          f"ggrad {tag} {', '.join(f'{v:.7g}' for v in first[('ggrad', tag)])}; PyTorch eager "
-                         f"{', '.join(f'{v:.7g}' for v in reference)}; largest relative difference {rel:.1e} "
-                         f"({'ok' if rel <= tol else 'MISMATCH'}: tolerance {tol:g})")
+                         f"{', '.join(f'{v:.7g}' for v in reference)}; largest relative difference {rels.max():.1e} "
+                         f"({'ok' if ok else 'MISMATCH'}: {bound})")
         ms = time_interleaved(runners, steps, args.blocks, args.warmup)
         for (side, their_tag) in runners:
             if side != "torch":

@@ -386,6 +386,25 @@ def test_cosine_annealing():
     assert got == pytest.approx(want)
 
 
+def test_one_cycle_steps_as_far_as_torchs_and_no_further():
+    """torch lets a OneCycleLR step total_steps times (one optimizer step each, the last
+    lr extrapolated by its annealing) and raises at the next step; ggrad alike."""
+    torch = pytest.importorskip("torch")
+    ours = lr_scheduler.OneCycleLR(SGD([ggrad.param(np.zeros(1, np.float32))], lr=0.1), max_lr=0.1, total_steps=4)
+    p = torch.nn.Parameter(torch.zeros(1))
+    theirs = torch.optim.lr_scheduler.OneCycleLR(torch.optim.SGD([p], lr=0.1), max_lr=0.1, total_steps=4)
+    for _ in range(4):
+        ours.step()
+        theirs.optimizer.step()
+        theirs.step()
+        assert ours.get_last_lr() == pytest.approx(theirs.get_last_lr(), rel=1e-12)
+    theirs.optimizer.step()
+    with pytest.raises(ValueError, match="Tried to step 5 times"):
+        theirs.step()
+    with pytest.raises(ValueError, match="Tried to step 5 times"):
+        ours.step()
+
+
 def test_cosine_warm_restarts():
     got = lrs(lambda o: lr_scheduler.CosineAnnealingWarmRestarts(o, T_0=2, T_mult=2), 7)
     cycle = [(0, 2), (1, 2), (0, 4), (1, 4), (2, 4), (3, 4), (0, 8), (1, 8)]

@@ -477,8 +477,8 @@ class OneCycleLR(LRScheduler):
         return (end - start) * pct + start
 
     def lr_at(self, epoch, base_lr):
-        if epoch >= self.total_steps:
-            raise ValueError(f"OneCycleLR stepped {epoch + 1} times, more than total_steps={self.total_steps}")
+        if epoch > self.total_steps:  # torch's bound: a step to total_steps itself is allowed
+            raise ValueError(f"Tried to step {epoch} times. The specified number of total steps is {self.total_steps}")
         start_step = 0.0
         for i, (end_step, start, end) in enumerate(self.phases):
             if epoch <= end_step or i == len(self.phases) - 1:
