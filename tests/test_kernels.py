@@ -466,7 +466,11 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # Issue 25's target for the MLP is 30: the CPU meets it (its GEMM adds the biases, its
 # Adam updates two parameters a node); Vulkan and CUDA lack those kernels. Lower them as
 # kernels land, never raise them silently.
-BUDGETS = {"mlp": {"cpu": 29, "vulkan": 45, "cuda": 35}, "block": {"cpu": 74, "vulkan": 106, "cuda": 125}}
+# The cnn's (bench/train_step.py's, 2026-12-05): the CPU has the pooling and columns
+# kernels; lavapipe composes (PAD 35, CONT 31, the pooling gradient through ARGMAX); CUDA's
+# is not measured yet and is held to Vulkan's count until a GPU run lowers it.
+BUDGETS = {"mlp": {"cpu": 29, "vulkan": 45, "cuda": 35}, "block": {"cpu": 74, "vulkan": 106, "cuda": 125},
+           "cnn": {"cpu": 42, "vulkan": 156, "cuda": 156}}
 
 
 def _budget(model: str) -> int:
@@ -491,6 +495,17 @@ def test_node_budget_of_a_compiled_transformer_block_step(dev):
     x = np.random.default_rng(0).standard_normal((2, 8, 32)).astype(np.float32)
     counts = _compiled_step_nodes(block, x)
     assert sum(counts.values()) <= _budget("block"), counts
+
+
+@needs_kernels
+def test_node_budget_of_a_compiled_cnn_step(dev):
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(64 * 12 * 12, 10))
+    rng = np.random.default_rng(0)
+    counts = _compiled_step_nodes(model, rng.standard_normal((4, 1, 28, 28)).astype(np.float32),
+                                  rng.integers(0, 10, 4))
+    assert sum(counts.values()) <= _budget("cnn"), counts
 
 
 needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 12, reason="ggml built without ggrad's GELU gradient kernel")
