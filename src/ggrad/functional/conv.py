@@ -329,10 +329,13 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         y = concat([conv2d(narrow(x, 0, first, count), weight, None, stride, padding, dilation, groups)
                     for first, count in parts], 0)
         return _finish(y, bias, unbatched, "conv2d")
-    if groups == 1 and n > 1 and min(oh, ow) > 0 and x.dtype is dtypes.float32 and \
+    if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
             kernels.supported(runtime.current().backend, kernels.GEMM):
         # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
-        # columns' gradient comes out in their own layout too): no transposed copies
+        # columns' gradient comes out in their own layout too): no transposed copies. The
+        # weight is repeated per image (and its gradient summed over them), so this is for
+        # layers with many pixels per channel; a deep layer (a ResNet's 512 channels of 4x4)
+        # takes the rows layout below, whose transposed copies are small there.
         flat = broadcast_to(reshape(weight, (1, oc, c * kh * kw)), (n, oc, c * kh * kw))
         if kernels.supported(runtime.current().backend, kernels.COLUMNS):
             y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
