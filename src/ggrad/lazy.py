@@ -238,15 +238,18 @@ def pending_reader(node: Node) -> bool:
         node in e.srcs for e in local.effects)
 
 
+def _wanted_values(state: _ThreadState):
+    """The pending values a tensor still holds (an effect's versions and failed values aside)."""
+    return (n for n in _pending_nodes(state) if n.pending and n.op not in (VERSION, FAILED) and n.wanted())
+
+
 def has_pending_work() -> bool:
-    return bool(local.stores) or bool(local.effects) or any(
-        n.pending and n.op not in (VERSION, FAILED) and n.wanted() for n in _pending_nodes(local))
+    return bool(local.stores) or bool(local.effects) or any(True for _ in _wanted_values(local))
 
 
 def pending_values() -> list[Node]:
     """The pending values still wanted, in recording order."""
-    return sorted([n for n in _pending_nodes(local) if n.pending and n.op not in (VERSION, FAILED) and n.wanted()],
-                  key=lambda n: n.seq)
+    return sorted(_wanted_values(local), key=lambda n: n.seq)
 
 
 EXACT_IN_FLOAT32 = 1 << 24  # integers this small survive the float32 an affine computes in

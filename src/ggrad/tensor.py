@@ -498,7 +498,8 @@ def full_like(t: Tensor, fill_value, dtype=None) -> Tensor:
 
 
 def axis_index(axis: int, ndim: int) -> int:
-    """`axis` (negative counts from the end) as an index into a shape of `ndim` axes."""
+    """`axis` (negative counts from the end) as an index into a shape of `ndim` axes (a
+    0-d tensor takes axis 0 and -1, as torch's); the functional layer's `_axis`."""
     if not isinstance(axis, numbers.Integral) or not -ndim <= axis < max(ndim, 1):
         raise ValueError(f"axis {axis} is out of range for a tensor of {ndim} dimensions")
     return int(axis) % max(ndim, 1)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..distributed import group
 from ..random import generator as _global_generator
-from ..tensor import Tensor, tensor
+from ..tensor import Tensor
 from .collate import _Fetcher, _to_tensors, default_collate
 from .datasets import Dataset, IterableDataset, _host, _rng
 from .distributed import DistributedSampler
@@ -162,7 +162,7 @@ class DataLoader:
             order = (self.generator or _global_generator()).permutation(n) if self.shuffle else np.arange(n)
         for i in range(len(self)):
             rows = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield tuple(tensor(a[rows]).pin_memory() if self.pin_memory else tensor(a[rows]) for a in self.arrays)
+            yield tuple(_to_tensors(a[rows], self.pin_memory) for a in self.arrays)
 
     def _fetcher(self) -> _Fetcher:
         return _Fetcher(self.dataset, self.collate_fn, self.batch_size, self.drop_last)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import anomaly, autograd, dtypes, lazy, ops  # noqa: F401  (ops registers the ggml builders)
 from ..dtypes import result_type
-from ..tensor import Tensor, full_like, tensor  # noqa: F401  (full_like: for the modules here)
+from ..tensor import Tensor, axis_index as _axis, full_like, tensor  # noqa: F401  (_axis, full_like: for the modules here)
 
 F32 = dtypes.float32
 
@@ -73,12 +73,6 @@ def _as_tensor(x, what: str = "operand") -> Tensor:
 
 def _is_scalar(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, Tensor)
-
-
-def _axis(axis: int, ndim: int) -> int:
-    if not isinstance(axis, numbers.Integral) or not -ndim <= axis < builtins.max(ndim, 1):
-        raise ValueError(f"axis {axis} is out of range for a tensor of {ndim} dimensions")
-    return int(axis) % builtins.max(ndim, 1)
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:

@@ -227,22 +227,25 @@ def _conv_padding(padding, kernel: tuple, dilation: tuple, stride: tuple) -> tup
     return tuple((int(p), int(p)) for p in pads)
 
 
-def _windows(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple) -> Tensor:
-    """unfold_windows with (before, after) padding: an uneven one is padded explicitly."""
+def _even_padding(x: Tensor, pads: tuple) -> tuple[Tensor, int, int]:
+    """`x` and the (top, left) padding left to the window op: an uneven (before, after)
+    padding is applied explicitly (then none is left)."""
     (top, bottom), (left, right) = pads
     if top != bottom or left != right:
-        x = pad(x, (left, right, top, bottom))
-        top = left = 0
+        return pad(x, (left, right, top, bottom)), 0, 0
+    return x, top, left
+
+
+def _windows(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple) -> Tensor:
+    """unfold_windows with (before, after) padding."""
+    x, top, left = _even_padding(x, pads)
     return unfold_windows(x, kernel, stride, (top, left), dilation)
 
 
 def _columns(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple, out: tuple) -> Tensor:
     """A convolution's columns in torch's unfold layout, (N, C*KH*KW, OH*OW): ggrad's CPU
     kernel (a row per tap, copied from input rows), with its adjoint as the gradient."""
-    (top, bottom), (left, right) = pads
-    if top != bottom or left != right:
-        x = pad(x, (left, right, top, bottom))
-        top = left = 0
+    x, top, left = _even_padding(x, pads)
     n, c = x.shape[:2]
     geometry = (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
     return _apply("columns", (x,), (n, c * kernel[0] * kernel[1], out[0] * out[1]), _columns_rule, geometry, x.dtype)
@@ -336,11 +339,12 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # weight is repeated per image (and its gradient summed over them), so this is for
         # layers with many pixels per channel; a deep layer (a ResNet's 512 channels of 4x4)
         # takes the rows layout below, whose transposed copies are small there.
-        flat = broadcast_to(reshape(weight, (1, oc, c * kh * kw)), (n, oc, c * kh * kw))
+        width = c * kh * kw
+        flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
         if kernels.supported(runtime.current().backend, kernels.COLUMNS):
             y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
         else:
-            y = matmul_nt(flat, reshape(_windows(x, (kh, kw), stride, pads, dilation), (n, oh * ow, c * kh * kw)))
+            y = matmul_nt(flat, reshape(_windows(x, (kh, kw), stride, pads, dilation), (n, oh * ow, width)))
         return _finish(reshape(y, (n, oc, oh, ow)), bias, unbatched, "conv2d")
     columns = _windows(x, (kh, kw), stride, pads, dilation)
     _, oh, ow, width = columns.shape

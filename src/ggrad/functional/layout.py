@@ -145,9 +145,12 @@ def permute(x, *axes) -> Tensor:
     if axes == tuple(range(x.ndim)):
         return x
     node = x.node
-    if node.pending and node.op == "permute" and not x.requires_grad and \
-            tuple(node.arg[a] for a in axes) == tuple(range(x.ndim)):
-        return Tensor._wrap(node.srcs[0])  # undoes a permute no gradient passes through
+    if node.pending and node.op == "permute" and tuple(node.arg[a] for a in axes) == tuple(range(x.ndim)):
+        # undoes a pending permute: its source itself (the recorded one, if it was recorded)
+        if x._ctx is not None:
+            return x._ctx.parents[0]
+        if not x.requires_grad:
+            return Tensor._wrap(node.srcs[0])
     inverse = tuple(axes.index(i) for i in range(len(axes)))
     return _apply("permute", (x,), tuple(x.shape[a] for a in axes),
                   lambda ctx, g: (permute(g, inverse),), axes, x.dtype)
@@ -175,12 +178,7 @@ def transpose(x, dim0: int = -2, dim1: int = -1) -> Tensor:
         d0, d1 = _axis(dim0, x.ndim), _axis(dim1, x.ndim)
         axes[d0], axes[d1] = axes[d1], axes[d0]
         axes = tuple(axes)
-    if x.node.pending and x.node.op == "permute" and x.node.arg == axes:  # a swap undoes itself
-        if x._ctx is not None:
-            return x._ctx.parents[0]
-        if not x.requires_grad:
-            return Tensor._wrap(x.node.srcs[0])
-    return permute(x, axes)
+    return permute(x, axes)  # (a swap of a swap undoes itself there)
 
 
 # ---- views of shape ------------------------------------------------------------------------
