@@ -23,7 +23,7 @@ case "$mode" in
     # keyed by the patches: a warm host may hold one built from older ones. The wheel (90 MB)
     # is too large to come back under $OUT: a call within 30 s of the last reuses it
     wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
-    ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+    ls $wheel/ggml_python-*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz $wheel > /tmp/build.log 2>&1 || { cp /tmp/build.log "$OUT/"; tail -30 /tmp/build.log; exit 1; }
     echo "cuda wheel ready after $(( $(date +%s) - t0 )) s"
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     ;;
@@ -52,6 +52,11 @@ bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --
   --models mlp-small mlp-mnist mlp-large $graph $blocks
 bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models block $graph $blocks
+# issue 28's rows: the 2-conv cnn and the ResNet-18 layout, against PyTorch eager and its
+# CUDA graph (fp32 "highest"), then the ResNet in bf16 autocast
+bench cnn 100 bench/train_step.py --device "$mode" --torch-device cuda --models cnn resnet $graph --blocks 3 --steps 10
+bench resnet-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
+  --models resnet $graph --blocks 3 --steps 10
 bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models mlp-mnist mlp-large $graph $blocks
 bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
