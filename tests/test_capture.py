@@ -617,8 +617,8 @@ def test_a_whole_iteration_of_micro_steps_is_captured_and_equals_eager(dev):
     (losses_e, params_e, _, _), (losses_c, params_c, iteration, counts) = runs
     assert iteration.reason is None and iteration.traces == 2 and iteration.captured == 2  # host and device batches
     assert losses_c == losses_e
-    for a, b in zip(params_e, params_c):
-        np.testing.assert_array_equal(a, b)
+    for i, (a, b) in enumerate(zip(params_e, params_c)):
+        np.testing.assert_array_equal(a, b, err_msg=f"parameter {i}")
     assert counts.dispatches == 4 and counts.crossings == 0  # one graph a call, the tracing one's included
 
 
