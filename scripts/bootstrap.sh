@@ -10,6 +10,8 @@
 #                                   the first GPU's, from nvidia-smi)
 #   GGML_NO_BUILD_ISOLATION=1       cuda: build with pip's --no-build-isolation (see
 #                                   scripts/build_cuda.sh)
+#   GGRAD_PORTABLE=1                vulkan, cpu: a wheel for any x86-64 machine (no
+#                                   -march=native), cached beside the native one
 set -euo pipefail
 shopt -s inherit_errexit
 
@@ -55,10 +57,11 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# Unpack one Debian package of another suite into DEST without touching the system:
+# Unpack Debian packages of another suite into DEST without touching the system:
 # a private sources list and apt state, `apt-get download`, `dpkg -x`.
+#   private_deb SUITE DEST PACKAGE...
 private_deb() {
-  local suite="$1" package="$2" dest="$3"
+  local suite="$1" dest="$2"; shift 2
   local work; work="$(mktemp -d)"
   local mirror
   mirror="$(grep -h '^URIs:' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1 | awk '{print $2}')"
@@ -68,9 +71,12 @@ private_deb() {
   local opts=(-oDir::Etc::SourceList="$work/sources.list" -oDir::Etc::SourceParts=/dev/null
               -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
   apt-get "${opts[@]}" update -qq >/dev/null 2>&1
-  (cd "$work" && apt-get "${opts[@]}" download -qq "$package/$suite" >/dev/null 2>&1)
-  mkdir -p "$dest"
-  dpkg -x "$work/${package}"_*.deb "$dest"
+  local package
+  for package in "$@"; do
+    (cd "$work" && apt-get "${opts[@]}" download -qq "$package/$suite" >/dev/null 2>&1)
+    mkdir -p "$dest"
+    dpkg -x "$work/${package}"_*.deb "$dest"
+  done
   rm -rf "$work"
 }
 
@@ -86,7 +92,7 @@ vulkan_include_dir() {
   if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
     log "fetching Debian 13 Vulkan headers into $dir"
     rm -rf "$dir"
-    private_deb trixie libvulkan-dev "$dir"
+    private_deb trixie "$dir" libvulkan-dev
   fi
   echo "$dir/usr/include"
 }
@@ -102,11 +108,46 @@ private_lavapipe() {
   [ -f "$dir/lvp_icd.json" ] && return
   log "fetching Mesa 25 lavapipe from bookworm-backports into $dir"
   rm -rf "$dir.tmp"
-  private_deb bookworm-backports mesa-vulkan-drivers "$dir.tmp/root"
+  private_deb bookworm-backports "$dir.tmp/root" mesa-vulkan-drivers
   local lib; lib="$(find "$dir.tmp/root" -name libvulkan_lvp.so | head -1)"
   lib="$dir${lib#"$dir.tmp"}"
   printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}\n' "$lib" >"$dir.tmp/lvp_icd.json"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"
+}
+
+# ggml-vulkan's cooperative-matrix shaders (a GPU's matrix cores: KHR_cooperative_matrix,
+# NV_cooperative_matrix2) need a glslc that knows the extensions; Debian 12's (shaderc
+# 2023.2) does not, and then every GPU reports "matrix cores: none" (issue 29). Debian 13's
+# glslc (2025.2) does, but needs glibc 2.38: it runs here under its own C library, unpacked
+# into a private folder with its libraries and called through that library's loader.
+# Prints the glslc to build with.
+coopmat_glslc() {
+  local probe; probe="$(mktemp --suffix=.comp)"
+  printf '#version 460\n#extension GL_KHR_cooperative_matrix : require\n#extension GL_NV_cooperative_matrix2 : require\nvoid main() {}\n' >"$probe"
+  if glslc -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" 2>/dev/null; then
+    rm -f "$probe"; command -v glslc; return
+  fi
+  local dir="$CACHE/glslc-trixie"
+  if [ ! -x "$dir/glslc" ]; then
+    log "fetching Debian 13's glslc (cooperative-matrix shaders) into $dir"
+    rm -rf "$dir.tmp"
+    private_deb trixie "$dir.tmp/root" glslc libshaderc1 libc6 libstdc++6 libgcc-s1
+    local loader libs
+    loader="$(find "$dir.tmp/root/usr/lib" -name 'ld-linux*.so.*' | head -1)"
+    libs="$(dirname "$loader")"
+    cat >"$dir.tmp/glslc" <<WRAPPER
+#!/bin/sh
+# Debian 13's glslc under its own C library (bootstrap.sh: coopmat_glslc)
+exec "$dir${loader#"$dir.tmp"}" --library-path "$dir${libs#"$dir.tmp"}" "$dir/root/usr/bin/glslc" "\$@"
+WRAPPER
+    chmod +x "$dir.tmp/glslc"
+    rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  fi
+  if ! "$dir/glslc" -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" >&2; then
+    log "Debian 13's glslc in $dir does not compile cooperative-matrix shaders"; rm -f "$probe"; exit 1
+  fi
+  rm -f "$probe"
+  echo "$dir/glslc"
 }
 
 # The CPU backend's speed, measured on bench/train_step.py's mlp-mnist step (2 cores):
@@ -115,6 +156,9 @@ private_lavapipe() {
 # from 0.9 to 0.13 ms per step; errno is never read).
 CPU_ARGS="-DGGML_LLAMAFILE=ON;-DCMAKE_C_FLAGS=-fno-math-errno;-DCMAKE_CXX_FLAGS=-fno-math-errno"
 FLAVOR_SUFFIX="llamafile-noerrno"
+# GGRAD_PORTABLE=1: a wheel for other x86-64 machines (the GPU host: bench/gpu/h200.sh),
+# without -march=native
+if [ "${GGRAD_PORTABLE:-0}" = 1 ]; then TARGET=portable; CPU_ARGS="$CPU_ARGS;-DGGML_NATIVE=OFF"; else TARGET=native; fi
 
 # Every wheel is built from ggml-python's sdist patched by scripts/patch_ggml_adamw.py
 # (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam) and
@@ -193,11 +237,12 @@ case "$BACKEND" in
     apt_install glslc libvulkan-dev spirv-headers mesa-vulkan-drivers vulkan-tools
     inc="$(vulkan_include_dir)"
     private_lavapipe
-    flavor="vulkan-native-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
-    wheels="$(build_wheel "$flavor" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc;$CPU_ARGS")"
+    glslc="$(coopmat_glslc)"
+    flavor="vulkan-$TARGET-coopmat-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
+    wheels="$(build_wheel "$flavor" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc;-DVulkan_GLSLC_EXECUTABLE=$glslc;$CPU_ARGS")"
     ;;
   cpu)
-    flavor="cpu-native-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
+    flavor="cpu-$TARGET-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
     wheels="$(build_wheel "$flavor" "$CPU_ARGS")"
     ;;
   *) log "unknown GGRAD_BACKEND=$BACKEND (auto, cuda, vulkan or cpu)"; exit 2 ;;

@@ -131,6 +131,20 @@ def run(args, **env):
 def test_info_command():
     proc = run(["-m", "ggrad", "info"])
     assert proc.returncode == 0 and "cpu" in proc.stdout and "ggml-python 0.0.45" in proc.stdout
+    vulkan = [d.name for d in ggrad.devices() if d.kind == "vulkan"]
+    assert proc.stdout.count("matrix cores: ") == len(vulkan)  # one line per Vulkan device
+
+
+def test_the_vulkan_build_carries_the_cooperative_matrix_shaders():
+    """Issue 29: bootstrap.sh builds ggml-vulkan with a glslc that knows the cooperative-
+    matrix extensions, so a GPU with matrix cores uses them (lavapipe reports none)."""
+    from ggrad.runtime import backend
+    features = backend.vulkan_shader_features()
+    if features is None:
+        pytest.skip("this ggml build has no Vulkan backend")
+    assert {"KHR_coopmat", "NV_coopmat2"} <= set(features)
+    for device in (d.name for d in ggrad.devices() if d.kind == "vulkan"):
+        assert backend.vulkan_traits(device)["matrix cores"] in ("none", "KHR_coopmat", "NV_coopmat2", "NV_coopmat2v")
 
 
 def test_demo_command_exits_zero(tmp_path):

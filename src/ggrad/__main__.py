@@ -11,6 +11,7 @@ def info() -> None:
     import logging
 
     import ggrad
+    from ggrad.runtime import backend
 
     logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")  # ggml's banner too
 
@@ -21,6 +22,14 @@ def info() -> None:
     for d in ggrad.devices():
         kind = "GPU" if d.is_gpu else ("CPU" if d.kind == "cpu" else "software")
         print(f"  {d.name:10s} {kind:8s} {d.memory_total / 2**30:7.1f} GiB  {d.description}")
+        traits = backend.vulkan_traits(d.name)
+        if traits:
+            print(f"             matrix cores: {traits.get('matrix cores', '?')}; fp16: {traits.get('fp16', '?')}; "
+                  f"bf16: {traits.get('bf16', '?')}; int dot: {traits.get('int dot', '?')}")
+    features = backend.vulkan_shader_features()
+    if features is not None:
+        print(f"Vulkan shaders built with: {', '.join(features) or 'no optional features'} "
+              f"(of {', '.join(backend.SHADER_FEATURES)})")
     print(f"default device: {ggrad.get_device()}; gpu available: {ggrad.gpu_available()}")
 
 

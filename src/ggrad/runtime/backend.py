@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -26,12 +27,22 @@ _LEVELS = {G.GGML_LOG_LEVEL_DEBUG: logging.DEBUG, G.GGML_LOG_LEVEL_INFO: logging
 _last_level = [logging.DEBUG]  # GGML_LOG_LEVEL_CONT continues the previous message's level
 
 
+# ggml-vulkan says what each device can do only in its banner ("ggml_vulkan: 0 = NAME |
+# uma: 0 | fp16: 1 | ... | matrix cores: KHR_coopmat"): kept per device index
+_VULKAN_BANNER = re.compile(r"ggml_vulkan: (\d+) = .*?((?: \| [^|:]+: [^|]+)+)$")
+_vulkan_traits: dict[int, dict[str, str]] = {}
+
+
 @G.ggml_log_callback
 def _to_logger(level: int, text: bytes, user_data) -> None:
     if level != G.GGML_LOG_LEVEL_CONT:
         _last_level[0] = _LEVELS.get(level, logging.INFO)
     message = text.decode("utf-8", "replace").rstrip("\n") if text else ""
     if message:
+        banner = _VULKAN_BANNER.match(message)
+        if banner:
+            pairs = (field.split(":", 1) for field in banner.group(2).split(" | ") if field)
+            _vulkan_traits[int(banner.group(1))] = {k.strip(): v.strip() for k, v in pairs}
         log.log(_last_level[0], message)
 
 
@@ -242,6 +253,30 @@ def _discover() -> dict[str, tuple[DeviceInfo, int]]:
                                   G.ggml_backend_dev_name(dev).decode()), dev)
     _registry = found
     return found
+
+
+def vulkan_traits(name: str) -> dict[str, str]:
+    """What ggml-vulkan reported for a device ("vulkan:0"): fp16, bf16, warp size, shared
+    memory, int dot, matrix cores ("none", "KHR_coopmat", "NV_coopmat2"); {} where it said
+    nothing. A device's matrix cores are used only where the build has their shaders
+    (vulkan_shader_features)."""
+    _discover()
+    return dict(_vulkan_traits.get(int(name.split(":")[1]), {})) if name.startswith("vulkan:") else {}
+
+
+# A shader the Vulkan build carries for each optional feature (ggml-vulkan compiles each
+# variant only where the glslc it was built with knows the extension)
+SHADER_FEATURES = {"KHR_coopmat": "matmul_f32_f32_cm1_data", "NV_coopmat2": "matmul_f16_cm2_data",
+                    "integer dot": "matmul_q4_0_q8_1_data"}
+
+
+def vulkan_shader_features() -> list[str] | None:
+    """The optional shader families the Vulkan library was built with; None without one."""
+    lib = os.path.join(os.path.dirname(G.__file__), "lib", "libggml-vulkan.so")
+    if not os.path.exists(lib):
+        return None
+    vulkan = ctypes.CDLL(lib)
+    return [feature for feature, symbol in SHADER_FEATURES.items() if hasattr(vulkan, symbol)]
 
 
 def devices() -> list[DeviceInfo]:
