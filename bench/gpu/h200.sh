@@ -30,7 +30,7 @@ case "$mode" in
 esac
 export PYTHONPATH=/tmp/ggml-$mode:/tmp/site:src
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
-python3 -c "import ggrad; [print(d) for d in ggrad.devices()]"
+python3 -m ggrad info 2>&1 | grep -v "^ggrad.ggml"  # devices, Vulkan matrix cores and shader families
 # scikit-learn is not on the GPU host: its tests and the digits run stay on the CPU machines
 skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_sklearn.py --ignore=tests/test_train.py")
 # TESTS: the test files to run (default: all); each step is time-boxed so that a device
@@ -47,7 +47,7 @@ bench() { local name="$1" seconds="$2"; shift 2
   [ -n "${BENCHES:-}" ] && [[ " $BENCHES " != *" $name "* ]] && return
   timeout "$seconds" python3 "$@" 2>&1 | grep -v "graph warmup" | tee "$OUT/$name-$mode.txt"; }
 blocks="--blocks ${BLOCKS:-15}"  # timed blocks of train_step.py (fewer: a shorter run)
-graph=$( [ "$mode" = cuda ] && echo --cuda-graph )
+graph=--cuda-graph  # PyTorch runs on CUDA beside either backend: its CUDA graph is the bar
 # issue 13's rows: ggrad "high" (TF32 allowed) against PyTorch with TF32, bf16 autocast on
 # both sides, the transformer block, Adam's bandwidth
 bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high \
