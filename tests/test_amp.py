@@ -83,20 +83,24 @@ def test_cuda_highest_is_float32_and_high_allows_tf32(precision):
     assert errors["high"][0] > 1e-4, errors  # TF32 keeps 10 mantissa bits
 
 
-def test_vulkan_float16_shaders_follow_the_precision_at_start(monkeypatch, precision):
-    monkeypatch.setattr(backend, "_USER_VK_F16", None)
+def test_vulkan_float16_paths_follow_the_precision_at_start(monkeypatch, precision):
+    """Its float16 shaders and its matrix cores (which round float32 operands to float16
+    too) are off unless the precision is "medium" when a device starts."""
+    switches = ("GGML_VK_DISABLE_F16", "GGML_VK_DISABLE_COOPMAT", "GGML_VK_DISABLE_COOPMAT2")
+    monkeypatch.setattr(backend, "_USER_VK_FLOAT16", dict.fromkeys(switches))
     monkeypatch.setattr(ggrad.runtime.precision, "_vulkan_started", {})
-    monkeypatch.delenv("GGML_VK_DISABLE_F16", raising=False)
+    for switch in switches:
+        monkeypatch.delenv(switch, raising=False)
     backend._set_vulkan_float16("vulkan:9")
-    assert os.environ["GGML_VK_DISABLE_F16"] == "1"
+    assert all(os.environ[switch] == "1" for switch in switches)
     with pytest.warns(RuntimeWarning, match="fixed when the device starts"):
         ggrad.set_float32_matmul_precision("medium")
     backend._set_vulkan_float16("vulkan:9")
-    assert "GGML_VK_DISABLE_F16" not in os.environ
-    monkeypatch.setattr(backend, "_USER_VK_F16", "1")  # the user's own setting wins
-    monkeypatch.setenv("GGML_VK_DISABLE_F16", "1")
+    assert not any(switch in os.environ for switch in switches)
+    monkeypatch.setitem(backend._USER_VK_FLOAT16, "GGML_VK_DISABLE_COOPMAT2", "1")  # the user's own setting wins
+    monkeypatch.setenv("GGML_VK_DISABLE_COOPMAT2", "1")
     backend._set_vulkan_float16("vulkan:9")
-    assert os.environ["GGML_VK_DISABLE_F16"] == "1"
+    assert os.environ["GGML_VK_DISABLE_COOPMAT2"] == "1" and "GGML_VK_DISABLE_COOPMAT" not in os.environ
 
 
 # ---- autocast -----------------------------------------------------------------------------

@@ -24,7 +24,9 @@ def info() -> None:
         print(f"  {d.name:10s} {kind:8s} {d.memory_total / 2**30:7.1f} GiB  {d.description}")
         traits = backend.vulkan_traits(d.name)
         if traits:
-            print(f"             matrix cores: {traits.get('matrix cores', '?')}; fp16: {traits.get('fp16', '?')}; "
+            cores = traits.get("matrix cores", "?")
+            used = "" if cores == "none" else " (ggrad uses them at matmul precision 'medium': docs/precision.md)"
+            print(f"             matrix cores: {cores}{used}; fp16: {traits.get('fp16', '?')}; "
                   f"bf16: {traits.get('bf16', '?')}; int dot: {traits.get('int dot', '?')}")
     features = backend.vulkan_shader_features()
     if features is not None:

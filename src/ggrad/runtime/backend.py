@@ -163,12 +163,15 @@ def _largest_supported_tensor(handle) -> int | None:
 
 
 def _set_vulkan_float16(name: str) -> None:
-    """Turn ggml-vulkan's float16 shaders on or off for a device about to start."""
-    if _USER_VK_F16 is None:
-        if precision.vulkan_float16_allowed():
-            os.environ.pop("GGML_VK_DISABLE_F16", None)
-        else:
-            os.environ["GGML_VK_DISABLE_F16"] = "1"
+    """Turn ggml-vulkan's float16 paths (its float16 shaders, its matrix cores) on or off
+    for a device about to start."""
+    allowed = precision.vulkan_float16_allowed()
+    for switch, users in _USER_VK_FLOAT16.items():
+        if users is None:
+            if allowed:
+                os.environ.pop(switch, None)
+            else:
+                os.environ[switch] = "1"
     precision.vulkan_started(name, "GGML_VK_DISABLE_F16" not in os.environ)
 
 
@@ -211,10 +214,13 @@ def _check_cuda_precision() -> None:
 _registry: dict[str, tuple[DeviceInfo, int]] | None = None
 
 # ggml-vulkan reads these when it creates a device; the user's own settings win.
-# GGML_VK_DISABLE_F16 follows the matmul precision (precision.py) unless the user set it:
-# ggml's f16 paths round f32 matmul operands to f16 (~1e-3 relative error seen on batched
-# products, inf past 65504).
-_USER_VK_F16 = os.environ.get("GGML_VK_DISABLE_F16")
+# ggml-vulkan's float16 paths follow the matmul precision (precision.py) unless the user set
+# their switch: its f16 shaders round f32 matmul operands to f16 (~1e-3 relative error seen
+# on batched products, inf past 65504), and so do its matrix-core (cooperative matrix)
+# shaders, whatever GGML_VK_DISABLE_F16 says (on the H200, 123 of 831 Vulkan tests missed
+# their float32 tolerances with them on, none with them off; issue 29).
+_USER_VK_FLOAT16 = {switch: os.environ.get(switch)
+                    for switch in ("GGML_VK_DISABLE_F16", "GGML_VK_DISABLE_COOPMAT", "GGML_VK_DISABLE_COOPMAT2")}
 _VULKAN_DEFAULTS = {
     # Its graph optimizer reorders nodes by their sources, but cannot see that an in-place
     # store into a weight must wait for every read of the old weight (lazy.py).
@@ -256,10 +262,10 @@ def _discover() -> dict[str, tuple[DeviceInfo, int]]:
 
 
 def vulkan_traits(name: str) -> dict[str, str]:
-    """What ggml-vulkan reported for a device ("vulkan:0"): fp16, bf16, warp size, shared
-    memory, int dot, matrix cores ("none", "KHR_coopmat", "NV_coopmat2"); {} where it said
-    nothing. A device's matrix cores are used only where the build has their shaders
-    (vulkan_shader_features)."""
+    """What ggml-vulkan reported for a device ("vulkan:0") when it was found: fp16, bf16,
+    warp size, shared memory, int dot, matrix cores ("none", "KHR_coopmat", "NV_coopmat2":
+    what the device and the build's shaders can do; ggrad uses float16 paths only at
+    "medium" matmul precision); {} where it said nothing."""
     _discover()
     return dict(_vulkan_traits.get(int(name.split(":")[1]), {})) if name.startswith("vulkan:") else {}
 

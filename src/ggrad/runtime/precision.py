@@ -10,9 +10,10 @@ one setting is not replayed under another) and honoured per backend:
   by `make cuda` (scripts/patch_ggml_cuda.py); another build runs TF32 whatever is set,
   and ggrad warns once.
 - Vulkan: ggml's float32 shaders round their inputs to float16 on devices with float16
-  arithmetic (values over 65504 become inf). That is a device-wide choice made when the
-  device starts: float16 shaders are turned off (GGML_VK_DISABLE_F16) unless the
-  precision is "medium" then. Lavapipe has no float16 arithmetic either way.
+  arithmetic (values over 65504 become inf), and so do its matrix-core (cooperative
+  matrix) shaders. That is a device-wide choice made when the device starts: both are
+  turned off (GGML_VK_DISABLE_F16, GGML_VK_DISABLE_COOPMAT, GGML_VK_DISABLE_COOPMAT2)
+  unless the precision is "medium" then. Lavapipe has neither.
 
 The autocast dtype is per thread, as torch.autocast's state is.
 """
