@@ -23,7 +23,7 @@ import numbers
 import ml_dtypes
 import numpy as np
 
-from .runtime.handle import Q8_0_BLOCK
+from .runtime import quants
 
 _BOOL, _INT, _FLOAT = 0, 1, 2  # categories, in promotion order
 _QUANT = 3  # frozen quantized weights: read only by the products that take them (functional/quantized.py)
@@ -43,6 +43,7 @@ class dtype:
         self.itemsize = self.host.itemsize
 
     is_floating_point = property(lambda self: self.category == _FLOAT)
+    is_quantized = property(lambda self: self.category == _QUANT)
     is_signed = property(lambda self: self.category != _BOOL)
 
     def __repr__(self) -> str:
@@ -59,9 +60,13 @@ int32 = dtype("int32", np.int32, np.int32, _INT, 1)
 int64 = dtype("int64", np.int32, np.int64, _INT, 2)
 bool_ = dtype("bool", np.float32, np.bool_, _BOOL, 0)
 
-# not a dtype of arithmetic: a tensor of it is a frozen weight in ggml's Q8_0 blocks, its
-# shape the weights' (rows, columns), its host form the (rows, columns / 32) blocks
-q8_0 = dtype("q8_0", Q8_0_BLOCK, Q8_0_BLOCK, _QUANT, 0)
+# Not dtypes of arithmetic: a tensor of one is a frozen weight in ggml's blocks of that type
+# (runtime/quants.py), its shape the weights' (rows, columns), its host form the
+# (rows, columns / block) blocks. Read only by the products that take them
+# (functional/quantized.py).
+QUANTIZED = {name: dtype(name, kind.storage, kind.storage, _QUANT, 0) for name, kind in quants.BLOCK_TYPES.items()}
+q4_0, q4_1, q5_0, q5_1, q8_0 = (QUANTIZED[n] for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"))
+q4_k, q5_k, q6_k = (QUANTIZED[n] for n in ("q4_k", "q5_k", "q6_k"))
 
 ALL = (float32, float16, bfloat16, int32, int64, bool_)
 _BY_NAME = {d.name: d for d in ALL}

@@ -15,13 +15,20 @@ import struct
 
 import numpy as np
 
-from .io import _host, write_gguf
+from . import dtypes
 from .functional import quantized
+from .io import _host, write_gguf
 from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name, state_shapes
 from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
 from .nn.lora import lora_layers
+from .runtime import quants
 
-_TYPES = ("f32", "f16", "bf16", "q8_0")
+_TYPES = ("f32", "f16", "bf16", *dtypes.QUANTIZED)
+# the file type llama.cpp's quantize tool writes for a model of one quantized type ("_S":
+# every matrix in that type)
+_FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q4_0": "MOSTLY_Q4_0",
+               "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1", "q8_0": "MOSTLY_Q8_0",
+               "q4_k": "MOSTLY_Q4_K_S", "q5_k": "MOSTLY_Q5_K_S", "q6_k": "MOSTLY_Q6_K"}
 
 
 def _byte_characters() -> list[str]:
@@ -84,12 +91,16 @@ def _encoded(array: np.ndarray, kind: str, name: str):
         return array.astype(np.float32), None
     if kind == "f16":
         return array.astype(np.float16), None
-    qtype = gguf.GGMLQuantizationType.BF16 if kind == "bf16" else gguf.GGMLQuantizationType.Q8_0
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
-    if array.shape[-1] % block:
+    if kind == "bf16":
+        return gguf.quants.quantize(array.astype(np.float32), gguf.GGMLQuantizationType.BF16), \
+            gguf.GGMLQuantizationType.BF16
+    block = quants.BLOCK_TYPES[kind]
+    if array.shape[-1] % block.block:
         raise ValueError(f"save_model: {name} has rows of {array.shape[-1]} values; {kind} stores rows in blocks "
-                         f"of {block}: make the model's sizes multiples of {block}, or save in f32/f16/bf16")
-    return gguf.quants.quantize(array.astype(np.float32), qtype), qtype
+                         f"of {block.block}: make the model's sizes multiples of {block.block}, or save in "
+                         "f32/f16/bf16")
+    blocks = quants.quantize(array.reshape(-1, array.shape[-1]), block)
+    return blocks.view(np.uint8).reshape(*array.shape[:-1], -1), gguf.GGMLQuantizationType(block.ggml_type)
 
 
 _PATTERNS = list(GGUF_NAMES.values())
@@ -105,8 +116,10 @@ def _file_order(name: str) -> tuple:
 
 def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, dtype: str = "f32") -> str:
     """Write `model` as a llama.cpp llama model: hyperparameters under "llama.*", tensors
-    under llama.cpp's names in `dtype` (f32, f16, bf16 or q8_0; norms stay f32; weights
-    a model holds in Q8_0 stay Q8_0), and the tokenizer (a `ByteTokenizer` by default)."""
+    under llama.cpp's names in `dtype` (f32, f16, bf16, or a quantized type: q4_0, q4_1,
+    q5_0, q5_1, q8_0, q4_k, q5_k, q6_k; norms stay f32; weights a model holds
+    quantized stay in their blocks, as they are), and the tokenizer (a `ByteTokenizer` by
+    default)."""
     import gguf
 
     if not isinstance(model, Llama):
@@ -124,10 +137,11 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
     tensors = {gguf_name(k): _encoded(_host(v).astype(np.float32), dtype, k) for k, v in model.state_dict().items()}
     for name, module in model.named_modules():  # weights kept quantized are written as they are
         if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
-            tensors[gguf_name(name + ".weight")] = (quantized.block_bytes(module.weight), gguf.GGMLQuantizationType.Q8_0)
+            kind = quants.BLOCK_TYPES[module.weight.dtype.name]
+            tensors[gguf_name(name + ".weight")] = (quantized.block_bytes(module.weight),
+                                                    gguf.GGMLQuantizationType(kind.ggml_type))
     tensors = dict(sorted(tensors.items(), key=lambda item: _file_order(item[0])))
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]
+    file_type = getattr(gguf.LlamaFileType, _FILE_TYPES[dtype])
 
     def keys(writer) -> None:
         writer.add_name("ggrad llama")
@@ -327,8 +341,7 @@ def _check_tensors(path: str, config: LlamaConfig, tensors: dict) -> None:
         raise ValueError(f"load_model: {path} holds {len(tensors)} tensors; a llama model of its header's sizes "
                          f"({config.n_layers} blocks{', tied embeddings' if config.tie_embeddings else ''}) has "
                          f"{expected}")
-    supported = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16,
-                 gguf.GGMLQuantizationType.Q8_0)
+    floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     for key, shape in state_shapes(config).items():
         name = gguf_name(key)
         t = tensors.get(name)
@@ -338,18 +351,19 @@ def _check_tensors(path: str, config: LlamaConfig, tensors: dict) -> None:
         if ne != want:
             raise ValueError(f"load_model: {path}: tensor {name!r} has shape {list(ne)}, expected {list(want)} "
                              "from the header's sizes (ggml order, as llama.cpp's check_tensor_dims reads it)")
-        if t.tensor_type not in supported:
+        if t.tensor_type not in floats and int(t.tensor_type) not in quants.BY_GGML_TYPE:
             raise ValueError(f"load_model: {path}: {name} is {t.tensor_type.name}; load_model reads f32, f16, bf16 "
-                             "and q8_0 tensors")
-        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0 and len(ne) == 1:
-            raise ValueError(f"load_model: {path}: {name} is q8_0; load_model reads q8_0 matrices only (norms are "
-                             "float, as llama.cpp's converter writes them)")
+                             f"and {', '.join(dtypes.QUANTIZED)} tensors")
+        if t.tensor_type not in floats and len(ne) == 1:
+            raise ValueError(f"load_model: {path}: {name} is {t.tensor_type.name.lower()}; load_model reads quantized "
+                             "matrices only (norms are float, as llama.cpp's converter writes them)")
 
 
 def load_model(path: str) -> Llama:
     """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes):
-    f32, f16 and bf16 tensors become float32 parameters (exact); q8_0 matrices stay in
-    their blocks on the device, frozen (QuantizedLinear, QuantizedEmbedding): the model
+    f32, f16 and bf16 tensors become float32 parameters (exact); quantized matrices (q4_0 ...
+    q8_0, q4_k, q5_k, q6_k) stay in their blocks on the device, frozen
+    (QuantizedLinear, QuantizedEmbedding): the model
     holds them at their quantized size. The header and every tensor's name, shape and type
     are checked before the model is built: a file that does not fit raises a ValueError
     naming it and what is wrong."""
@@ -367,9 +381,10 @@ def load_model(path: str) -> Llama:
     state = {}
     for key, param in model.state_dict().items():
         t = tensors[gguf_name(key)]
-        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:  # kept in its blocks, frozen
+        kind = quants.BY_GGML_TYPE.get(int(t.tensor_type))
+        if kind is not None:  # kept in its blocks, frozen
             name = key.removesuffix(".weight")
-            weight = quantized.from_blocks(np.asarray(t.data), param.shape)
+            weight = quantized.from_blocks(np.asarray(t.data), param.shape, dtypes.QUANTIZED[kind.name])
             layer = QuantizedEmbedding(weight) if isinstance(model.get_submodule(name), Embedding) else \
                 QuantizedLinear(weight)
             model.set_submodule(name, layer)

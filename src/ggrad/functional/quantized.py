@@ -1,61 +1,76 @@
-"""Frozen quantized weights (ggml's Q8_0) and the product that reads them in place: the
-weight stays in its blocks on the device (34 bytes per 32 weights), and gradients flow
-through it to the activations without a float copy of it being kept."""
+"""Frozen quantized weights (ggml's block types: Q4_0 ... Q8_0, the K-quants Q4_K, Q5_K,
+Q6_K; runtime/quants.py) and the products that read them in place: a weight stays
+in its blocks on the device (Q4_K: 144 bytes per 256 weights), and gradients flow through
+it to the activations without a float copy of it being kept."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .. import dtypes, lazy
+from ..runtime import quants
 from ..tensor import Tensor
 from ._core import _apply
 
-BLOCK = 32
+
+def _block_type(dtype) -> quants.BlockType:
+    if not isinstance(dtype, dtypes.dtype) or not dtype.is_quantized:
+        raise TypeError(f"a quantized dtype ({', '.join(dtypes.QUANTIZED)}) is needed, got {dtype!r}")
+    return quants.BLOCK_TYPES[dtype.name]
 
 
-def quantize(weight) -> Tensor:
-    """A (rows, columns) float weight in Q8_0 blocks (columns a multiple of 32), as
-    llama.cpp quantizes (the gguf package's reference quantizer)."""
-    import gguf
-
+def quantize(weight, dtype=dtypes.q8_0) -> Tensor:
+    """A (rows, columns) float weight in `dtype`'s blocks (columns a multiple of its block:
+    32, or 256 for the K-quants), as llama.cpp's quantize tool makes them."""
+    kind = _block_type(dtype)
     array = np.asarray(weight.numpy() if isinstance(weight, Tensor) else weight, dtype=np.float32)
-    if array.ndim != 2 or array.shape[1] % BLOCK:
-        raise ValueError(f"quantize needs a (rows, columns) weight with columns a multiple of {BLOCK}, got shape "
-                         f"{array.shape}")
-    raw = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-    return from_blocks(np.ascontiguousarray(raw).view(dtypes.Q8_0_BLOCK), array.shape)
+    if array.ndim != 2 or array.shape[1] % kind.block:
+        raise ValueError(f"quantize to {kind.name} needs a (rows, columns) weight with columns a multiple of "
+                         f"{kind.block}, got shape {array.shape}")
+    if not np.isfinite(array).all():
+        raise ValueError(f"quantize to {kind.name}: the weight holds NaN or inf, which no block can hold")
+    return from_blocks(quants.quantize(array, kind), array.shape, dtype)
 
 
-def from_blocks(blocks: np.ndarray, shape: tuple[int, int]) -> Tensor:
-    """A frozen Q8_0 weight of `shape` from its blocks ((rows, columns / 32), e.g. a GGUF
-    tensor's bytes viewed as `dtypes.Q8_0_BLOCK`); uploaded on first use, kept persistent."""
+def from_blocks(blocks: np.ndarray, shape: tuple[int, int], dtype=dtypes.q8_0) -> Tensor:
+    """A frozen weight of `shape` from its `dtype` blocks ((rows, columns / block) of them,
+    or their bytes: a GGUF tensor's data); uploaded on first use, kept persistent."""
+    kind = _block_type(dtype)
     rows, cols = (int(n) for n in shape)
-    blocks = np.ascontiguousarray(blocks).view(dtypes.Q8_0_BLOCK)
-    if cols % BLOCK or blocks.size != rows * (cols // BLOCK):
-        raise ValueError(f"Q8_0 blocks of shape {blocks.shape} do not hold a ({rows}, {cols}) weight")
-    blocks = blocks.reshape(rows, cols // BLOCK)
-    return Tensor._wrap(lazy.Node((rows, cols), dtypes.q8_0, host=blocks, scope="persistent"))
+    blocks = np.ascontiguousarray(blocks)
+    if blocks.dtype != kind.storage:
+        if blocks.nbytes % kind.block_bytes:
+            raise ValueError(f"{blocks.nbytes} bytes are no whole number of {kind.name} blocks "
+                             f"({kind.block_bytes} bytes each)")
+        blocks = blocks.reshape(-1).view(np.uint8).view(kind.storage)
+    if cols % kind.block or blocks.size != rows * (cols // kind.block):
+        raise ValueError(f"{blocks.size} {kind.name} blocks do not hold a ({rows}, {cols}) weight "
+                         f"({kind.block} weights a block)")
+    blocks = blocks.reshape(rows, cols // kind.block)
+    return Tensor._wrap(lazy.Node((rows, cols), dtype, host=blocks, scope="persistent"))
 
 
 def block_bytes(weight: Tensor) -> np.ndarray:
-    """A Q8_0 weight's blocks as bytes, (rows, columns / 32 * 34): the host copy it was made
+    """A quantized weight's blocks as bytes, (rows, row bytes): the host copy it was made
     from while it has one, else downloaded."""
+    _block_type(weight.dtype)
     host = weight.node.host
-    return np.ascontiguousarray(weight.numpy() if host is None else host).view(np.uint8)
+    blocks = np.ascontiguousarray(weight.numpy() if host is None else host)
+    return blocks.view(np.uint8).reshape(blocks.shape[0], -1)
 
 
 def dequantize(weight: Tensor) -> np.ndarray:
-    """The float32 values a Q8_0 weight stands for (on the host: for checks and export)."""
-    import gguf
-
-    raw = block_bytes(weight)
-    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(weight.shape)
+    """The float32 values a quantized weight stands for, as ggml's kernels read them (on
+    the host: for checks and export)."""
+    kind = _block_type(weight.dtype)
+    return quants.dequantize(block_bytes(weight).view(kind.storage), kind).reshape(weight.shape)
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """x @ weight^T for a frozen Q8_0 `weight` of shape (out, in); the gradient reaches x."""
-    if weight.dtype is not dtypes.q8_0:
-        raise TypeError(f"quantized.linear takes a q8_0 weight (quantize, from_blocks), got {weight.dtype}")
+    """x @ weight^T for a frozen quantized `weight` of shape (out, in); the gradient reaches x."""
+    if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
+        raise TypeError(f"quantized.linear takes a quantized weight (quantize, from_blocks), got "
+                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"quantized.linear: input of shape {getattr(x, 'shape', None)} for a weight of shape "
                          f"{weight.shape} (its last axis must be {weight.shape[1]}, floating point)")
@@ -66,11 +81,12 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def embedding(index, weight: Tensor) -> Tensor:
-    """Rows of a frozen Q8_0 table for each id in `index` (float32; no gradient to the table)."""
+    """Rows of a frozen quantized table for each id in `index` (float32; no gradient to the table)."""
     from .indexing import _integer_index, checked_index
 
-    if weight.dtype is not dtypes.q8_0:
-        raise TypeError(f"quantized.embedding takes a q8_0 table, got {weight.dtype}")
+    if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
+        raise TypeError(f"quantized.embedding takes a quantized table, got "
+                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
     index = _integer_index(index, "embedding")
     if index.ndim + 1 > 4:
         raise ValueError("embedding index may have at most 3 dimensions")

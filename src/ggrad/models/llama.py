@@ -194,7 +194,7 @@ class Llama(Module):
         if self.output is not None:
             return self.output(h)
         table = self.tok_embeddings.weight
-        return quantized.linear(h, table) if table.dtype is dtypes.q8_0 else h @ table.T
+        return quantized.linear(h, table) if table.dtype.is_quantized else h @ table.T
 
     def extra_repr(self) -> str:
         return repr(self.config)

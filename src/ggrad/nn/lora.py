@@ -18,7 +18,7 @@ from .quantized import QuantizedLinear
 
 
 class LoRALinear(Module):
-    """A frozen `base` Linear (or QuantizedLinear: its Q8_0 weight is read in place) with
+    """A frozen `base` Linear (or QuantizedLinear: its quantized weight is read in place) with
     a trainable low-rank update (`lora_A`, `lora_B`)."""
 
     def __init__(self, base: Linear | QuantizedLinear, rank: int, alpha: float, dropout: float = 0.0) -> None:
@@ -44,7 +44,7 @@ class LoRALinear(Module):
 
     def merged(self) -> Linear:
         """A float32 Linear whose weight is base + (alpha / rank) * B @ A (what llama.cpp
-        computes when it merges an adapter; a Q8_0 base is dequantized for it)."""
+        computes when it merges an adapter; a quantized base is dequantized for it)."""
         out = Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None)
         weight = self.base.weight
         if isinstance(self.base, QuantizedLinear):

@@ -15,15 +15,14 @@ import ml_dtypes
 import numpy as np
 from ggml import ggml as G
 
-from . import transfers
+from . import quants, transfers
 from .backend import ggml_library
 from .critical import lock
 
-Q8_0_BLOCK = np.dtype([("d", "<f2"), ("qs", "i1", 32)])  # dtypes.Q8_0_BLOCK: ggml's Q8_0 block
-BLOCK_SIZE = {Q8_0_BLOCK: 32}  # weights per storage item of a quantized type
+BLOCK_SIZE = {kind.storage: kind.block for kind in quants.BLOCK_TYPES.values()}  # weights per storage item
 
 DTYPES = {
-    Q8_0_BLOCK: G.GGML_TYPE_Q8_0,
+    **{kind.storage: kind.ggml_type for kind in quants.BLOCK_TYPES.values()},
     np.dtype(np.float32): G.GGML_TYPE_F32,
     np.dtype(np.float16): G.GGML_TYPE_F16,
     np.dtype(ml_dtypes.bfloat16): G.GGML_TYPE_BF16,
@@ -33,7 +32,7 @@ GGML_TO_NUMPY = {v: k for k, v in DTYPES.items()}
 
 
 def logical_shape(storage_shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
-    """A tensor's shape from its host array's: a quantized row of n blocks holds n * 32 weights."""
+    """A tensor's shape from its host array's: a quantized row of n blocks holds n * block weights."""
     block = BLOCK_SIZE.get(dtype, 1)
     return storage_shape if block == 1 else (*storage_shape[:-1], storage_shape[-1] * block)
 
