@@ -1,10 +1,11 @@
 """Fine-tune LoRA adapters over a quantized llama: the model examples/llama_tiny.py wrote is
-quantized to Q8_0 and loaded with its matrices kept in their blocks (frozen), adapters
-train on a different text (difflib's source), and the adapter is exported as a GGUF
-LoRA adapter that llama.cpp applies to the Q8_0 model.
+quantized (Q8_0 by default; --dtype q4_0, q4_1, q5_0, q5_1) and loaded with its matrices
+kept in their blocks (frozen), adapters train on a different text (difflib's source), and
+the adapter is exported as a GGUF LoRA adapter that llama.cpp applies to the quantized
+model. Prints the memory held: the blocks, the float parameters and Adam's state.
 
     .venv/bin/python examples/llama_tiny.py          # first: writes runs/llama_tiny/llama_tiny.gguf
-    .venv/bin/python examples/lora_finetune.py [--steps 200]
+    .venv/bin/python examples/lora_finetune.py [--steps 200] [--dtype q4_0]
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--device", default="gpu" if ggrad.gpu_available() else "cpu")
     ap.add_argument("--base", default="runs/llama_tiny/llama_tiny.gguf")
     ap.add_argument("--out", default="runs/lora_finetune")
+    # the K-quants need rows of 256 weights: llama_tiny's feed-forward rows are 704
+    ap.add_argument("--dtype", default="q8_0", choices=["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
     args = ap.parse_args()
     if not os.path.exists(args.base):
         raise SystemExit(f"{args.base} is missing: run examples/llama_tiny.py first")
@@ -46,13 +49,13 @@ def main() -> None:
     ggrad.manual_seed(0)
     os.makedirs(args.out, exist_ok=True)
 
-    quantized_path = gguf.save_model(gguf.load_model(args.base), os.path.join(args.out, "base_q8_0.gguf"),
-                                     dtype="q8_0")
+    base = gguf.load_model(args.base)
+    quantized_path = gguf.save_model(base, os.path.join(args.out, f"base_{args.dtype}.gguf"), dtype=args.dtype)
     model = gguf.load_model(quantized_path)
-    held = sum(m.weight.handle.nbytes for m in model.modules()
-               if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)))
-    print(f"{quantized_path}: matrices held in Q8_0 on {ggrad.get_device()}, {held / 2**20:.2f} MiB "
-          f"(float32 would be {held / 34 * 32 * 4 / 2**20:.2f} MiB)")
+    bases = [m.weight for m in model.modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    held = sum(w.handle.nbytes for w in bases)
+    print(f"{quantized_path}: matrices held in {args.dtype.upper()} on {ggrad.get_device()}, {held / 2**20:.2f} MiB "
+          f"(float32 would be {sum(w.numel() for w in bases) * 4 / 2**20:.2f} MiB)")
 
     tokenizer = gguf.ByteTokenizer()
     text = open(difflib.__file__, encoding="utf-8").read()[:200_000]
@@ -64,14 +67,18 @@ def main() -> None:
     train(model, data, args.steps, lr=1e-3, params=adapters, seed=1)
     after = mean_loss(model, data)
     print(f"loss on difflib's source: {before:.3f} before, {after:.3f} after fine-tuning")
-
+    floats = sum(p.handle.nbytes for p in model.parameters())
+    moments = 2 * sum(p.handle.nbytes for p in adapters)  # AdamW's exp_avg and exp_avg_sq
+    print(f"held for fine-tuning: blocks {held / 2**20:.2f} MiB + float parameters (norms, adapters) "
+          f"{floats / 2**20:.2f} + AdamW's moments {moments / 2**20:.2f} = {(held + floats + moments) / 2**20:.2f} MiB")
     adapter = gguf.save_lora(model, os.path.join(args.out, "adapter.gguf"))
     print(f"wrote {adapter} (llama.cpp LoRA adapter, alpha 16)")
     model.eval()
     prompt = tokenizer.encode("    def ")
     ours = greedy(model, prompt, 48)
-    print("ggrad, Q8_0 + adapters, greedy:\n" + tokenizer.decode(ours))
-    compare_with_llama_cpp(quantized_path, prompt, ours, tokenizer, "Q8_0 model + adapter file", lora=adapter)
+    print(f"ggrad, {args.dtype.upper()} + adapters, greedy:\n" + tokenizer.decode(ours))
+    compare_with_llama_cpp(quantized_path, prompt, ours, tokenizer, f"{args.dtype.upper()} model + adapter file",
+                           lora=adapter)
 
 if __name__ == "__main__":
     main()
