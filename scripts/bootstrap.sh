@@ -17,7 +17,7 @@ shopt -s inherit_errexit
 
 GGML_PYTHON_VERSION=0.0.45
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-CACHE="${GGRAD_CACHE:-$HOME/.cache/ggrad}"
+CACHE="$(realpath -m "${GGRAD_CACHE:-$HOME/.cache/ggrad}")"  # absolute: paths are written into wrappers
 BACKEND="${GGRAD_BACKEND:-auto}"
 PYTHON="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
@@ -122,10 +122,10 @@ private_lavapipe() {
 # into a private folder with its libraries and called through that library's loader.
 # Prints the glslc to build with.
 coopmat_glslc() {
-  local probe; probe="$(mktemp --suffix=.comp)"
+  local probe="$CACHE/coopmat-probe.comp"
   printf '#version 460\n#extension GL_KHR_cooperative_matrix : require\n#extension GL_NV_cooperative_matrix2 : require\nvoid main() {}\n' >"$probe"
   if glslc -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" 2>/dev/null; then
-    rm -f "$probe"; command -v glslc; return
+    command -v glslc; return
   fi
   local dir="$CACHE/glslc-trixie"
   if [ ! -x "$dir/glslc" ]; then
@@ -144,9 +144,8 @@ WRAPPER
     rm -rf "$dir"; mv "$dir.tmp" "$dir"
   fi
   if ! "$dir/glslc" -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" >&2; then
-    log "Debian 13's glslc in $dir does not compile cooperative-matrix shaders"; rm -f "$probe"; exit 1
+    log "Debian 13's glslc in $dir does not compile cooperative-matrix shaders"; exit 1
   fi
-  rm -f "$probe"
   echo "$dir/glslc"
 }
 

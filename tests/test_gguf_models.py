@@ -125,6 +125,11 @@ def test_a_quantized_model_loads_in_its_blocks_and_saves_back_byte_for_byte(tmp_
         for name, mod in reference.named_modules():
             if isinstance(mod, (ggrad.nn.Linear, ggrad.nn.Embedding)):
                 mod.weight.assign_(quantized.dequantize(q.get_submodule(name).weight))
-        want, got = reference(TOKENS).numpy(), q(TOKENS).numpy()
+        want = reference(TOKENS).numpy()
+        if dev.startswith("cuda") and kind.endswith("_k"):  # ggml-cuda reads no K-quant rows (issue 31)
+            with pytest.raises(NotImplementedError, match="GET_ROWS"):
+                q(TOKENS).numpy()
+            return
+        got = q(TOKENS).numpy()
     tolerance = 1e-5 if dev.startswith("vulkan") else 3e-2
     assert np.abs(got - want).max() <= tolerance * np.abs(want).max()

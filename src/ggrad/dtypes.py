@@ -32,7 +32,7 @@ _QUANT = 3  # frozen quantized weights: read only by the products that take them
 class dtype:
     """A tensor element type (PyTorch's ``torch.dtype``); compare with ``is`` or ``==``."""
 
-    __slots__ = ("name", "storage", "host", "category", "rank", "itemsize")
+    __slots__ = ("name", "storage", "host", "category", "rank", "itemsize", "is_quantized")
 
     def __init__(self, name: str, storage, host, category: int, rank: int) -> None:
         self.name = name
@@ -41,9 +41,9 @@ class dtype:
         self.category = category
         self.rank = rank  # order within a category: the larger wins a promotion
         self.itemsize = self.host.itemsize
+        self.is_quantized = category == _QUANT  # an attribute, not a property: every op reads it
 
     is_floating_point = property(lambda self: self.category == _FLOAT)
-    is_quantized = property(lambda self: self.category == _QUANT)
     is_signed = property(lambda self: self.category != _BOOL)
 
     def __repr__(self) -> str:
@@ -81,6 +81,9 @@ def as_dtype(value) -> dtype:
     """A ggrad dtype from a ggrad dtype, a name ("float16", "long"), a numpy dtype or
     type, a Python type (float, int, bool) or a torch dtype."""
     if isinstance(value, dtype):
+        if value.is_quantized:
+            raise TypeError(f"{value!r} is the storage of a frozen quantized weight, not a dtype to make or convert "
+                            "tensors to: ggrad.functional.quantized.quantize makes one")
         return value
     if value is builtins.float:
         return float32

@@ -24,8 +24,9 @@ from .nn.lora import lora_layers
 from .runtime import quants
 
 _TYPES = ("f32", "f16", "bf16", *dtypes.QUANTIZED)
-# the file type llama.cpp's quantize tool writes for a model of one quantized type ("_S":
-# every matrix in that type)
+# the file type llama.cpp's quantize tool names for a model mostly of one quantized type
+# (its Q4_K_S and Q5_K_S keep a few tensors in larger K-quants; ggrad writes every matrix in
+# the one type, which llama.cpp loads the same way)
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q4_0": "MOSTLY_Q4_0",
                "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1", "q8_0": "MOSTLY_Q8_0",
                "q4_k": "MOSTLY_Q4_K_S", "q5_k": "MOSTLY_Q5_K_S", "q6_k": "MOSTLY_Q6_K"}

@@ -936,16 +936,16 @@ def _matmul_q(ctx, s, node):
 def _matmul_q_back(ctx, s, node):
     """The gradient g @ W of x @ W^T for a quantized W: ggml's out_prod(W, g^T), which
     reads W's blocks; where the backend has no OUT_PROD of a quantized W (Vulkan, CUDA), W's
-    rows are read to float32 inside this graph (GET_ROWS of every row, else a CPY: scratch,
-    freed with it) for a mul_mat."""
+    rows are read to float32 inside this graph (GET_ROWS of every row: scratch, freed with
+    it) for a mul_mat. ggml-cuda's GET_ROWS lacks the K-quants: the graph's check then names
+    the op (issue 31's quantized OUT_PROD kernel is the way)."""
     g, w = s
     rows = math.prod(node.shape[:-1])
     g2 = G.ggml_reshape_2d(ctx, as_type(ctx, g, F32), w.contents.ne[1], rows)
     product = _supported(G.ggml_out_prod(ctx, w, G.ggml_cont(ctx, G.ggml_transpose(ctx, g2))))
     if product is None:
         every_row = G.ggml_cast(ctx, G.ggml_arange(ctx, 0.0, float(w.contents.ne[1]), 1.0), G.GGML_TYPE_I32)
-        dense = _supported(G.ggml_get_rows(ctx, w, every_row)) or G.ggml_cast(ctx, w, F32)
-        wt = G.ggml_cont(ctx, G.ggml_transpose(ctx, dense))
+        wt = G.ggml_cont(ctx, G.ggml_transpose(ctx, G.ggml_get_rows(ctx, w, every_row)))
         product = _precise(G.ggml_mul_mat(ctx, wt, g2))
     return reshape(ctx, product, node.shape)
 

@@ -16,8 +16,18 @@ from ..tensor import Tensor, axis_index as _axis, full_like, tensor  # noqa: F40
 F32 = dtypes.float32
 
 
+# the only ops that read a quantized weight's blocks (functional/quantized.py); any other op
+# would read blocks as elements (a transpose's view of them aborts in ggml)
+_QUANTIZED_OPS = frozenset({"matmul_q", "matmul_q_back", "gather_rows_q"})
+
+
 def _apply(op: str, inputs: tuple, shape, rule=None, arg=None, dtype=F32) -> Tensor:
     # (lists, not generators, here: a generator is resumed once per item, and every op runs this)
+    if op not in _QUANTIZED_OPS:
+        for t in inputs:
+            if t._node.dtype.is_quantized:
+                raise TypeError(f"{op} of a {t._node.dtype.name} tensor: a quantized weight is read only by "
+                                "ggrad.functional.quantized's linear and embedding (dequantize gives its values)")
     node = lazy.apply(op, tuple([t._node for t in inputs]), tuple(shape), dtype, arg)
     out = Tensor._wrap(node)
     if rule is not None and autograd.is_recording() and any([t.requires_grad for t in inputs]):

@@ -24,11 +24,9 @@ def quantize(weight, dtype=dtypes.q8_0) -> Tensor:
     32, or 256 for the K-quants), as llama.cpp's quantize tool makes them."""
     kind = _block_type(dtype)
     array = np.asarray(weight.numpy() if isinstance(weight, Tensor) else weight, dtype=np.float32)
-    if array.ndim != 2 or array.shape[1] % kind.block:
-        raise ValueError(f"quantize to {kind.name} needs a (rows, columns) weight with columns a multiple of "
-                         f"{kind.block}, got shape {array.shape}")
-    if not np.isfinite(array).all():
-        raise ValueError(f"quantize to {kind.name}: the weight holds NaN or inf, which no block can hold")
+    if array.ndim != 2 or array.shape[1] == 0 or array.shape[1] % kind.block:
+        raise ValueError(f"quantize to {kind.name} needs a (rows, columns) weight with columns a positive multiple "
+                         f"of {kind.block}, got shape {array.shape}")
     return from_blocks(quants.quantize(array, kind), array.shape, dtype)
 
 
@@ -38,12 +36,14 @@ def from_blocks(blocks: np.ndarray, shape: tuple[int, int], dtype=dtypes.q8_0) -
     kind = _block_type(dtype)
     rows, cols = (int(n) for n in shape)
     blocks = np.ascontiguousarray(blocks)
+    if blocks.dtype.names and blocks.dtype != kind.storage:
+        raise TypeError(f"from_blocks: blocks of {blocks.dtype.names[0]} given for a {kind.name} weight")
     if blocks.dtype != kind.storage:
         if blocks.nbytes % kind.block_bytes:
             raise ValueError(f"{blocks.nbytes} bytes are no whole number of {kind.name} blocks "
                              f"({kind.block_bytes} bytes each)")
         blocks = blocks.reshape(-1).view(np.uint8).view(kind.storage)
-    if cols % kind.block or blocks.size != rows * (cols // kind.block):
+    if cols <= 0 or cols % kind.block or blocks.size != rows * (cols // kind.block):
         raise ValueError(f"{blocks.size} {kind.name} blocks do not hold a ({rows}, {cols}) weight "
                          f"({kind.block} weights a block)")
     blocks = blocks.reshape(rows, cols // kind.block)

@@ -172,7 +172,7 @@ def _set_vulkan_float16(name: str) -> None:
                 os.environ.pop(switch, None)
             else:
                 os.environ[switch] = "1"
-    precision.vulkan_started(name, "GGML_VK_DISABLE_F16" not in os.environ)
+    precision.vulkan_started(name, any(switch not in os.environ for switch in _USER_VK_FLOAT16))
 
 
 def cuda_honours_precision() -> bool:
@@ -278,10 +278,9 @@ SHADER_FEATURES = {"KHR_coopmat": "matmul_f32_f32_cm1_data", "NV_coopmat2": "mat
 
 def vulkan_shader_features() -> list[str] | None:
     """The optional shader families the Vulkan library was built with; None without one."""
-    lib = os.path.join(os.path.dirname(G.__file__), "lib", "libggml-vulkan.so")
-    if not os.path.exists(lib):
+    vulkan = ggml_library("libggml-vulkan.so")
+    if vulkan is None:
         return None
-    vulkan = ctypes.CDLL(lib)
     return [feature for feature, symbol in SHADER_FEATURES.items() if hasattr(vulkan, symbol)]
 
 

@@ -46,7 +46,7 @@ def vulkan_float16_allowed() -> bool:
     return _precision[0] == "medium"
 
 
-_vulkan_started: dict[str, bool] = {}  # device name -> float16 shaders on
+_vulkan_started: dict[str, bool] = {}  # device name -> a float16 path (shaders, matrix cores) on
 
 
 def vulkan_started(name: str, float16: bool) -> None:
@@ -56,8 +56,8 @@ def vulkan_started(name: str, float16: bool) -> None:
 def _warn_started_vulkan() -> None:
     for name, float16 in _vulkan_started.items():
         if float16 != vulkan_float16_allowed():
-            warnings.warn(f"{name} started with float16 shaders {'on' if float16 else 'off'}; on Vulkan the "
-                          f"matmul precision is fixed when the device starts (the next process gets "
+            warnings.warn(f"{name} started with float16 paths (shaders, matrix cores) {'on' if float16 else 'off'}; "
+                          f"on Vulkan the matmul precision is fixed when the device starts (the next process gets "
                           f"{_precision[0]!r})", RuntimeWarning, stacklevel=3)
 
 

@@ -43,7 +43,6 @@ def _block_type(name: str) -> BlockType:
 # columns never finished on lavapipe (Mesa 25; 3 columns did), so CI cannot hold it.
 BLOCK_TYPES = {t.name: t for t in map(_block_type, ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k",
                                                         "q6_k"))}
-BY_STORAGE = {t.storage: t for t in BLOCK_TYPES.values()}
 BY_GGML_TYPE = {t.ggml_type: t for t in BLOCK_TYPES.values()}
 
 
@@ -52,12 +51,19 @@ def quantize(array: np.ndarray, kind: BlockType) -> np.ndarray:
     llama.cpp's quantize tool makes them (ggml_quantize_chunk, no importance matrix)."""
     values = np.ascontiguousarray(array, dtype=np.float32)
     rows, cols = values.shape
+    if cols <= 0 or cols % kind.block:
+        raise ValueError(f"{kind.name} stores rows in blocks of {kind.block}: rows of {cols} values cannot be")
+    if not np.isfinite(values).all():
+        raise ValueError(f"{kind.name}: the weights hold NaN or inf, which no block can hold")
     blocks = np.empty((rows, cols // kind.block), dtype=kind.storage)
     G.ggml_quantize_init(kind.ggml_type)
     written = G.ggml_quantize_chunk(kind.ggml_type, values.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
                                     blocks.ctypes.data_as(ctypes.c_void_p), 0, rows, cols, None)
     if written != blocks.nbytes:
         raise RuntimeError(f"ggml wrote {written} bytes of {kind.name} for {blocks.nbytes} expected")
+    if not np.isfinite(dequantize(blocks, kind)).all():  # a block's float16 scale overflows past ~65504 * step
+        raise ValueError(f"{kind.name}: weights of magnitude up to {np.abs(values).max():.3g} overflow the "
+                         "blocks' float16 scales")
     return blocks
 
 
