@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
-from ggrad.models import GGUF_NAMES, Llama, LlamaConfig  # noqa: E402
+from ggrad.models import GGUF_NAMES, KVCache, Llama, LlamaConfig  # noqa: E402
 from ggrad.models.llama import gguf_name  # noqa: E402
 from ggrad.optim import Adam  # noqa: E402
 from conftest import assert_resident_training, run_in_child  # noqa: E402
@@ -253,3 +253,29 @@ def test_half_precision_llama_trains(dev, dtype):
     assert lines["step"] == "1 0", out
     first, last = map(float, lines["losses"].split())
     assert last < 0.5 * first, out
+
+
+def test_the_kv_cache_computes_what_the_whole_window_does(dev):
+    """A prompt read in two pieces through a KVCache gives the whole window's logits, and
+    generate (the prompt once, then one token at a time) picks the whole window's greedy
+    tokens."""
+    model = tiny()
+    ids = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 11))
+    cache = KVCache()
+    with ggrad.no_grad():
+        pieces = [model(np.array([ids[:4]]), cache).numpy(), model(np.array([ids[4:]]), cache).numpy()]
+        whole = model(np.array([ids])).numpy()
+        assert len(cache) == len(ids)
+        np.testing.assert_allclose(np.concatenate(pieces, axis=1), whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+        window = list(ids)
+        for _ in range(6):
+            window.append(int(np.argmax(model(np.array([window])).numpy()[0, -1])))
+    assert model.generate(ids, 6) == window[len(ids):]
+    with pytest.raises(TypeError, match="KVCache"):
+        model(np.array([ids]), cache=[])
+    with pytest.raises(ValueError, match="holds 1 sequences"):
+        model(np.array([ids[:2], ids[:2]]), cache)
+    with pytest.raises(ValueError, match="longer than max_seq_len"):
+        model(np.zeros((1, model.config.max_seq_len), dtype=np.int64), cache)
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        model.generate([], 3)

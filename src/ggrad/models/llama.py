@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import dtypes
+import numpy as np
+
+from .. import autograd, dtypes
 from .. import functional as F
 from ..functional import quantized
 from ..functional._core import _as_tensor
@@ -114,6 +116,30 @@ def _repeat_kv(x: Tensor, groups: int) -> Tensor:
     return F.reshape(spread, (b, t, kv * groups, d))
 
 
+class KVCache:
+    """The keys (after RoPE) and values of the tokens a Llama has read, per layer: with it,
+    generation runs each new token alone through the model instead of the whole window,
+    as llama.cpp's KV cache does. Pass the same cache to every call of one sequence."""
+
+    def __init__(self) -> None:
+        self.keys: list[Tensor] = []  # per layer: (batch, tokens so far, kv heads, head_dim)
+        self.values: list[Tensor] = []
+
+    def __len__(self) -> int:
+        """The tokens read so far (the next token's position)."""
+        return self.keys[0].shape[1] if self.keys else 0
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The layer's keys and values with `k` and `v` (the new tokens') after them; kept."""
+        if layer < len(self.keys):
+            k, v = F.cat([self.keys[layer], k], dim=1), F.cat([self.values[layer], v], dim=1)
+            self.keys[layer], self.values[layer] = k, v
+        else:
+            self.keys.append(k)
+            self.values.append(v)
+        return k, v
+
+
 class Attention(Module):
     """Causal grouped-query self-attention with RoPE on queries and keys, no biases."""
 
@@ -126,16 +152,23 @@ class Attention(Module):
         self.wv = Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, start: int = 0) -> Tensor:
+        """`start`: the position of x's first token (the tokens `cache` held before this call)."""
         b, t, _ = x.shape
         d, groups = self.head_dim, self.n_heads // self.n_kv_heads
+        positions = None if start == 0 else np.arange(start, start + t, dtype=np.int32)
         q = F.reshape(self.wq(x), (b, t, self.n_heads, d))
         k = F.reshape(self.wk(x), (b, t, self.n_kv_heads, d))
         v = F.reshape(self.wv(x), (b, t, self.n_kv_heads, d))
-        q = F.rotary_embedding(q, base=self.rope_theta, interleaved=True)
-        k = F.rotary_embedding(k, base=self.rope_theta, interleaved=True)  # before the repeat: fewer heads
+        q = F.rotary_embedding(q, positions, base=self.rope_theta, interleaved=True)
+        k = F.rotary_embedding(k, positions, base=self.rope_theta, interleaved=True)  # before the repeat
+        if cache is not None:
+            k, v = cache.extend(layer, k, v)
         q, k, v = (F.permute(h, (0, 2, 1, 3)) for h in (q, _repeat_kv(k, groups), _repeat_kv(v, groups)))
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1/sqrt(d), llama.cpp's kq_scale
+        # query i (position start + i) reads keys 0 .. start + i: is_causal where nothing is
+        # cached, every key for one new token, else the mask aligned to the last key
+        mask = None if start == 0 or t == 1 else np.arange(start + t)[None, :] <= start + np.arange(t)[:, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0)  # scale 1/sqrt(d)
         return self.wo(F.reshape(F.permute(out, (0, 2, 1, 3)), (b, t, self.n_heads * d)))
 
 
@@ -162,8 +195,8 @@ class TransformerBlock(Module):
         self.ffn_norm = RMSNorm(config.dim, eps=config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: Tensor, cache: KVCache | None = None, layer: int = 0, start: int = 0) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cache, layer, start)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -179,22 +212,45 @@ class Llama(Module):
         self.norm = RMSNorm(config.dim, eps=config.norm_eps)
         self.output = None if config.tie_embeddings else Linear(config.dim, config.vocab_size, bias=False)
 
-    def forward(self, tokens) -> Tensor:
+    def forward(self, tokens, cache: KVCache | None = None) -> Tensor:
+        """Logits of every position of `tokens`; with a `cache`, `tokens` continue what the
+        cache has read (their positions follow it) and their keys and values join it."""
         tokens = _as_tensor(tokens, "Llama tokens")
         if tokens.ndim != 2 or tokens.dtype.is_floating_point or tokens.dtype is dtypes.bool_:
             raise ValueError(f"Llama needs integer token ids of shape (batch, seq), got {tokens.dtype} of shape "
                              f"{tokens.shape}")
-        if tokens.shape[1] > self.config.max_seq_len:
-            raise ValueError(f"Llama: sequence of {tokens.shape[1]} tokens is longer than max_seq_len "
+        if cache is not None and not isinstance(cache, KVCache):
+            raise TypeError(f"Llama: cache must be a KVCache, got {type(cache).__name__}")
+        seen = 0 if cache is None else len(cache)
+        if seen + tokens.shape[1] > self.config.max_seq_len:
+            raise ValueError(f"Llama: sequence of {seen + tokens.shape[1]} tokens is longer than max_seq_len "
                              f"{self.config.max_seq_len}")
+        if cache is not None and cache.keys and cache.keys[0].shape[0] != tokens.shape[0]:
+            raise ValueError(f"Llama: the cache holds {cache.keys[0].shape[0]} sequences, got a batch of "
+                             f"{tokens.shape[0]}")
         h = self.tok_embeddings(tokens)  # ids outside [0, vocab_size) raise IndexError here
-        for layer in self.layers:
-            h = layer(h)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cache, i, seen)
         h = self.norm(h)
         if self.output is not None:
             return self.output(h)
         table = self.tok_embeddings.weight
         return quantized.linear(h, table) if table.dtype.is_quantized else h @ table.T
+
+    def generate(self, tokens, max_new_tokens: int) -> list[int]:
+        """Greedy continuation of one sequence of token ids (a list or 1-d array): the prompt
+        runs once, then each new token alone against the KV cache (no gradient)."""
+        ids = [int(i) for i in np.asarray(tokens).reshape(-1)]
+        if not ids or isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"generate needs a non-empty prompt and max_new_tokens >= 0, got {len(ids)} tokens "
+                             f"and {max_new_tokens!r}")
+        cache, out, step = KVCache(), [], np.array([ids], dtype=np.int64)
+        with autograd.no_grad():
+            for _ in range(max_new_tokens):
+                logits = self(step, cache)
+                out.append(int(F.argmax(logits[0, -1]).item()))
+                step = np.array([[out[-1]]], dtype=np.int64)
+        return out
 
     def extra_repr(self) -> str:
         return repr(self.config)
