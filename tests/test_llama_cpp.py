@@ -61,12 +61,14 @@ def relative(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def ggrad_run(model: Llama) -> tuple[np.ndarray, list[int]]:
-    """All positions' logits for TOKENS, and GREEDY greedy tokens after them."""
+    """All positions' logits for TOKENS, and GREEDY greedy tokens after them (the whole
+    window each token; Llama.generate, through its KV cache, must pick the same)."""
     with ggrad.no_grad():
         logits = model(np.array([TOKENS])).numpy()[0]
         ids = list(TOKENS)
         for _ in range(GREEDY):
             ids.append(int(np.argmax(model(np.array([ids])).numpy()[0, -1])))
+    assert model.generate(TOKENS, GREEDY) == ids[len(TOKENS):]
     return logits, ids[len(TOKENS):]
 
 
