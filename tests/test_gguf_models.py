@@ -94,7 +94,7 @@ def test_bad_input_is_refused_clearly(tmp_path):
         gg.load_model(str(tmp_path / "other.gguf"))
 
 
-# the K-quants store rows in blocks of 256: a model whose rows are
+# the K-quants store rows in blocks of 256: a model whose rows are multiples of 256
 K_CONFIG = LlamaConfig(vocab_size=260, dim=256, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=32)
 
 

@@ -19,14 +19,21 @@ def _block_type(dtype) -> quants.BlockType:
     return quants.BLOCK_TYPES[dtype.name]
 
 
+def frozen_weight(weight, taker: str, what: str = "weight") -> Tensor:
+    """`weight` where it is a quantized tensor, else a TypeError naming `taker`."""
+    if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
+        raise TypeError(f"{taker} takes a quantized {what} (quantize, from_blocks), got "
+                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
+    return weight
+
+
 def quantize(weight, dtype=dtypes.q8_0) -> Tensor:
     """A (rows, columns) float weight in `dtype`'s blocks (columns a multiple of its block:
     32, or 256 for the K-quants), as llama.cpp's quantize tool makes them."""
     kind = _block_type(dtype)
     array = np.asarray(weight.numpy() if isinstance(weight, Tensor) else weight, dtype=np.float32)
-    if array.ndim != 2 or array.shape[1] == 0 or array.shape[1] % kind.block:
-        raise ValueError(f"quantize to {kind.name} needs a (rows, columns) weight with columns a positive multiple "
-                         f"of {kind.block}, got shape {array.shape}")
+    if array.ndim != 2:
+        raise ValueError(f"quantize to {kind.name} needs a (rows, columns) weight, got shape {array.shape}")
     return from_blocks(quants.quantize(array, kind), array.shape, dtype)
 
 
@@ -68,9 +75,7 @@ def dequantize(weight: Tensor) -> np.ndarray:
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x @ weight^T for a frozen quantized `weight` of shape (out, in); the gradient reaches x."""
-    if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
-        raise TypeError(f"quantized.linear takes a quantized weight (quantize, from_blocks), got "
-                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
+    frozen_weight(weight, "quantized.linear")
     if not isinstance(x, Tensor) or not x.dtype.is_floating_point or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"quantized.linear: input of shape {getattr(x, 'shape', None)} for a weight of shape "
                          f"{weight.shape} (its last axis must be {weight.shape[1]}, floating point)")
@@ -84,9 +89,7 @@ def embedding(index, weight: Tensor) -> Tensor:
     """Rows of a frozen quantized table for each id in `index` (float32; no gradient to the table)."""
     from .indexing import _integer_index, checked_index
 
-    if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
-        raise TypeError(f"quantized.embedding takes a quantized table, got "
-                        f"{getattr(weight, 'dtype', type(weight).__name__)}")
+    frozen_weight(weight, "quantized.embedding", "table")
     index = _integer_index(index, "embedding")
     if index.ndim + 1 > 4:
         raise ValueError("embedding index may have at most 3 dimensions")

@@ -17,10 +17,7 @@ class QuantizedLinear(Module):
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
-        if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
-            raise TypeError(f"QuantizedLinear takes a quantized weight (functional.quantized.quantize), got "
-                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
-        self.out_features, self.in_features = weight.shape
+        self.out_features, self.in_features = quantized.frozen_weight(weight, "QuantizedLinear").shape
         self.weight = weight
         self.bias = bias
 
@@ -43,10 +40,7 @@ class QuantizedEmbedding(Module):
 
     def __init__(self, weight: Tensor) -> None:
         super().__init__()
-        if not isinstance(weight, Tensor) or not weight.dtype.is_quantized:
-            raise TypeError(f"QuantizedEmbedding takes a quantized table, got "
-                            f"{getattr(weight, 'dtype', type(weight).__name__)}")
-        self.num_embeddings, self.embedding_dim = weight.shape
+        self.num_embeddings, self.embedding_dim = quantized.frozen_weight(weight, "QuantizedEmbedding", "table").shape
         self.weight = weight
 
     @classmethod

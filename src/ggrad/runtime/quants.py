@@ -52,7 +52,8 @@ def quantize(array: np.ndarray, kind: BlockType) -> np.ndarray:
     values = np.ascontiguousarray(array, dtype=np.float32)
     rows, cols = values.shape
     if cols <= 0 or cols % kind.block:
-        raise ValueError(f"{kind.name} stores rows in blocks of {kind.block}: rows of {cols} values cannot be")
+        raise ValueError(f"{kind.name} stores rows in blocks of {kind.block}: columns must be a positive multiple "
+                         f"of {kind.block}, got {cols}")
     if not np.isfinite(values).all():
         raise ValueError(f"{kind.name}: the weights hold NaN or inf, which no block can hold")
     blocks = np.empty((rows, cols // kind.block), dtype=kind.storage)
