@@ -72,9 +72,9 @@ private_deb() {
               -oDir::State::Lists="$work/lists" -oDir::Cache="$work/cache")
   apt-get "${opts[@]}" update -qq >/dev/null 2>&1
   local package
+  mkdir -p "$dest"
   for package in "$@"; do
     (cd "$work" && apt-get "${opts[@]}" download -qq "$package/$suite" >/dev/null 2>&1)
-    mkdir -p "$dest"
     dpkg -x "$work/${package}"_*.deb "$dest"
   done
   rm -rf "$work"
