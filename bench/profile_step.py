@@ -51,8 +51,19 @@ def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
             seen.append(time.perf_counter() - t0)
     times: dict[str, list[float]] = collections.defaultdict(list)
     for (_, _, node), seen in zip(nodes, runs):
-        times[G.ggml_op_desc(node).decode()].append(sorted(seen)[len(seen) // 2])
+        times[op_label(node)].append(sorted(seen)[len(seen) // 2])
     return times
+
+
+def op_label(node) -> str:
+    """The op's name; a GGRAD node's names its kernel too (the kernel set is one ggml op)."""
+    name = G.ggml_op_desc(node).decode()
+    if name != "GGRAD":
+        return name
+    from ggrad.runtime import kernels
+    kernel = node.contents.op_params[0]
+    names = {v: k for k, v in vars(kernels).items() if k.isupper() and isinstance(v, int)}
+    return f"GGRAD {names.get(kernel, kernel)}"
 
 
 def main() -> None:

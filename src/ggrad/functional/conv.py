@@ -23,7 +23,7 @@ from ..runtime import kernels, launch
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape
-from .layout import concat, matmul, matmul_nt, narrow, pad, permute
+from .layout import concat, matmul, matmul_nt, narrow, pad, permute, shared_product, shared_product_serves
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
 
@@ -335,11 +335,19 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
             kernels.supported(runtime.current().backend, kernels.GEMM):
         # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
-        # columns' gradient comes out in their own layout too): no transposed copies. The
-        # weight is repeated per image (and its gradient summed over them), so this is for
-        # layers with many pixels per channel; a deep layer (a ResNet's 512 channels of 4x4)
-        # takes the rows layout below, whose transposed copies are small there.
+        # columns' gradient comes out in their own layout too): no transposed copies. A
+        # product per image is for layers with many pixels per channel; a deep layer (a
+        # ResNet's 512 channels of 4x4) takes the rows layout below, one product for all
+        # the images, whose transposed copies are small there. With kernel set 18 the GEMM
+        # reads the weight for every image and adds the bias; before, the weight is
+        # repeated per image (and its gradient summed over them).
         width = c * kh * kw
+        fused_bias = bias is not None and _as_tensor(bias).shape == (oc,)
+        if kernels.supported(runtime.current().backend, kernels.COLUMNS) and \
+                shared_product_serves(weight, *([_as_tensor(bias)] if fused_bias else [])):
+            y = shared_product(reshape(weight, (oc, width)), _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)),
+                               _as_tensor(bias) if fused_bias else None)
+            return _finish(reshape(y, (n, oc, oh, ow)), None if fused_bias else bias, unbatched, "conv2d")
         flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
         if kernels.supported(runtime.current().backend, kernels.COLUMNS):
             y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
