@@ -23,7 +23,11 @@
   once per element); the cross_entropy kernels use ggml's vectorised exp; torch's max
   pooling and its gradient are one node each (NaN, padding, dilation as torch's kernel:
   thirteen nodes made ggml's POOL_2D torch's at the edges); a convolution's columns in
-  torch's unfold layout (a row per tap: strided copies of input rows) and their adjoint.
+  torch's unfold layout (a row per tap: strided copies of input rows) and their adjoint;
+  the GEMM kernel adds a bias per row or per column and sums its batches' products;
+  float32 sums (SUM_ROWS, SUM, MEAN) accumulate in eight doubles the compiler vectorizes;
+  a convolution and its two gradients as three nodes that make each image's columns in a
+  buffer of the thread's own (they never reach memory).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -42,7 +46,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 18
+KERNELS_VERSION = 19
 
 
 VULKAN_DISPATCH = """
@@ -312,13 +316,16 @@ def patch(tree: Path) -> None:
          "                   ((ggml_get_op_params_i32(op, 0) == 10 || ggml_get_op_params_i32(op, 0) == 11) &&\n"
          "                    ggml_ggrad_cpu_max_pool_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 12 || ggml_get_op_params_i32(op, 0) == 13) &&\n"
-         "                    ggml_ggrad_cpu_columns_supported(op));\n"
+         "                    ggml_ggrad_cpu_columns_supported(op)) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 16 &&\n"
+         "                    ggml_ggrad_cpu_conv_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
          "extern \"C\" bool ggml_ggrad_cpu_adamw_group_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_conv_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [

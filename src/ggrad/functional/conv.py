@@ -22,7 +22,7 @@ from .. import dtypes, lazy, ops, runtime
 from ..runtime import kernels, launch
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
-from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape
+from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape, sum_to
 from .layout import concat, matmul, matmul_nt, narrow, pad, permute, shared_product, shared_product_serves
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
@@ -270,6 +270,53 @@ def _columns_back_kernel(ctx, s, node):
     return ops.reshape(ctx, kernels.op(ctx, kernels.COLUMNS_BACK, (w * h, c * n), [g, image], list(node.arg)), node.shape)
 
 
+def _conv_kernel(x: Tensor, weight: Tensor, bias: Tensor | None, kernel: tuple, stride: tuple, pads: tuple,
+                 dilation: tuple, out: tuple) -> Tensor:
+    """conv2d (groups 1) as ggrad's CPU kernels, one node each way: each image's columns are
+    made in a buffer of the thread's own and multiplied from cache, never written to memory
+    (kernel set 19); the bias is added by the forward, its gradient summed as _finish's."""
+    x, top, left = _even_padding(x, pads)
+    n, c = x.shape[:2]
+    oc = weight.shape[0]
+    geometry = (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
+    w = reshape(weight, (oc, c * kernel[0] * kernel[1]))
+    parents = (x, w) if bias is None else (x, w, bias)
+    return _apply("conv_kernel", parents, (n, oc) + tuple(out), _conv_kernel_rule, geometry, x.dtype)
+
+
+def _conv_kernel_rule(ctx, g):
+    x, w = ctx.parents[:2]
+    gx = _apply("conv_kernel_back_input", (g, w.detach()), x.shape, None, ctx.arg, g.dtype) if x.requires_grad else None
+    gw = _apply("conv_kernel_back_weight", (g, x.detach()), w.shape, None, ctx.arg, g.dtype) if w.requires_grad else None
+    if len(ctx.parents) == 2:
+        return gx, gw
+    bias = ctx.parents[2]
+    return gx, gw, (reshape(sum_to(g, bias.shape + (1, 1)), bias.shape) if bias.requires_grad else None)
+
+
+@compute("conv_kernel")
+def _conv_kernel_node(ctx, s, node):
+    n, oc, oh, ow = node.shape
+    srcs = [ops.contiguous(ctx, t) for t in s]
+    return ops.reshape(ctx, kernels.op(ctx, kernels.CONV, (oh * ow, oc * n), srcs, list(node.arg)), node.shape)
+
+
+@compute("conv_kernel_back_input")
+def _conv_kernel_back_input_node(ctx, s, node):
+    n, c, h, w = node.shape
+    g, weight = (ops.contiguous(ctx, t) for t in s)
+    image = ops.template(ctx, node.shape)  # only its sizes are read
+    out = kernels.op(ctx, kernels.CONV_BACK_INPUT, (w * h, c * n), [g, weight, image], list(node.arg))
+    return ops.reshape(ctx, out, node.shape)
+
+
+@compute("conv_kernel_back_weight")
+def _conv_kernel_back_weight_node(ctx, s, node):
+    oc, width = node.shape
+    g, x = (ops.contiguous(ctx, t) for t in s)
+    return ops.reshape(ctx, kernels.op(ctx, kernels.CONV_BACK_WEIGHT, (width, oc), [g, x], list(node.arg)), node.shape)
+
+
 def _grouped_product(columns: Tensor, weight: Tensor, groups: int) -> Tensor:
     """(P, G*K) columns times a (G*O, K) weight, group by group -> (P, G*O)."""
     rows, width = columns.shape
@@ -343,8 +390,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # repeated per image (and its gradient summed over them).
         width = c * kh * kw
         fused_bias = bias is not None and _as_tensor(bias).shape == (oc,)
-        if kernels.supported(runtime.current().backend, kernels.COLUMNS) and \
-                shared_product_serves(weight, *([_as_tensor(bias)] if fused_bias else [])):
+        operands = (x, weight) + ((_as_tensor(bias),) if fused_bias else ())
+        if kernels.supported(runtime.current().backend, kernels.CONV) and shared_product_serves(*operands):
+            y = _conv_kernel(x, weight, operands[2] if fused_bias else None, (kh, kw), stride, pads, dilation, (oh, ow))
+            return _finish(y, None if fused_bias else bias, unbatched, "conv2d")
+        if kernels.supported(runtime.current().backend, kernels.COLUMNS) and shared_product_serves(*operands):
             y = shared_product(reshape(weight, (oc, width)), _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)),
                                _as_tensor(bias) if fused_bias else None)
             return _finish(reshape(y, (n, oc, oh, ow)), None if fused_bias else bias, unbatched, "conv2d")

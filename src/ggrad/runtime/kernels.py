@@ -34,9 +34,13 @@ MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilat
 MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes) (cpu only)
 COLUMNS = 12                  # x (W, H, C, N); as MAX_POOL -> a convolution's columns (OW*OH, C*KH*KW, N) (cpu only)
 COLUMNS_BACK = 13             # the columns' gradient; as COLUMNS -> (W, H, C, N) (cpu only)
+CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)]; as COLUMNS -> (OW*OH, OC*N) (cpu only)
+CONV_BACK_INPUT = 15          # g (OW*OH, OC*N), weight, x's shape; as COLUMNS -> (W*H, C*N) (cpu only)
+CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
-         MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17}  # the kernel set's version that added each
+         MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
+         CONV_BACK_WEIGHT: 19}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -110,7 +114,8 @@ def supported(dev_backend, kernel: int) -> bool:
     ggml's supports_op once per device and kernel, over a small float32 example."""
     key = (dev_backend.name, kernel)  # the device's name: a released backend's id is reused
     if key not in _supported:
-        usable = version() >= SINCE[kernel] and _constructor() is not None and (kernel != GEMM or blas_sgemm())
+        usable = version() >= SINCE[kernel] and _constructor() is not None and \
+            (kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT) or blas_sgemm())
         _supported[key] = usable and _ask(dev_backend, kernel)
     return _supported[key]
 
@@ -150,6 +155,12 @@ def _ask(dev_backend, kernel: int) -> bool:
             taps = [2, 1, 1, 1, 0, 0, 1, 1, 3, 2]
             node = op(ctx, kernel, (6, 2), [logits], taps) if kernel == COLUMNS else \
                 op(ctx, kernel, (4, 2), [G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 6, 2), logits], taps)
+        elif kernel in (CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT):  # 1x2 taps over one 4x2 plane, 2 channels out
+            taps = [2, 1, 1, 1, 0, 0, 1, 1, 3, 2]
+            weight, grad = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 2), G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 6, 2)
+            node = op(ctx, kernel, (6, 2), [logits, weight], taps) if kernel == CONV else \
+                op(ctx, kernel, (4, 2), [grad, weight, logits], taps) if kernel == CONV_BACK_INPUT else \
+                op(ctx, kernel, (2, 2), [grad, logits], taps)
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
