@@ -12,18 +12,21 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
 from ggrad.models import GGUF_NAMES, KVCache, Llama, LlamaConfig  # noqa: E402
-from ggrad.models.llama import gguf_name  # noqa: E402
+from ggrad.models.llama import gguf_name, tensor_count  # noqa: E402
 from ggrad.optim import Adam  # noqa: E402
 from conftest import assert_resident_training, run_in_child  # noqa: E402
 
 TINY = dict(vocab_size=37, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, max_seq_len=16)
 
 
-def tiny(tie: bool = False, seed: int = 0) -> Llama:
-    """The tiny model with random weights everywhere (norm weights too: ones would hide a
-    dropped one), scaled so that attention is far from uniform."""
+ARCHS = {"llama": {}, "qwen2": {}, "gemma": {"tie_embeddings": True, "key_length": 12}, "phi3": {}}
+
+
+def tiny(tie: bool = False, seed: int = 0, arch: str = "llama") -> Llama:
+    """The tiny model with random weights everywhere (norm weights and biases too: ones
+    and zeros would hide a dropped one), scaled so that attention is far from uniform."""
     rng = np.random.default_rng(seed)
-    model = Llama(LlamaConfig(**TINY, tie_embeddings=tie))
+    model = Llama(LlamaConfig(**{**TINY, "tie_embeddings": tie, "arch": arch, **ARCHS[arch]}))
     state = {}
     for key, p in model.state_dict().items():
         if key.endswith("norm.weight"):
@@ -34,38 +37,56 @@ def tiny(tie: bool = False, seed: int = 0) -> Llama:
     return model
 
 
-def rope(x, theta: float):
-    """Meta's llama rotary embedding: pairs (2j, 2j + 1) as complex numbers, turned by
-    position * theta^(-2j / head_dim)."""
+def rope(x, theta: float, interleaved: bool):
+    """The rotary embedding: pairs (2j, 2j + 1) (Meta's llama, llama.cpp's NORM) or (j,
+    j + head_dim / 2) (NEOX) as complex numbers, turned by position * theta^(-2j / head_dim)."""
     b, t, h, d = x.shape
     freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     angles = torch.outer(torch.arange(t, dtype=torch.float64), freqs)
     turn = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
-    pairs = torch.view_as_complex(x.reshape(b, t, h, d // 2, 2).contiguous())
-    return torch.view_as_real(pairs * turn).reshape(b, t, h, d)
+    if interleaved:
+        pairs = torch.view_as_complex(x.reshape(b, t, h, d // 2, 2).contiguous())
+        return torch.view_as_real(pairs * turn).reshape(b, t, h, d)
+    pairs = torch.complex(x[..., :d // 2], x[..., d // 2:]) * turn
+    return torch.cat([pairs.real, pairs.imag], -1)
 
 
 def reference(w: dict, tokens: np.ndarray, cfg: LlamaConfig):
-    """The llama forward pass in float64 torch, from the weights `w` (state-dict keys)."""
+    """The forward pass of cfg.arch in float64 torch, from the weights `w` (state-dict
+    keys), as llama.cpp's graph for it computes (gemma's gelu exact, not its fp16 table)."""
     def rms_norm(x, weight):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * weight
 
     b, t = tokens.shape
     hd, groups = cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
+    q_rows, kv_rows = cfg.n_heads * hd, cfg.n_kv_heads * hd
     causal = torch.triu(torch.full((t, t), float("-inf"), dtype=torch.float64), 1)
     x = w["tok_embeddings.weight"][torch.from_numpy(tokens)]
+    if cfg.arch == "gemma":
+        x = x * cfg.dim ** 0.5
     for i in range(cfg.n_layers):
         p = f"layers.{i}."
         h = rms_norm(x, w[p + "attention_norm.weight"])
-        q = rope((h @ w[p + "attention.wq.weight"].T).reshape(b, t, cfg.n_heads, hd), cfg.rope_theta)
-        k = rope((h @ w[p + "attention.wk.weight"].T).reshape(b, t, cfg.n_kv_heads, hd), cfg.rope_theta)
-        v = (h @ w[p + "attention.wv.weight"].T).reshape(b, t, cfg.n_kv_heads, hd)
+        if cfg.arch == "phi3":
+            q, k, v = torch.split(h @ w[p + "attention.wqkv.weight"].T, [q_rows, kv_rows, kv_rows], -1)
+        else:
+            q, k, v = (h @ w[p + f"attention.w{n}.weight"].T for n in "qkv")
+        if cfg.arch == "qwen2":
+            q, k, v = q + w[p + "attention.wq.bias"], k + w[p + "attention.wk.bias"], v + w[p + "attention.wv.bias"]
+        q = rope(q.reshape(b, t, cfg.n_heads, hd), cfg.rope_theta, cfg.arch == "llama")
+        k = rope(k.reshape(b, t, cfg.n_kv_heads, hd), cfg.rope_theta, cfg.arch == "llama")
+        v = v.reshape(b, t, cfg.n_kv_heads, hd)
         q, k, v = (z.transpose(1, 2) for z in (q, k.repeat_interleave(groups, 2), v.repeat_interleave(groups, 2)))
         scores = torch.softmax(q @ k.transpose(-1, -2) / hd ** 0.5 + causal, -1)
-        x = x + (scores @ v).transpose(1, 2).reshape(b, t, cfg.dim) @ w[p + "attention.wo.weight"].T
+        x = x + (scores @ v).transpose(1, 2).reshape(b, t, q_rows) @ w[p + "attention.wo.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"])
-        gate, up = h @ w[p + "feed_forward.w1.weight"].T, h @ w[p + "feed_forward.w3.weight"].T
-        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "feed_forward.w2.weight"].T
+        if cfg.arch == "phi3":
+            gate, up = torch.chunk(h @ w[p + "feed_forward.w13.weight"].T, 2, -1)
+        else:
+            gate, up = h @ w[p + "feed_forward.w1.weight"].T, h @ w[p + "feed_forward.w3.weight"].T
+        act = torch.nn.functional.gelu(gate, approximate="tanh") if cfg.arch == "gemma" else \
+            torch.nn.functional.silu(gate)
+        x = x + (act * up) @ w[p + "feed_forward.w2.weight"].T
     x = rms_norm(x, w["norm.weight"])
     return x @ w["tok_embeddings.weight" if cfg.tie_embeddings else "output.weight"].T
 
@@ -85,17 +106,19 @@ def tokens(batch: int = 2, seq: int = 11, seed: int = 1) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, TINY["vocab_size"], (batch, seq))
 
 
-def test_logits_equal_the_reference(dev):
-    model, ids = tiny(), tokens()
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_logits_equal_the_reference(dev, arch):
+    model, ids = tiny(arch=arch), tokens()
     logits = model(ids).numpy()
     assert logits.shape == (2, 11, TINY["vocab_size"])
     expected = reference(torch_weights(model), ids, model.config).detach().numpy()
     assert_close_to_max(logits, expected, 1e-5, "logits")
 
 
-@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
-def test_gradients_equal_the_reference(dev, tie):
-    model, ids = tiny(tie), tokens(seed=2)
+@pytest.mark.parametrize("tie,arch", [(False, "llama"), (True, "llama"), (True, "qwen2"), (True, "gemma"),
+                                      (False, "phi3")], ids=["untied", "tied", "qwen2", "gemma", "phi3"])
+def test_gradients_equal_the_reference(dev, tie, arch):
+    model, ids = tiny(tie, arch=arch), tokens(seed=2)
     targets = np.roll(ids, -1, axis=1)
     with ggrad.grad_tape():
         loss = F.cross_entropy(F.reshape(model(ids), (-1, TINY["vocab_size"])), targets.reshape(-1))
@@ -136,7 +159,14 @@ def test_state_dict_maps_one_to_one_onto_llama_cpp_names():
     names = set(gguf_name(k) for k in tiny().state_dict())
     assert {"token_embd.weight", "output_norm.weight", "blk.1.attn_q.weight", "blk.1.ffn_gate.weight",
             "blk.0.ffn_up.weight", "blk.0.ffn_down.weight", "blk.1.attn_output.weight"} <= names
-    assert len(names) == 2 + 9 * TINY["n_layers"] + 1 and len(GGUF_NAMES) == 12
+    assert len(names) == 2 + 9 * TINY["n_layers"] + 1 and len(GGUF_NAMES) == 17
+    # the other architectures: qwen2's biases, phi3's fused projections, each name once
+    for arch, extra in (("qwen2", {"blk.1.attn_q.bias", "blk.0.attn_v.bias"}),
+                        ("phi3", {"blk.1.attn_qkv.weight", "blk.0.ffn_up.weight"}), ("gemma", set())):
+        config = LlamaConfig(**{**TINY, "arch": arch, "tie_embeddings": True})
+        names = [gguf_name(k) for k in Llama(config).state_dict()]
+        assert len(set(names)) == len(names) == tensor_count(config) and extra <= set(names), arch
+        assert ("blk.0.ffn_gate.weight" in names) is (arch != "phi3")
 
 
 def test_training_drops_the_loss():
@@ -255,11 +285,12 @@ def test_half_precision_llama_trains(dev, dtype):
     assert last < 0.5 * first, out
 
 
-def test_the_kv_cache_computes_what_the_whole_window_does(dev):
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_the_kv_cache_computes_what_the_whole_window_does(dev, arch):
     """A prompt read in two pieces through a KVCache gives the whole window's logits, and
     generate (the prompt once, then one token at a time) picks the whole window's greedy
     tokens."""
-    model = tiny()
+    model = tiny(arch=arch)
     ids = list(np.random.default_rng(3).integers(0, model.config.vocab_size, 11))
     cache = KVCache()
     with ggrad.no_grad():

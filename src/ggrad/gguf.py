@@ -1,7 +1,8 @@
 """GGUF language models that llama.cpp loads: `save_model` writes a `ggrad.models.Llama` as
-llama.cpp's "llama" architecture (its hyperparameter keys, tensor names and types, and
-a byte-level tokenizer); `load_model` reads one back; `save_lora` writes the LoRA
-adapters of a model (`ggrad.nn.lora`) as a llama.cpp LoRA adapter.
+llama.cpp's architecture of its config ("llama", "qwen2", "gemma" or "phi3": its
+hyperparameter keys, tensor names and types, and a byte-level tokenizer); `load_model`
+reads one back; `save_lora` writes the LoRA adapters of a model (`ggrad.nn.lora`) as a
+llama.cpp LoRA adapter.
 
 `ggrad.export_gguf` (io.py) writes any module's state dict under ggrad's own names; this
 module writes what llama.cpp's model loader requires of a llama model.
@@ -18,7 +19,7 @@ import numpy as np
 from . import dtypes
 from .functional import quantized
 from .io import _host, write_gguf
-from .models.llama import GGUF_NAMES, Llama, LlamaConfig, gguf_name, state_shapes
+from .models.llama import ARCHITECTURES, GGUF_NAMES, Llama, LlamaConfig, gguf_name, state_shapes, tensor_count
 from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
 from .nn.lora import lora_layers
 from .runtime import quants
@@ -116,8 +117,8 @@ def _file_order(name: str) -> tuple:
 
 
 def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, dtype: str = "f32") -> str:
-    """Write `model` as a llama.cpp llama model: hyperparameters under "llama.*", tensors
-    under llama.cpp's names in `dtype` (f32, f16, bf16, or a quantized type: q4_0, q4_1,
+    """Write `model` as a llama.cpp model of its config's architecture: hyperparameters
+    under "<arch>.*", tensors under llama.cpp's names in `dtype` (f32, f16, bf16, or a quantized type: q4_0, q4_1,
     q5_0, q5_1, q8_0, q4_k, q5_k, q6_k; norms stay f32; weights a model holds
     quantized stay in their blocks, as they are), and the tokenizer (a `ByteTokenizer` by
     default)."""
@@ -145,7 +146,9 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
     file_type = getattr(gguf.LlamaFileType, _FILE_TYPES[dtype])
 
     def keys(writer) -> None:
-        writer.add_name("ggrad llama")
+        # not "ggrad phi3": llama.cpp's vocabulary loader gives a model named phi3 Phi-3's
+        # special tokens and fails where the vocabulary lacks them
+        writer.add_name("ggrad")
         writer.add_file_type(int(file_type))
         writer.add_context_length(c.max_seq_len)
         writer.add_embedding_length(c.dim)
@@ -153,13 +156,15 @@ def save_model(model: Llama, path: str, tokenizer: ByteTokenizer | None = None, 
         writer.add_feed_forward_length(c.ffn_dim)
         writer.add_head_count(c.n_heads)
         writer.add_head_count_kv(c.n_kv_heads)
+        writer.add_key_length(c.head_dim)
+        writer.add_value_length(c.head_dim)
         writer.add_rope_dimension_count(c.head_dim)
         writer.add_rope_freq_base(c.rope_theta)
         writer.add_layer_norm_rms_eps(c.norm_eps)
         writer.add_vocab_size(c.vocab_size)
         tokenizer.write(writer, c.vocab_size)
 
-    return write_gguf(path, "llama", keys, tensors)
+    return write_gguf(path, c.arch, keys, tensors)
 
 
 class _Layout:
@@ -310,38 +315,47 @@ def _float32(path: str, reader, key: str, default: float | None) -> float:
     return float(str(np.float32(value)))
 
 
-def _config(path: str, reader, tensors: dict) -> LlamaConfig:
+def _config(path: str, reader, tensors: dict, arch: str) -> LlamaConfig:
     """The model's hyperparameters: the header's keys, the vocabulary from the embedding."""
     embed = tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         raise ValueError(f"load_model: {path} has no 2-d tensor 'token_embd.weight'")
-    sizes = dict(dim="llama.embedding_length", n_layers="llama.block_count", n_heads="llama.attention.head_count",
-                 n_kv_heads="llama.attention.head_count_kv", ffn_dim="llama.feed_forward_length",
-                 max_seq_len="llama.context_length")
-    values = {name: _size(path, reader, key) for name, key in sizes.items()}
-    norm_eps = _float32(path, reader, "llama.attention.layer_norm_rms_epsilon", None)
-    rope_theta = _float32(path, reader, "llama.rope.freq_base", 10000.0)
+    sizes = dict(dim="embedding_length", n_layers="block_count", n_heads="attention.head_count",
+                 n_kv_heads="attention.head_count_kv", ffn_dim="feed_forward_length", max_seq_len="context_length")
+    values = {name: _size(path, reader, f"{arch}.{key}") for name, key in sizes.items()}
+    # llama.cpp's defaults: key and value length dim / heads, rotated dimensions the key length
+    head_dim = values["dim"] // values["n_heads"]
+    key_length, value_length = (_field(path, reader, f"{arch}.attention.{kind}_length", head_dim)
+                                for kind in ("key", "value"))
+    rotated = _field(path, reader, f"{arch}.rope.dimension_count", key_length)
+    if not key_length == value_length == rotated:
+        raise ValueError(f"load_model: {path}: key length {key_length}, value length {value_length} and rotated "
+                         f"dimensions {rotated} differ; ggrad's {arch} rotates whole heads of one size")
+    if arch == "phi3" and ({"rope_factors_long.weight", "rope_factors_short.weight"} & set(tensors) or
+                           _field(path, reader, "phi3.rope.scaling.attn_factor", 1.0) != 1.0):
+        raise ValueError(f"load_model: {path} is a long-context phi3 (rope factors, LongRoPE): ggrad's phi3 has "
+                         "plain RoPE")
+    norm_eps = _float32(path, reader, f"{arch}.attention.layer_norm_rms_epsilon", None)
+    rope_theta = _float32(path, reader, f"{arch}.rope.freq_base", 10000.0)
     try:
         return LlamaConfig(vocab_size=int(embed.shape[1]), **values, norm_eps=norm_eps, rope_theta=rope_theta,
-                           tie_embeddings="output.weight" not in tensors)
-    except ValueError as e:  # sizes that do not make a llama (dim not divisible by the heads...)
+                           tie_embeddings="output.weight" not in tensors, arch=arch,
+                           key_length=0 if key_length == head_dim else key_length)
+    except ValueError as e:  # sizes that do not make the model (dim not divisible by the heads...)
         raise ValueError(f"load_model: {path}: {e}") from None
 
 
-_BLOCK_TENSORS = sum("{n}" in pattern for pattern in _PATTERNS)
-
-
 def _check_tensors(path: str, config: LlamaConfig, tensors: dict) -> None:
-    """Refuse a file whose tensors are not those of a llama model of its header's sizes, as
-    llama.cpp's loader does (wrong number of tensors; check_tensor_dims): first by count,
-    so a header claiming a million blocks is refused before any per-block work."""
+    """Refuse a file whose tensors are not those of a model of its header's architecture and
+    sizes, as llama.cpp's loader does (wrong number of tensors; check_tensor_dims): first by
+    count, so a header claiming a million blocks is refused before any per-block work."""
     import gguf
 
-    expected = 2 + _BLOCK_TENSORS * config.n_layers + (not config.tie_embeddings)
+    expected = tensor_count(config)
     if len(tensors) != expected:
-        raise ValueError(f"load_model: {path} holds {len(tensors)} tensors; a llama model of its header's sizes "
-                         f"({config.n_layers} blocks{', tied embeddings' if config.tie_embeddings else ''}) has "
-                         f"{expected}")
+        raise ValueError(f"load_model: {path} holds {len(tensors)} tensors; a {config.arch} model of its header's "
+                         f"sizes ({config.n_layers} blocks{', tied embeddings' if config.tie_embeddings else ''}) "
+                         f"has {expected}")
     floats = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16)
     for key, shape in state_shapes(config).items():
         name = gguf_name(key)
@@ -357,11 +371,12 @@ def _check_tensors(path: str, config: LlamaConfig, tensors: dict) -> None:
                              f"and {', '.join(dtypes.QUANTIZED)} tensors")
         if t.tensor_type not in floats and len(ne) == 1:
             raise ValueError(f"load_model: {path}: {name} is {t.tensor_type.name.lower()}; load_model reads quantized "
-                             "matrices only (norms are float, as llama.cpp's converter writes them)")
+                             "matrices only (norms and biases are float, as llama.cpp's converter writes them)")
 
 
 def load_model(path: str) -> Llama:
-    """Build a `Llama` from a llama GGUF (what `save_model` or llama.cpp's converter writes):
+    """Build a `Llama` from a GGUF of the llama family, "llama" (Mistral's too), "qwen2",
+    "gemma" or "phi3" (what `save_model` or llama.cpp's converter writes):
     f32, f16 and bf16 tensors become float32 parameters (exact); quantized matrices (q4_0 ...
     q8_0, q4_k, q5_k, q6_k) stay in their blocks on the device, frozen
     (QuantizedLinear, QuantizedEmbedding): the model
@@ -373,10 +388,10 @@ def load_model(path: str) -> Llama:
     path = os.fspath(path)
     reader = _reader(path)
     arch = _field(path, reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"load_model: {path} holds a {arch!r} model; it reads llama models")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"load_model: {path} holds a {arch!r} model; it reads {', '.join(ARCHITECTURES)} models")
     tensors = {t.name: t for t in reader.tensors}
-    config = _config(path, reader, tensors)
+    config = _config(path, reader, tensors, arch)
     _check_tensors(path, config, tensors)
     model = Llama(config)
     state = {}
@@ -386,8 +401,9 @@ def load_model(path: str) -> Llama:
         if kind is not None:  # kept in its blocks, frozen
             name = key.removesuffix(".weight")
             weight = quantized.from_blocks(np.asarray(t.data), param.shape, dtypes.QUANTIZED[kind.name])
-            layer = QuantizedEmbedding(weight) if isinstance(model.get_submodule(name), Embedding) else \
-                QuantizedLinear(weight)
+            module = model.get_submodule(name)
+            layer = QuantizedEmbedding(weight) if isinstance(module, Embedding) else \
+                QuantizedLinear(weight, module.bias)  # its bias is loaded with the state below
             model.set_submodule(name, layer)
         else:
             values = gguf.quants.dequantize(t.data, t.tensor_type).reshape(param.shape)
@@ -421,4 +437,4 @@ def save_lora(model: Llama, path: str) -> str:
         writer.add_string("adapter.type", "lora")
         writer.add_float32("adapter.lora.alpha", alpha)
 
-    return write_gguf(path, "llama", keys, tensors)
+    return write_gguf(path, model.config.arch, keys, tensors)  # llama.cpp refuses an adapter of another arch

@@ -1,5 +1,5 @@
 """Whole models built from ggrad.nn parts, laid out as the programs that run them expect."""
 
-from .llama import GGUF_NAMES, KVCache, Llama, LlamaConfig
+from .llama import ARCHITECTURES, GGUF_NAMES, KVCache, Llama, LlamaConfig
 
-__all__ = ["GGUF_NAMES", "KVCache", "Llama", "LlamaConfig"]
+__all__ = ["ARCHITECTURES", "GGUF_NAMES", "KVCache", "Llama", "LlamaConfig"]

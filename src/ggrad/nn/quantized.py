@@ -13,13 +13,18 @@ from .module import Module
 
 
 class QuantizedLinear(Module):
-    """y = x @ W^T (+ bias) with W frozen in its blocks; the gradient reaches x, never W."""
+    """y = x @ W^T (+ bias) with W frozen in its blocks; the gradient reaches x, never W. The
+    bias is float32, frozen too: a buffer, so the state dict holds it (qwen2's q/k/v
+    biases load and save with their quantized weights)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = quantized.frozen_weight(weight, "QuantizedLinear").shape
         self.weight = weight
-        self.bias = bias
+        if bias is None:
+            self.bias = None
+        else:
+            self.register_buffer("bias", bias.detach())
 
     @classmethod
     def from_linear(cls, linear: Linear, dtype=dtypes.q8_0) -> QuantizedLinear:
