@@ -75,6 +75,25 @@ else
   rm -rf "$out.tmp/sdist" "$out.tmp/src" "$out"; mv "$out.tmp" "$out"
 fi
 
+# llama.cpp's tokenizer test vocabularies (vocab-only GGUF files with their .inp texts and
+# .out ids, from the sdist's models/), the oracle of ggrad's GGUF tokenizer tests
+vocab="$CACHE/llama-cpp-vocab-$LLAMA_CPP_VERSION"
+if [ ! -f "$vocab/.complete" ]; then
+  rm -rf "$vocab.tmp"; mkdir -p "$vocab.tmp/sdist"
+  sdist="${LLAMA_CPP_SDIST:-}"
+  if [ -z "$sdist" ]; then
+    "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$vocab.tmp/sdist" \
+      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+    sdist="$vocab.tmp/sdist/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
+  fi
+  tar xzf "$sdist" -C "$vocab.tmp" --strip-components=4 --wildcards \
+    "*/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf*" "*/vendor/llama.cpp/models/ggml-vocab-phi-3.gguf*" \
+    "*/vendor/llama.cpp/models/ggml-vocab-gpt-2.gguf*" "*/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf*" \
+    "*/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf*"
+  rm -rf "$vocab.tmp/sdist" "$vocab"; touch "$vocab.tmp/.complete"; mv "$vocab.tmp" "$vocab"
+  log "kept llama.cpp's test vocabularies in $vocab"
+fi
+
 if [ "$INSTALL" = 1 ]; then
   wheel="$(ls "$out"/llama_cpp_python-$LLAMA_CPP_VERSION-*.whl)"
   stamp="$(sha256sum "$wheel" | cut -c1-64)"
