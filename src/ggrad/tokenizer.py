@@ -10,7 +10,6 @@ Pure Python over the file's lists: no tensors, no device.
 from __future__ import annotations
 
 import heapq
-import os
 
 # token types (gguf's TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
