@@ -120,7 +120,7 @@ LAYERS = [
     ["ggrad.tensor", "ggrad.random", "ggrad.checks", "ggrad.capture", "ggrad.gradcheck"],
     ["ggrad.functional"],
     ["ggrad.nn", "ggrad.optim", "ggrad.amp", "ggrad.cuda", "ggrad.models", "ggrad.creation"],
-    ["ggrad.train", "ggrad.io", "ggrad.gguf", "ggrad.data", "ggrad.distributed", "ggrad.utils", "ggrad.sklearn",
+    ["ggrad.train", "ggrad.io", "ggrad.gguf", "ggrad.finetune", "ggrad.data", "ggrad.distributed", "ggrad.utils", "ggrad.sklearn",
      "ggrad.__main__"],
 ]
 

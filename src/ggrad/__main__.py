@@ -1,4 +1,5 @@
-"""`python -m ggrad info`: versions and every usable device."""
+"""`python -m ggrad info`: versions and every usable device.
+`python -m ggrad finetune MODEL.gguf DATA.txt`: LoRA adapters for a llama.cpp model."""
 
 from __future__ import annotations
 
@@ -35,11 +36,53 @@ def info() -> None:
     print(f"default device: {ggrad.get_device()}; gpu available: {ggrad.gpu_available()}")
 
 
+def finetune(args: argparse.Namespace) -> None:
+    import ggrad
+    from ggrad.finetune import finetune as run
+
+    ggrad.set_device(args.device)
+    ggrad.manual_seed(args.seed)
+    targets = tuple(args.targets.split(",")) if args.targets else None
+    result = run(args.model, args.data, args.out, rank=args.rank, alpha=args.alpha, steps=args.steps, lr=args.lr,
+                 batch=args.batch, context=args.context, targets=targets, seed=args.seed,
+                 checkpoint_every=args.checkpoint_every)
+    first, last = result.losses[0] if result.losses else float("nan"), result.losses[-1] if result.losses else float("nan")
+    print(f"{result.tokens} tokens of {args.data}; loss {first:.3f} at the first step, {last:.3f} at the last")
+    print(f"wrote {result.adapter} (llama.cpp LoRA adapter, rank {args.rank}, alpha {args.alpha:g})")
+    if result.plot:
+        print(f"loss curve: {result.plot}")
+    print(f"run it in llama.cpp:\n  {result.command}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggrad")
-    parser.add_argument("command", choices=["info"])
-    parser.parse_args(argv)
-    info()
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="versions and every usable device")
+    tune = commands.add_parser("finetune", help="LoRA adapters over a llama.cpp model (GGUF), trained on a text file",
+                               description="Train LoRA adapters over MODEL (llama, qwen2, gemma or phi3 GGUF; "
+                               "quantized matrices stay in their blocks) on DATA read through the model's vocabulary, "
+                               "and write a llama.cpp LoRA adapter. Run again to resume from the checkpoint.")
+    tune.add_argument("model", help="the base model, a GGUF file")
+    tune.add_argument("data", help="a UTF-8 text file")
+    tune.add_argument("--out", default="adapter.gguf", help="the adapter to write (default: adapter.gguf)")
+    tune.add_argument("--rank", type=int, default=8)
+    tune.add_argument("--alpha", type=float, default=16.0)
+    tune.add_argument("--steps", type=int, default=200)
+    tune.add_argument("--lr", type=float, default=1e-3)
+    tune.add_argument("--batch", type=int, default=8)
+    tune.add_argument("--context", type=int, default=128, help="tokens per window (at most the model's context)")
+    tune.add_argument("--targets", default="", help="comma-separated matrices to adapt (default: every projection)")
+    tune.add_argument("--checkpoint-every", type=int, default=50)
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--device", default=None, help="cpu, vulkan:0, cuda:0... (default: ggrad's default device)")
+    args = parser.parse_args(argv)
+    if args.command == "info":
+        info()
+    else:
+        if args.device is None:
+            import ggrad
+            args.device = ggrad.get_device()
+        finetune(args)
     return 0
 
 
