@@ -27,7 +27,8 @@
   the GEMM kernel adds a bias per row or per column and sums its batches' products;
   float32 sums (SUM_ROWS, SUM, MEAN) accumulate in eight doubles the compiler vectorizes;
   a convolution and its two gradients as three nodes that make each image's columns in a
-  buffer of the thread's own (they never reach memory).
+  buffer of the thread's own (they never reach memory); a quantized weight's product
+  gradient (g @ W) from chunks of W converted to float32 in a thread's buffer.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -46,7 +47,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 19
+KERNELS_VERSION = 20
 
 
 VULKAN_DISPATCH = """
@@ -317,7 +318,7 @@ def patch(tree: Path) -> None:
          "                    ggml_ggrad_cpu_max_pool_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 12 || ggml_get_op_params_i32(op, 0) == 13) &&\n"
          "                    ggml_ggrad_cpu_columns_supported(op)) ||\n"
-         "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 16 &&\n"
+         "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 17 &&\n"
          "                    ggml_ggrad_cpu_conv_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",

@@ -80,3 +80,20 @@ def test_the_vulkan_banner_is_read_into_each_devices_traits(monkeypatch):
                                                  "shared memory": "49152", "int dot": "1",
                                                  "matrix cores": "NV_coopmat2"}
     assert backend.vulkan_traits("vulkan:3") == {} and backend.vulkan_traits("cpu") == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 37], ids=["one row", "37 rows"])
+def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev, kind, rows):
+    """x @ W^T's gradient to x for a quantized W (the CPU's kernel from chunks of W, else
+    OUT_PROD or rows read to float32) equals g @ dequantize(W) in float64, over more than
+    one chunk of W's rows (300) and with the threads sharing W's blocks of columns."""
+    w = weights(rows=300, cols=512, seed=3)
+    q = quantized.quantize(w, dtypes.QUANTIZED[kind])
+    rng = np.random.default_rng(4)
+    x = ggrad.tensor(rng.standard_normal((rows, 512)).astype(np.float32), requires_grad=True)
+    g = rng.standard_normal((rows, 300)).astype(np.float32)
+    with ggrad.grad_tape():
+        quantized.linear(x, q).backward(ggrad.tensor(g))
+    expected = g.astype(np.float64) @ quantized.dequantize(q).astype(np.float64)
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())

@@ -954,14 +954,20 @@ def _matmul_q(ctx, s, node):
 
 @builder("matmul_q_back")
 def _matmul_q_back(ctx, s, node):
-    """The gradient g @ W of x @ W^T for a quantized W: ggml's out_prod(W, g^T), which
-    reads W's blocks; where the backend has no OUT_PROD of a quantized W (Vulkan, CUDA), W's
-    rows are read to float32 inside this graph (GET_ROWS of every row: scratch, freed with
-    it) for a mul_mat. ggml-cuda's GET_ROWS lacks the K-quants: the graph's check then names
-    the op (issue 31's quantized OUT_PROD kernel is the way)."""
+    """The gradient g @ W of x @ W^T for a quantized W, W never held whole in float32: the
+    CPU's kernel (kernel set 20: chunks of W converted in a thread's buffer, then the BLAS),
+    else ggml's out_prod(W, g^T), which reads W's blocks; where the backend has no OUT_PROD
+    of a quantized W (Vulkan, CUDA), W's rows are read to float32 inside this graph (GET_ROWS
+    of every row: scratch, freed with it) for a mul_mat. ggml-cuda's GET_ROWS lacks the
+    K-quants: the graph's check then names the op."""
     g, w = s
     rows = math.prod(node.shape[:-1])
-    g2 = G.ggml_reshape_2d(ctx, as_type(ctx, g, F32), w.contents.ne[1], rows)
+    g2 = G.ggml_reshape_2d(ctx, contiguous(ctx, as_type(ctx, g, F32)), w.contents.ne[1], rows)
+    from . import runtime
+    if kernels.supported(runtime.current().backend, kernels.QMATMUL_BACK):
+        product = _supported(kernels.op(ctx, kernels.QMATMUL_BACK, (w.contents.ne[0], rows), [w, g2], []))
+        if product is not None:
+            return reshape(ctx, product, node.shape)
     product = _supported(G.ggml_out_prod(ctx, w, G.ggml_cont(ctx, G.ggml_transpose(ctx, g2))))
     if product is None:
         every_row = G.ggml_cast(ctx, G.ggml_arange(ctx, 0.0, float(w.contents.ne[1]), 1.0), G.GGML_TYPE_I32)

@@ -37,10 +37,11 @@ COLUMNS_BACK = 13             # the columns' gradient; as COLUMNS -> (W, H, C, N
 CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)]; as COLUMNS -> (OW*OH, OC*N) (cpu only)
 CONV_BACK_INPUT = 15          # g (OW*OH, OC*N), weight, x's shape; as COLUMNS -> (W*H, C*N) (cpu only)
 CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
+QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu only)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
-         CONV_BACK_WEIGHT: 19}  # the kernel set's version that added each
+         CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -115,7 +116,7 @@ def supported(dev_backend, kernel: int) -> bool:
     key = (dev_backend.name, kernel)  # the device's name: a released backend's id is reused
     if key not in _supported:
         usable = version() >= SINCE[kernel] and _constructor() is not None and \
-            (kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT) or blas_sgemm())
+            (kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT, QMATMUL_BACK) or blas_sgemm())
         _supported[key] = usable and _ask(dev_backend, kernel)
     return _supported[key]
 
@@ -161,6 +162,9 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (6, 2), [logits, weight], taps) if kernel == CONV else \
                 op(ctx, kernel, (4, 2), [grad, weight, logits], taps) if kernel == CONV_BACK_INPUT else \
                 op(ctx, kernel, (2, 2), [grad, logits], taps)
+        elif kernel == QMATMUL_BACK:  # a Q8_0 weight of 2 rows of 32
+            weight = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_Q8_0, 32, 2)
+            node = op(ctx, kernel, (32, 2), [weight, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 2)], [])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
