@@ -2,8 +2,11 @@
 ggrad with the base kept in its Q4_K blocks, against PyTorch on the dequantized float32
 weights with the same adapters, in the same process, interleaved blocks.
 
-    .venv/bin/python bench/lora_tokens.py [--blocks 5] [--steps 3] [--device cpu]
+    .venv/bin/python bench/lora_tokens.py [--blocks 5] [--steps 3] [--device cpu] [--dtype q4_k]
     python3 bench/lora_tokens.py --device cuda:0 --torch-device cuda      (GPU host)
+
+(On CUDA the input gradient through a K-quant matrix reads its rows with GET_ROWS, which
+ggml-cuda 0.15.3 lacks for the K-quants: --dtype q8_0 there until a CUDA kernel exists.)
 
 The model: llama layout, dim 768, 12 blocks, 12 heads (4 key/value heads), FFN 2048, a
 32000-token vocabulary with tied embeddings (103M parameters); LoRA rank 8, alpha 16 on
@@ -31,7 +34,7 @@ TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")
 RANK, ALPHA, LR = 8, 16.0, 1e-4
 
 
-def ggrad_side(device: str, batch: int, context: int, seed: int):
+def ggrad_side(device: str, batch: int, context: int, seed: int, dtype: str = "q4_k"):
     import ggrad
     import ggrad.functional as F
     from ggrad import gguf
@@ -46,7 +49,7 @@ def ggrad_side(device: str, batch: int, context: int, seed: int):
     with ggrad.no_grad():  # a language model's scale (N(0, 1) embeddings give logits in the hundreds)
         base.tok_embeddings.weight.assign_(base.tok_embeddings.weight.numpy() * 0.02)
     with tempfile.TemporaryDirectory() as folder:
-        path = gguf.save_model(base, f"{folder}/base.gguf", dtype="q4_k")
+        path = gguf.save_model(base, f"{folder}/base.gguf", dtype=dtype)
         model = gguf.load_model(path)
     floats = {k: v.numpy() for k, v in model.state_dict().items()}  # norms
     for name, module in model.named_modules():  # the float weights PyTorch trains over
@@ -139,15 +142,16 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="steps per block")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--dtype", default="q4_k", help="the base's type (q4_k, q8_0...)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     batches = [(ids[:, :-1], ids[:, 1:].reshape(-1)) for ids in
                (rng.integers(0, CONFIG["vocab_size"], (args.batch, args.context + 1)) for _ in range(4))]
-    ours, floats, adapters, held = ggrad_side(args.device, args.batch, args.context, 0)
+    ours, floats, adapters, held = ggrad_side(args.device, args.batch, args.context, 0, args.dtype)
     theirs, torch_bytes = torch_side(floats, adapters, args.torch_device)
     params = sum(v.size for v in floats.values())
     first = (ours(*batches[0]), theirs(*batches[0]))
-    print(f"model: {params / 1e6:.0f}M parameters (Q4_K base {held / 2**20:.0f} MiB in ggrad; PyTorch's float32 "
+    print(f"model: {params / 1e6:.0f}M parameters ({args.dtype.upper()} base {held / 2**20:.0f} MiB in ggrad; PyTorch's float32 "
           f"matrices {torch_bytes / 2**20:.0f} MiB); LoRA rank {RANK} on {len(adapters) // 2} matrices; "
           f"batch {args.batch} x {args.context} tokens")
     print(f"first loss: ggrad {first[0]:.6f}, PyTorch {first[1]:.6f} (relative {abs(first[0] - first[1]) / first[1]:.1e})")
@@ -161,7 +165,7 @@ def main() -> None:
     tokens = args.batch * args.context
     g, t = statistics.median(times["ggrad"]), statistics.median(times["PyTorch"])
     print(f"| side | device | s/step (median of {args.blocks}) | tokens/s |\n| --- | --- | --- | --- |")
-    print(f"| ggrad, Q4_K base | {args.device} | {g:.3f} | {tokens / g:.0f} |")
+    print(f"| ggrad, {args.dtype.upper()} base | {args.device} | {g:.3f} | {tokens / g:.0f} |")
     print(f"| PyTorch, float32 base | {args.torch_device} | {t:.3f} | {tokens / t:.0f} |")
     print(f"ratio (ggrad time / PyTorch time): {g / t:.2f}; all blocks: ggrad "
           f"{', '.join(f'{v:.3f}' for v in times['ggrad'])}; PyTorch {', '.join(f'{v:.3f}' for v in times['PyTorch'])}")

@@ -42,7 +42,7 @@ if [ "${1:-}" != bench-only ]; then
   tested=${PIPESTATUS[0]}
 fi
 [ "${1:-}" = tests-only ] && exit "${tested:-0}"
-# BENCHES: the names below to run (default: all), e.g. BENCHES="train-high cnn"
+# BENCHES: the names below to run (default: all), e.g. BENCHES="train-high cnn lora"
 bench() { local name="$1" seconds="$2"; shift 2
   [ -n "${BENCHES:-}" ] && [[ " $BENCHES " != *" $name "* ]] && return
   timeout "$seconds" python3 "$@" 2>&1 | grep -v "graph warmup" | tee "$OUT/$name-$mode.txt"; }
@@ -63,5 +63,7 @@ bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --p
   --models mlp-mnist mlp-large $graph $blocks
 bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
 bench word-lm 60 bench/word_lm.py --device "$mode" --torch-device cuda --blocks 5   # the LSTM language model
+# issue 31's row: LoRA over a 100M-parameter Q4_K llama, tokens/s beside PyTorch on the float weights
+bench lora 120 bench/lora_tokens.py --device "$mode" --torch-device cuda --blocks 5 --steps 3 --dtype "${LORA_DTYPE:-q4_k}"
 bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
   --eager $graph $blocks
