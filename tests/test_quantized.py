@@ -84,10 +84,13 @@ def test_the_vulkan_banner_is_read_into_each_devices_traits(monkeypatch):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows", [1, 37], ids=["one row", "37 rows"])
-def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev, kind, rows):
+def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev, kind, rows, monkeypatch):
     """x @ W^T's gradient to x for a quantized W (the CPU's kernel from chunks of W, else
-    OUT_PROD or rows read to float32) equals g @ dequantize(W) in float64, over more than
-    one chunk of W's rows (300) and with the threads sharing W's blocks of columns."""
+    OUT_PROD or chunks of rows read to float32: 128 rows a chunk here) equals g @
+    dequantize(W) in float64, over more than one chunk of W's rows (300) and with the CPU's
+    threads sharing W's blocks of columns."""
+    from ggrad import ops
+    monkeypatch.setattr(ops, "QUANT_BACK_CHUNK_BYTES", 128 * 512 * 4)
     w = weights(rows=300, cols=512, seed=3)
     q = quantized.quantize(w, dtypes.QUANTIZED[kind])
     rng = np.random.default_rng(4)

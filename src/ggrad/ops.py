@@ -952,27 +952,38 @@ def _matmul_q(ctx, s, node):
     return reshape(ctx, _precise(G.ggml_mul_mat(ctx, w, as_type(ctx, x, F32))), node.shape)
 
 
+# the float32 rows of a quantized matrix one backward reads at a time where no kernel reads
+# its blocks (Vulkan, CUDA): the scratch of g @ W stays this size however large W is
+QUANT_BACK_CHUNK_BYTES = 16 << 20
+
+
 @builder("matmul_q_back")
 def _matmul_q_back(ctx, s, node):
     """The gradient g @ W of x @ W^T for a quantized W, W never held whole in float32: the
     CPU's kernel (kernel set 20: chunks of W converted in a thread's buffer, then the BLAS),
     else ggml's out_prod(W, g^T), which reads W's blocks; where the backend has no OUT_PROD
-    of a quantized W (Vulkan, CUDA), W's rows are read to float32 inside this graph (GET_ROWS
-    of every row: scratch, freed with it) for a mul_mat. ggml-cuda's GET_ROWS lacks the
-    K-quants: the graph's check then names the op."""
+    of a quantized W (Vulkan, CUDA), chunks of W's rows (QUANT_BACK_CHUNK_BYTES of float32
+    each: scratch of this graph) are read with GET_ROWS and multiplied, their products added.
+    ggml-cuda's GET_ROWS lacks the K-quants: the graph's check then names the op."""
     g, w = s
     rows = math.prod(node.shape[:-1])
-    g2 = G.ggml_reshape_2d(ctx, contiguous(ctx, as_type(ctx, g, F32)), w.contents.ne[1], rows)
+    n_in, n_out = w.contents.ne[0], w.contents.ne[1]
+    g2 = G.ggml_reshape_2d(ctx, contiguous(ctx, as_type(ctx, g, F32)), n_out, rows)
     from . import runtime
     if kernels.supported(runtime.current().backend, kernels.QMATMUL_BACK):
-        product = _supported(kernels.op(ctx, kernels.QMATMUL_BACK, (w.contents.ne[0], rows), [w, g2], []))
+        product = _supported(kernels.op(ctx, kernels.QMATMUL_BACK, (n_in, rows), [w, g2], []))
         if product is not None:
             return reshape(ctx, product, node.shape)
     product = _supported(G.ggml_out_prod(ctx, w, G.ggml_cont(ctx, G.ggml_transpose(ctx, g2))))
     if product is None:
-        every_row = G.ggml_cast(ctx, G.ggml_arange(ctx, 0.0, float(w.contents.ne[1]), 1.0), G.GGML_TYPE_I32)
-        wt = G.ggml_cont(ctx, G.ggml_transpose(ctx, G.ggml_get_rows(ctx, w, every_row)))
-        product = _precise(G.ggml_mul_mat(ctx, wt, g2))
+        chunk = max(1, QUANT_BACK_CHUNK_BYTES // (4 * n_in))
+        for first in range(0, n_out, chunk):
+            count = min(chunk, n_out - first)
+            index = G.ggml_cast(ctx, G.ggml_arange(ctx, float(first), float(first + count), 1.0), G.GGML_TYPE_I32)
+            wt = G.ggml_cont(ctx, G.ggml_transpose(ctx, G.ggml_get_rows(ctx, w, index)))  # (count, in) -> W^T rows
+            part_g = G.ggml_view_2d(ctx, g2, count, rows, g2.contents.nb[1], first * 4)
+            part = _precise(G.ggml_mul_mat(ctx, wt, contiguous(ctx, part_g)))
+            product = part if product is None else G.ggml_add(ctx, product, part)
     return reshape(ctx, product, node.shape)
 
 
