@@ -24,7 +24,6 @@
   pooling and its gradient are one node each (NaN, padding, dilation as torch's kernel:
   thirteen nodes made ggml's POOL_2D torch's at the edges); a convolution's columns in
   torch's unfold layout (a row per tap: strided copies of input rows) and their adjoint;
-  the GEMM kernel adds a bias per row or per column and sums its batches' products;
   float32 sums (SUM_ROWS, SUM, MEAN) accumulate in eight doubles the compiler vectorizes;
   a convolution and its two gradients as three nodes that make each image's columns in a
   buffer of the thread's own (they never reach memory); a quantized weight's product
@@ -47,7 +46,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 20
+KERNELS_VERSION = 21
 
 
 VULKAN_DISPATCH = """

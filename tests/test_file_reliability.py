@@ -80,8 +80,8 @@ def test_a_header_claiming_a_million_blocks_is_refused_before_allocating(tmp_pat
 
 
 def test_state_shapes_are_the_models():
-    for tied in (False, True):
-        config = LlamaConfig(**{**CONFIG.__dict__, "n_layers": 2, "tie_embeddings": tied})
+    for tied, arch in ((False, "llama"), (True, "llama"), (False, "qwen2"), (True, "gemma"), (False, "phi3")):
+        config = LlamaConfig(**{**CONFIG.__dict__, "n_layers": 2, "tie_embeddings": tied, "arch": arch})
         assert state_shapes(config) == {k: v.shape for k, v in Llama(config).state_dict().items()}
 
 
@@ -95,7 +95,9 @@ MISFITS = {
     "two dims swapped": (swapped, {}, "'blk.0.attn_k.weight' has shape [32, 64], expected [64, 32]"),
     "a tensor missing": (lambda s: {k: v for k, v in s.items() if k != "blk.0.ffn_up.weight"}, {},
                          "holds 11 tensors"),
-    "a tensor too many": (lambda s: {**s, "rope_freqs.weight": np.ones(8)}, {}, "holds 13 tensors"),
+    "a tensor too many": (lambda s: {**s, "token_types.weight": np.ones(8)}, {}, "holds 13 tensors"),
+    "rope frequencies": (lambda s: {**s, "rope_freqs.weight": np.ones(8)}, {}, "scales its RoPE"),
+    "yarn rope scaling": (lambda s: s, {"rope.scaling.type": "yarn"}, "scales its RoPE (yarn"),
     "more blocks claimed": (lambda s: s, {"block_count": 2}, "(2 blocks) has 21"),
     "a size as a string": (lambda s: s, {"embedding_length": "64"}, "'llama.embedding_length' must be a positive"),
     "a wrong row length": (lambda s: s, {"embedding_length": 32, "head_count": 2, "head_count_kv": 2},

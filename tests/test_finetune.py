@@ -82,7 +82,24 @@ def test_bad_arguments_and_a_foreign_checkpoint_raise_clearly(files, tmp_path):
     with pytest.raises(ValueError, match="fewer than a window"):
         ft.finetune(base, str(short), str(tmp_path / "a.gguf"), context=32, progress=False)
     out = str(tmp_path / "b.gguf")
-    ggrad.save({"model": "/elsewhere.gguf", "rank": 8, "step": 1, "losses": [1.0], "adapters": {},
-                "optimizer": {}}, out + ".checkpoint")
-    with pytest.raises(ValueError, match="another model or rank"):
-        ft.finetune(base, data, out, progress=False)
+    kw = dict(steps=10, batch=2, context=16, checkpoint_every=5, progress=False)
+    draw = ft.windows
+
+    def interrupted(data, step, *args):
+        if step == 7:
+            raise KeyboardInterrupt
+        return draw(data, step, *args)
+    ft.windows = interrupted
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ft.finetune(base, data, out, **kw)
+    finally:
+        ft.windows = draw
+    for change in (dict(alpha=8.0), dict(lr=1e-2), dict(seed=3), dict(context=8), dict(rank=4)):
+        with pytest.raises(ValueError, match=f"another {next(iter(change))}"):
+            ft.finetune(base, data, out, **{**kw, **change})
+    other = tmp_path / "other.txt"
+    other.write_text(open(data, encoding="utf-8").read()[::-1], encoding="utf-8")
+    with pytest.raises(ValueError, match="another data"):
+        ft.finetune(base, str(other), out, **kw)
+    assert len(ft.finetune(base, data, out, **kw).losses) == 10  # the same command resumes

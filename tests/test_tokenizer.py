@@ -36,7 +36,8 @@ def test_llama_cpps_own_tokenizer_cases(name):
 
 TEXTS = ["", " ", "Hello world", "  two  spaces\n\n\tand tabs ", "naïve café 東京 🦙 ∑", "don't you'LL 123456 7.5e-3",
          "<s> a</s>b <|endoftext|><|im_start|>user\nhi<|im_end|>", "\u0000\u0001 odd \x7f bytes ￿",
-         "def f(x):\n    return x ** 2  # é€", "a" * 50 + " " + "ab" * 30]
+         "def f(x):\n    return x ** 2  # é€", "a" * 50 + " " + "ab" * 30,
+         " ? Hello , world . it 's a ' ' b ' c ! they 're we 've I 'm", "<|fim_prefix|>x<|fim_suffix|>y<|fim_middle|>"]
 
 LLAMA_CPP = """
 import ctypes, json, sys

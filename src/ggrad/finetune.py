@@ -10,6 +10,7 @@ what the uninterrupted run would have.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from dataclasses import dataclass, field
@@ -65,13 +66,18 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
     adapters = {name: p for name, p in model.named_parameters() if p.requires_grad}
     opt = AdamW(list(adapters.values()), lr=lr, weight_decay=0.0)
     checkpoint = out + ".checkpoint"
+    # what makes a run: a checkpoint of another is refused, not mixed in
+    run = {"model": os.path.abspath(model_path), "data": hashlib.sha256(text.encode()).hexdigest(), "rank": rank,
+           "alpha": float(alpha), "lr": float(lr), "batch": batch, "context": context, "seed": seed,
+           "targets": sorted(adapters), "steps": steps}
     losses: list[float] = []
     start = 0
     if os.path.exists(checkpoint):
         saved = io.load(checkpoint)
-        if saved["model"] != os.path.abspath(model_path) or saved["rank"] != rank or sorted(saved["adapters"]) != \
-                sorted(adapters):
-            raise ValueError(f"finetune: {checkpoint} is a run of another model or rank; remove it to start over")
+        changed = [key for key, value in run.items() if key != "steps" and saved.get("run", {}).get(key) != value]
+        if changed:
+            raise ValueError(f"finetune: {checkpoint} is a run with another {', '.join(changed)}; run the same "
+                             "command to resume it, or remove it to start over")
         model.load_state_dict(saved["adapters"], strict=False)
         opt.load_state_dict(saved["optimizer"])
         start, losses = int(saved["step"]), [float(v) for v in saved["losses"]]
@@ -88,8 +94,8 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
         return loss
 
     def save_checkpoint(step: int) -> None:
-        io.save({"model": os.path.abspath(model_path), "rank": rank, "step": step, "losses": losses,
-                 "adapters": {k: v.detach() for k, v in adapters.items()}, "optimizer": opt.state_dict()}, checkpoint)
+        io.save({"run": run, "step": step, "losses": losses, "adapters": {k: v.detach() for k, v in adapters.items()},
+                 "optimizer": opt.state_dict()}, checkpoint)
 
     bar = tqdm(range(start, steps), initial=start, total=steps, disable=not progress, unit="step",
                desc=f"LoRA rank {rank} on {len(names)} matrices")

@@ -224,6 +224,11 @@ def _config(path: str, reader, tensors: dict, arch: str) -> LlamaConfig:
     if not key_length == value_length == rotated:
         raise ValueError(f"load_model: {path}: key length {key_length}, value length {value_length} and rotated "
                          f"dimensions {rotated} differ; ggrad's {arch} rotates whole heads of one size")
+    scaling = _field(path, reader, f"{arch}.rope.scaling.type", "none")
+    factor = _field(path, reader, f"{arch}.rope.scaling.factor", _field(path, reader, f"{arch}.rope.scale_linear", 1.0))
+    if scaling not in ("none", "linear") or factor != 1.0 or "rope_freqs.weight" in tensors:
+        raise ValueError(f"load_model: {path} scales its RoPE ({scaling}, factor {factor}"
+                         f"{', rope_freqs' if 'rope_freqs.weight' in tensors else ''}); ggrad's models have plain RoPE")
     if arch == "phi3" and ({"rope_factors_long.weight", "rope_factors_short.weight"} & set(tensors) or
                            _field(path, reader, "phi3.rope.scaling.attn_factor", 1.0) != 1.0):
         raise ValueError(f"load_model: {path} is a long-context phi3 (rope factors, LongRoPE): ggrad's phi3 has "

@@ -216,21 +216,19 @@ def _product(ctx, src0, src1, arg):
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
 
 
-def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None, bias_rows: bool = False,
-          batch_sum: bool = False):
+def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
-    plus `bias` on every row where given (on every column: `bias_rows`), summed over the
-    batches where `batch_sum`, as ggrad's GEMM kernel: the CPU's float32 products where
-    OpenBLAS is loaded (a transposed view is read in place, no copy). None where the kernel
-    does not serve: other backends, autocast, layouts or batch shapes it cannot read."""
+    plus `bias` on every row where given, as ggrad's GEMM kernel: the CPU's float32 products
+    where OpenBLAS is loaded (a transposed view is read in place, no copy). None where the
+    kernel does not serve: other backends, autocast, layouts or batch shapes it cannot read."""
     from . import runtime
     if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
             or not kernels.supported(runtime.current().backend, kernels.GEMM):
         return None
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
-    b2, b3 = (1, 1) if batch_sum else (max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3]))
-    flags = [int(trans_a), int(trans_b), int(bias_rows), int(batch_sum)]
+    b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
+    flags = [int(trans_a), int(trans_b)]
     added = [] if bias is None else [bias]
     uncopied = [_uncopied(a), _uncopied(b)]
     product = None
@@ -239,24 +237,6 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None, bias_rows: bo
     if product is None:
         product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b] + added, flags))
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
-
-
-@compute("gemm")
-def _gemm_flagged(ctx, s, node):
-    """functional's products that only the GEMM kernel computes (layout.shared_product):
-    a weight read by every batch, a bias per row, a sum over the batches. Recorded only
-    where the kernel serves; operands it cannot read in place are copied first."""
-    arg, (trans_a, trans_b, bias_rows, batch_sum) = node.arg
-    a, b = s[:2]
-    bias = contiguous(ctx, s[2]) if len(s) > 2 else None
-    product = _gemm(ctx, a, b, trans_a, trans_b, arg, bias, bias_rows, batch_sum)
-    if product is None:
-        a, b = contiguous(ctx, a), contiguous(ctx, b)
-        product = _gemm(ctx, a, b, trans_a, trans_b, arg, bias, bias_rows, batch_sum)
-    if product is None:
-        raise NotImplementedError(f"ggrad's GEMM kernel refused a product of {tuple(a.contents.ne)} and "
-                                  f"{tuple(b.contents.ne)} with flags {node.arg[1]}")
-    return reshape(ctx, product, node.shape)
 
 
 def _uncopied(t):

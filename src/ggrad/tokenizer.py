@@ -14,12 +14,22 @@ import heapq
 # token types (gguf's TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _SPACE = "\u2581"  # SentencePiece's visible space
-# end-of-generation texts llama.cpp treats as control tokens whatever their type says
-# (llama_vocab::impl::load: "control-looking token ... its type will be overridden")
+# texts llama.cpp treats as control tokens whatever their type says (llama_vocab::impl::load:
+# "control-looking token ... its type will be overridden"): end of generation, end of
+# message, fill-in-the-middle. (llama.cpp takes the FIM and EOT ones only where the file
+# names no id for them; a file that names one types it control anyway.)
 _CONTROL_LOOKING = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
                     "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                     "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-                    "<｜end▁of▁sentence｜>", "[e~["}
+                    "<｜end▁of▁sentence｜>", "[e~[",
+                    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+                    "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>",
+                    "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>",
+                    "<|middle|>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>",
+                    "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"}
+# BPE pre-tokenizers whose decoded text llama.cpp cleans of spaces before punctuation
+_CLEANED = {"default", "gpt-2", "llama3"}
 
 # llama.cpp's pre-tokenizer regexes by tokenizer.ggml.pre (llm_tokenizer_bpe), applied in
 # turn: each splits the pieces the one before made, keeping what lies between its matches
@@ -75,11 +85,12 @@ class GGUFTokenizer:
         self.add_bos = (spm or self.pre == "llama3") if add_bos is None else bool(add_bos)
         self.add_eos = False if add_eos is None else bool(add_eos)
         self.add_space_prefix = spm if add_space_prefix is None else bool(add_space_prefix)
+        self.merges = list(merges or [])
         self.ranks: dict[tuple[str, str], int] = {}
-        for rank, merge in enumerate(merges or []):
+        for rank, merge in enumerate(self.merges):
             split = merge.find(" ", 1)
-            if split > 0:
-                self.ranks[(merge[:split], merge[split + 1:])] = rank
+            if split > 0:  # a repeated merge keeps its first rank (llama.cpp's emplace)
+                self.ranks.setdefault((merge[:split], merge[split + 1:]), rank)
         # tokens read as control tokens (left out of decoded text, split out of a text only
         # with parse_special); the texts split out before tokenizing, longest first
         # (tokenizer_st_partition), and those that take the whitespace after them along
@@ -128,7 +139,7 @@ class GGUFTokenizer:
             writer.add_token_scores(self.scores)
         else:
             writer.add_tokenizer_pre(self.pre_name)
-            writer.add_token_merges([f"{a} {b}" for (a, b), _ in sorted(self.ranks.items(), key=lambda kv: kv[1])])
+            writer.add_token_merges(self.merges)
         writer.add_bos_token_id(self.bos)
         writer.add_eos_token_id(self.eos)
         writer.add_add_bos_token(self.add_bos)
@@ -227,13 +238,15 @@ class GGUFTokenizer:
                 out.append(token)
             elif bytes_fallback:
                 out.extend(self._byte_token(b) for b in piece.encode())
-            else:  # llama.cpp looks each character up alone and skips what the vocabulary lacks
-                out.extend(self.ids[c] for c in piece if c in self.ids)
+            else:  # llama.cpp looks each byte up alone (only ASCII ones can be texts) and skips the rest
+                out.extend(self.ids[chr(b)] for b in piece.encode() if b < 0x80 and chr(b) in self.ids)
 
     def _byte_token(self, b: int) -> int:
+        """byte_to_token: <0xXX>, else the byte itself as a one-character text (ASCII only:
+        a lone byte of 0x80 or more is no UTF-8 text, and llama.cpp's lookup fails)."""
         token = self.ids.get(f"<0x{b:02X}>")
-        if token is None:
-            token = self.ids.get(bytes([b]).decode("latin-1"))
+        if token is None and b < 0x80:
+            token = self.ids.get(chr(b))
         if token is None:
             raise ValueError(f"the vocabulary has no token for byte 0x{b:02X}")
         return token
@@ -286,6 +299,8 @@ class GGUFTokenizer:
                 continue
             if kind in (CONTROL, UNKNOWN, USER_DEFINED) or i in self.control:
                 piece = text.encode()
+            elif kind not in (NORMAL, BYTE):  # unused and undefined tokens render nothing
+                piece = b""
             elif kind == BYTE:
                 piece = bytes([int(text[3:5], 16)]) if self.model == "llama" else bytes([_CHAR_BYTES[text]])
             elif self.model == "llama":
@@ -295,26 +310,28 @@ class GGUFTokenizer:
             if remove_space and piece.startswith(b" "):
                 piece = piece[1:]
             data += piece
-        if self.model == "gpt2":
+        if self.model == "gpt2" and self.pre in _CLEANED:
             data = _clean_spaces(data)
         return data.decode("utf-8", errors="replace")
 
 
 def _clean_spaces(text: bytearray) -> bytearray:
-    """llama.cpp's clean_spaces passes over detokenized BPE text: " ?", " !", " .", " ,"
-    lose the space; a lone apostrophe between spaces loses both; " 's", " 'm", " 're",
-    " 've" lose theirs."""
+    """llama.cpp's clean_spaces passes over detokenized BPE text, byte for byte as its
+    in-place loops: " ?", " !", " .", " ," lose the space; a lone apostrophe between spaces
+    loses both (the space after it overwritten with NUL, which the next test reads);
+    " 's", " 'm", " 're", " 've" lose theirs."""
     out = bytearray(text[:1])
-    for x in text[1:]:
-        if out and out[-1] == 0x20 and x in b"?!.,":
+    for i in range(1, len(text)):
+        if text[i - 1] == 0x20 and text[i] in b"?!.,":
             out.pop()
-        out.append(x)
-    text, out, i = out, bytearray(text[:1] if out else b""), 1
+        out.append(text[i])
+    text, out, i = bytearray(out), bytearray(out[:1]), 1
     while i < len(text):
         x = text[i]
         if x == 0x27 and i + 1 < len(text) and text[i - 1] == 0x20 and text[i + 1] == 0x20:
             out.pop()
-            i += 1  # the space after it
+            i += 1
+            text[i] = 0  # llama.cpp's text[++i] = '\0': the skipped space
         out.append(x)
         i += 1
     text, out = out, bytearray(out[:1])
@@ -322,7 +339,7 @@ def _clean_spaces(text: bytearray) -> bytearray:
         x = text[i]
         if text[i - 1] == 0x20 and x == 0x27 and i + 1 < len(text):
             after = bytes(text[i + 1:i + 3])
-            if after[:1] in (b"s", b"m") or after in (b"re", b"ve"):
+            if after[:1] in (b"s", b"m") or (i + 2 < len(text) and after in (b"re", b"ve")):
                 out.pop()
         out.append(x)
     return out

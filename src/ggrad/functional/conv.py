@@ -19,11 +19,11 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes, lazy, ops, runtime
-from ..runtime import kernels, launch
+from ..runtime import kernels, launch, precision
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
 from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape, sum_to
-from .layout import concat, matmul, matmul_nt, narrow, pad, permute, shared_product, shared_product_serves
+from .layout import concat, matmul, matmul_nt, narrow, pad, permute
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
 
@@ -385,19 +385,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a
         # ResNet's 512 channels of 4x4) takes the rows layout below, one product for all
-        # the images, whose transposed copies are small there. With kernel set 18 the GEMM
-        # reads the weight for every image and adds the bias; before, the weight is
-        # repeated per image (and its gradient summed over them).
+        # the images, whose transposed copies are small there. Kernel set 19's convolution
+        # kernels make each image's columns in cache; before them, the columns are written
+        # out and the weight is repeated per image (its gradient summed over them).
         width = c * kh * kw
-        fused_bias = bias is not None and _as_tensor(bias).shape == (oc,)
-        operands = (x, weight) + ((_as_tensor(bias),) if fused_bias else ())
-        if kernels.supported(runtime.current().backend, kernels.CONV) and shared_product_serves(*operands):
-            y = _conv_kernel(x, weight, operands[2] if fused_bias else None, (kh, kw), stride, pads, dilation, (oh, ow))
+        fused_bias = bias is not None and _as_tensor(bias).shape == (oc,) and _as_tensor(bias).dtype is dtypes.float32
+        if kernels.supported(runtime.current().backend, kernels.CONV) and precision.autocast_dtype() is None and \
+                weight.dtype is dtypes.float32:
+            y = _conv_kernel(x, weight, _as_tensor(bias) if fused_bias else None, (kh, kw), stride, pads, dilation,
+                             (oh, ow))
             return _finish(y, None if fused_bias else bias, unbatched, "conv2d")
-        if kernels.supported(runtime.current().backend, kernels.COLUMNS) and shared_product_serves(*operands):
-            y = shared_product(reshape(weight, (oc, width)), _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)),
-                               _as_tensor(bias) if fused_bias else None)
-            return _finish(reshape(y, (n, oc, oh, ow)), None if fused_bias else bias, unbatched, "conv2d")
         flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
         if kernels.supported(runtime.current().backend, kernels.COLUMNS):
             y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))

@@ -7,8 +7,8 @@ import numbers
 
 import numpy as np
 
-from .. import autograd, lazy, runtime
-from ..runtime import kernels, precision
+from .. import autograd, lazy
+from ..runtime import precision
 from ._core import (F32, Tensor, _apply, _as_tensor, _axis, _float, broadcast_shape, broadcast_to, cast, full_like, reshape,
                     result_type, sum_to)
 
@@ -66,34 +66,6 @@ def _linear_rule(ctx, g):
     x, weight, bias = ctx.parents
     gx, gw = _product_grads(x, weight, g, ctx.saved["arg"])
     return gx, gw, (sum_to(g, bias.shape) if bias.requires_grad else None)
-
-
-def shared_product(w: Tensor, x: Tensor, bias: Tensor | None = None) -> Tensor:
-    """w @ x[i] (+ bias on row r of each) for every batch i of x (B, K, N), w (M, K) shared:
-    a convolution's weight over each image's columns. One GEMM kernel node each way (kernel
-    set 18, float32 without autocast: callers check `shared_product_serves`): the weight is
-    read by every batch, not repeated, and its gradient is summed over the batches by the
-    BLAS itself, not made per image and reduced after."""
-    parents = (w, x) if bias is None else (w, x, bias)
-    return _apply("gemm", parents, x.shape[:1] + (w.shape[0], x.shape[2]), _shared_product_rule,
-                  (_product_arg(F32), (0, 0, int(bias is not None), 0)))
-
-
-def shared_product_serves(*operands: Tensor) -> bool:
-    """Whether `shared_product` runs on this device for these float32 operands."""
-    return kernels.version() >= 18 and precision.autocast_dtype() is None and \
-        all(t.dtype is F32 for t in operands) and kernels.supported(runtime.current().backend, kernels.GEMM)
-
-
-def _shared_product_rule(ctx, g):
-    w, x = ctx.parents[:2]
-    arg = ctx.saved["arg"][0]
-    gw = _apply("gemm", (g, x.detach()), w.shape, arg=(arg, (0, 1, 0, 1)), dtype=F32) if w.requires_grad else None
-    gx = _apply("gemm", (w.detach(), g), x.shape, arg=(arg, (1, 0, 0, 0)), dtype=F32) if x.requires_grad else None
-    if len(ctx.parents) == 2:
-        return gw, gx
-    bias = ctx.parents[2]
-    return gw, gx, (reshape(sum_to(g, bias.shape + (1,)), bias.shape) if bias.requires_grad else None)
 
 
 def _product_arg(dtype) -> tuple:
