@@ -55,6 +55,13 @@ def test_an_interrupted_run_resumes_to_the_same_adapter(files, tmp_path, monkeyp
     ggrad.manual_seed(2)  # the adapters' fresh initialization is overwritten by the checkpoint's
     resumed = ft.finetune(base, data, out, **kw)
     assert resumed.losses == whole.losses and len(whole.losses) == 20
+    # the Q8_0 blocks: 34 bytes per 32 weights of the block's 7 matrices, the table and the
+    # output (259 x 32 each)
+    matrices = 2 * 32 * 32 + 2 * 16 * 32 + 3 * 32 * 64 + 2 * 259 * 32
+    assert whole.memory["quantized blocks"] == matrices // 32 * 34
+    assert whole.memory["AdamW moments"] == 2 * 4 * sum(8 * (i + o) for i, o in
+                                                       [(32, 32), (32, 16), (32, 16), (32, 32), (32, 64), (64, 32),
+                                                        (32, 64)])
     ours, theirs = adapter_tensors(out), adapter_tensors(whole.adapter)
     assert ours.keys() == theirs.keys() and len(ours) == 2 * 7
     for name in ours:
@@ -68,7 +75,7 @@ def test_the_command_writes_the_adapter_the_curve_and_prints_llama_cpps_command(
     assert main(["finetune", base, data, "--out", out, "--steps", "6", "--batch", "2", "--context", "16",
                  "--rank", "4", "--targets", "wq,wv", "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
-    assert f"llama-cli -m {base} --lora {out}" in printed and "tokens of" in printed
+    assert f"llama-cli -m {base} --lora {out}" in printed and "tokens of" in printed and "quantized blocks" in printed
     assert sorted(adapter_tensors(out)) == sorted(f"blk.0.attn_{m}.weight.lora_{ab}" for m in "qv" for ab in "ab")
     assert os.path.getsize(str(tmp_path / "cli_loss.png")) > 0  # matplotlib is in the test extras
 

@@ -49,6 +49,9 @@ def finetune(args: argparse.Namespace) -> None:
     first, last = result.losses[0] if result.losses else float("nan"), result.losses[-1] if result.losses else float("nan")
     print(f"{result.tokens} tokens of {args.data}; loss {first:.3f} at the first step, {last:.3f} at the last")
     print(f"wrote {result.adapter} (llama.cpp LoRA adapter, rank {args.rank}, alpha {args.alpha:g})")
+    print("held on " + ggrad.get_device() + ": " + " + ".join(f"{name} {size / 2**20:.2f} MiB"
+                                                           for name, size in result.memory.items()) +
+          f" = {sum(result.memory.values()) / 2**20:.2f} MiB")
     if result.plot:
         print(f"loss curve: {result.plot}")
     print(f"run it in llama.cpp:\n  {result.command}")

@@ -29,6 +29,7 @@ class FinetuneResult:
     tokens: int = 0  # the text's tokens
     plot: str | None = None  # the loss curve (PNG), where matplotlib is installed
     command: str = ""  # llama.cpp's command that runs the model with the adapter
+    memory: dict = field(default_factory=dict)  # bytes held on the device: blocks, float parameters, AdamW state
 
 
 def windows(data: np.ndarray, step: int, batch: int, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,6 +111,10 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
             save_checkpoint(step + 1)
     bar.close()
     result = FinetuneResult(gguf.save_lora(model, out), losses, len(data))
+    blocks = [m.weight for m in model.modules() if getattr(m, "weight", None) is not None and m.weight.dtype.is_quantized]
+    result.memory = {"quantized blocks": sum(w.handle.nbytes for w in blocks),
+                     "float parameters": sum(p.handle.nbytes for p in model.parameters()),
+                     "AdamW moments": 2 * sum(p.handle.nbytes for p in adapters.values())}
     if os.path.exists(checkpoint):
         os.remove(checkpoint)  # the run is done: a new command starts a new run
     result.plot = _plot(losses, os.path.splitext(out)[0] + "_loss.png")
