@@ -36,8 +36,8 @@ RANK, ALPHA, LR = 8, 16.0, 1e-4
 
 def ggrad_side(device: str, batch: int, context: int, seed: int, dtype: str = "q4_k"):
     import ggrad
-    import ggrad.functional as F
     from ggrad import gguf
+    from ggrad.finetune import next_token_step
     from ggrad.functional import quantized
     from ggrad.models import Llama, LlamaConfig
     from ggrad.nn import lora
@@ -60,17 +60,7 @@ def ggrad_side(device: str, batch: int, context: int, seed: int, dtype: str = "q
                and m.weight.dtype.is_quantized)
     lora.add_lora(model, TARGETS, rank=RANK, alpha=ALPHA)
     adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    opt = AdamW(list(adapters.values()), lr=LR, weight_decay=0.0)
-    vocab = CONFIG["vocab_size"]
-
-    @ggrad.compile
-    def step(x, y):
-        with ggrad.grad_tape():
-            loss = F.cross_entropy(F.reshape(model(x), (-1, vocab)), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = next_token_step(model, AdamW(list(adapters.values()), lr=LR, weight_decay=0.0))
 
     def run(x, y) -> float:
         return step(x, y).item()

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import ggrad
-import ggrad.functional as F
+from ggrad.finetune import next_token_step
 from ggrad import gguf
 from ggrad.models import Llama, LlamaConfig
 from ggrad.optim import AdamW
@@ -35,17 +35,8 @@ def batches(data: np.ndarray, batch: int, context: int, rng: np.random.Generator
 def train(model: Llama, data: np.ndarray, steps: int, lr: float, context: int = 64, batch: int = 16,
           seed: int = 0, params=None) -> float:
     """AdamW on `params` (default: all of the model's) over random windows; the last loss."""
-    opt = AdamW(list(params if params is not None else model.parameters()), lr=lr, weight_decay=0.0)
-    vocab = model.config.vocab_size
-
-    @ggrad.compile
-    def step(x, y):
-        with ggrad.grad_tape():
-            loss = F.cross_entropy(F.reshape(model(x), (-1, vocab)), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = next_token_step(model, AdamW(list(params if params is not None else model.parameters()), lr=lr,
+                                        weight_decay=0.0))
 
     start, loss = time.perf_counter(), None
     for i, (x, y) in zip(range(steps), batches(data, batch, context, np.random.default_rng(seed))):

@@ -47,19 +47,28 @@ CMAKE_ARGS_LLAMA="-DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_D
 
 log() { echo "[build_llama_cpp] $*" >&2; }
 
+# the sdist: LLAMA_CPP_SDIST, else downloaded once from PyPI into the cache (the wheel's
+# build and the tokenizer vocabularies below both read it)
+sdist_path() {
+  if [ -n "${LLAMA_CPP_SDIST:-}" ]; then echo "$LLAMA_CPP_SDIST"; return; fi
+  local kept="$CACHE/sdist/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
+  if [ ! -f "$kept" ]; then
+    rm -rf "$CACHE/sdist.tmp"; mkdir -p "$CACHE/sdist.tmp" "$CACHE/sdist"
+    "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$CACHE/sdist.tmp" \
+      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
+    mv "$CACHE/sdist.tmp/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz" "$kept"; rm -rf "$CACHE/sdist.tmp"
+  fi
+  echo "$kept"
+}
+
 out="$CACHE/wheels/llama-cpp-$LLAMA_CPP_VERSION-$FLAVOR"
 if ls "$out"/llama_cpp_python-$LLAMA_CPP_VERSION-*.whl >/dev/null 2>&1; then
   log "cached: $out"
 else
   [ -x "$VENV/bin/pip" ] || { log "no $VENV: run scripts/bootstrap.sh (make setup) first"; exit 1; }
   log "building llama-cpp-python $LLAMA_CPP_VERSION ($FLAVOR) with $(nproc) jobs: several minutes"
-  rm -rf "$out.tmp"; mkdir -p "$out.tmp/sdist"
-  sdist="${LLAMA_CPP_SDIST:-}"
-  if [ -z "$sdist" ]; then
-    "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$out.tmp/sdist" \
-      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
-    sdist="$out.tmp/sdist/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
-  fi
+  rm -rf "$out.tmp"; mkdir -p "$out.tmp"
+  sdist="$(sdist_path)"
   mkdir -p "$out.tmp/src"
   tar xzf "$sdist" -C "$out.tmp/src" --strip-components=1
   force='set(LLAMA_BUILD_COMMON ON CACHE BOOL "Build llama.cpp common library" FORCE)'
@@ -72,25 +81,19 @@ else
     "$VENV/bin/pip" wheel -q --no-deps --no-cache-dir -w "$out.tmp" "$out.tmp/src" \
     --config-settings=cmake.verbose=false >&2
   log "built in $(( $(date +%s) - start )) s"
-  rm -rf "$out.tmp/sdist" "$out.tmp/src" "$out"; mv "$out.tmp" "$out"
+  rm -rf "$out.tmp/src" "$out"; mv "$out.tmp" "$out"
 fi
 
 # llama.cpp's tokenizer test vocabularies (vocab-only GGUF files with their .inp texts and
 # .out ids, from the sdist's models/), the oracle of ggrad's GGUF tokenizer tests
 vocab="$CACHE/llama-cpp-vocab-$LLAMA_CPP_VERSION"
 if [ ! -f "$vocab/.complete" ]; then
-  rm -rf "$vocab.tmp"; mkdir -p "$vocab.tmp/sdist"
-  sdist="${LLAMA_CPP_SDIST:-}"
-  if [ -z "$sdist" ]; then
-    "$VENV/bin/pip" download -q --no-deps --no-binary :all: --no-cache-dir -d "$vocab.tmp/sdist" \
-      "llama-cpp-python==$LLAMA_CPP_VERSION" >&2
-    sdist="$vocab.tmp/sdist/llama_cpp_python-$LLAMA_CPP_VERSION.tar.gz"
-  fi
-  tar xzf "$sdist" -C "$vocab.tmp" --strip-components=4 --wildcards \
+  rm -rf "$vocab.tmp"; mkdir -p "$vocab.tmp"
+  tar xzf "$(sdist_path)" -C "$vocab.tmp" --strip-components=4 --wildcards \
     "*/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf*" "*/vendor/llama.cpp/models/ggml-vocab-phi-3.gguf*" \
     "*/vendor/llama.cpp/models/ggml-vocab-gpt-2.gguf*" "*/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf*" \
     "*/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf*"
-  rm -rf "$vocab.tmp/sdist" "$vocab"; touch "$vocab.tmp/.complete"; mv "$vocab.tmp" "$vocab"
+  rm -rf "$vocab"; touch "$vocab.tmp/.complete"; mv "$vocab.tmp" "$vocab"
   log "kept llama.cpp's test vocabularies in $vocab"
 fi
 

@@ -32,6 +32,25 @@ class FinetuneResult:
     memory: dict = field(default_factory=dict)  # bytes held on the device: blocks, float parameters, AdamW state
 
 
+def next_token_step(model, optimizer):
+    """A language model's compiled training step, (inputs, next-token targets) -> loss:
+    cross-entropy over every position, backward, the optimizer's step, gradients zeroed."""
+    import ggrad
+    import ggrad.functional as F
+
+    vocab = model.config.vocab_size
+
+    @ggrad.compile
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(F.reshape(model(x), (-1, vocab)), y)
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+    return step
+
+
 def windows(data: np.ndarray, step: int, batch: int, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Step `step`'s batch: `batch` windows of context + 1 tokens at offsets drawn from
     (seed, step) alone (the same after a resume); inputs and next-token targets."""
@@ -45,8 +64,6 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
              checkpoint_every: int = 50, progress: bool = True) -> FinetuneResult:
     """Train LoRA adapters of `rank` over the model at `model_path` on the text at
     `data_path` and write them to `out`; resumes from `out`'s checkpoint when one exists."""
-    import ggrad
-    import ggrad.functional as F
     from ggrad import gguf, io
     from ggrad.nn import lora
     from ggrad.optim import AdamW
@@ -83,16 +100,7 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
         opt.load_state_dict(saved["optimizer"])
         start, losses = int(saved["step"]), [float(v) for v in saved["losses"]]
 
-    vocab = model.config.vocab_size
-
-    @ggrad.compile
-    def train_step(x, y):
-        with ggrad.grad_tape():
-            loss = F.cross_entropy(F.reshape(model(x), (-1, vocab)), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    train_step = next_token_step(model, opt)
 
     def save_checkpoint(step: int) -> None:
         io.save({"run": run, "step": step, "losses": losses, "adapters": {k: v.detach() for k, v in adapters.items()},
