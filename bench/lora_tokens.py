@@ -5,8 +5,9 @@ weights with the same adapters, in the same process, interleaved blocks.
     .venv/bin/python bench/lora_tokens.py [--blocks 5] [--steps 3] [--device cpu] [--dtype q4_k]
     python3 bench/lora_tokens.py --device cuda:0 --torch-device cuda      (GPU host)
 
-(On CUDA the input gradient through a K-quant matrix reads its rows with GET_ROWS, which
-ggml-cuda 0.15.3 lacks for the K-quants: --dtype q8_0 there until a CUDA kernel exists.)
+(On CUDA the input gradient through a quantized matrix is kernel set 22's CUDA kernel:
+chunks of rows dequantized by ggml's own converters, then cuBLAS. It was only syntax-checked
+(clang, CUDA 11.8 headers) when written: the first device run tests it.)
 
 The model: llama layout, dim 768, 12 blocks, 12 heads (4 key/value heads), FFN 2048, a
 32000-token vocabulary with tied embeddings (103M parameters); LoRA rank 8, alpha 16 on

@@ -27,7 +27,8 @@
   float32 sums (SUM_ROWS, SUM, MEAN) accumulate in eight doubles the compiler vectorizes;
   a convolution and its two gradients as three nodes that make each image's columns in a
   buffer of the thread's own (they never reach memory); a quantized weight's product
-  gradient (g @ W) from chunks of W converted to float32 in a thread's buffer.
+  gradient (g @ W) from chunks of W converted to float32 in a thread's buffer (on CUDA:
+  in pool scratch, with cuBLAS).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -46,7 +47,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 21
+KERNELS_VERSION = 22
 
 
 VULKAN_DISPATCH = """

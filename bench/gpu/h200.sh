@@ -64,6 +64,8 @@ bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --p
 bench adam 60 -X faulthandler bench/adam_only.py --device "$mode" --torch-device cuda --sizes 1e6 1e8
 bench word-lm 60 bench/word_lm.py --device "$mode" --torch-device cuda --blocks 5   # the LSTM language model
 # issue 31's row: LoRA over a 100M-parameter Q4_K llama, tokens/s beside PyTorch on the float weights
+# (CUDA's quantized backward is kernel set 22's, untested on a device when written: LORA_DTYPE=q8_0
+# reads rows with ggml's GET_ROWS instead, if it fails)
 bench lora 120 bench/lora_tokens.py --device "$mode" --torch-device cuda --blocks 5 --steps 3 --dtype "${LORA_DTYPE:-q4_k}"
 bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
   --eager $graph $blocks

@@ -1,7 +1,9 @@
 // ggrad's kernels on CUDA: GGML_OP_GGRAD, the kernel in op_params[0]; the CPU's
 // ggrad_cpu.inc says what each computes. One warp per row of logits.
 #include "ggrad.cuh"
+#include "convert.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -152,8 +154,47 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
     }
 }
 
+// a quantized weight's product gradient, g @ W (kernel 17, as the CPU's): W's rows converted
+// to float32 a chunk at a time into pool scratch (ggml's own dequantizers), each chunk's
+// product added by cuBLAS in float32 (no TF32: the forward product is GGML_PREC_F32)
+static void ggrad_qmatmul_back(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * g = dst->src[1];
+    const int64_t in = w->ne[0], out = w->ne[1], T = g->ne[1];
+    const int64_t chunk = std::min<int64_t>(out, std::max<int64_t>(1, (int64_t) (16 << 20)/(4*in)));
+    const to_fp32_cuda_t to_fp32 = ggml_get_to_fp32_cuda(w->type);
+    cudaStream_t stream = ctx.stream();
+    cublasHandle_t handle = ctx.cublas_handle();
+    ggml_cuda_pool_alloc<float> rows(ctx.pool(), chunk*in);
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+    for (int64_t o0 = 0; o0 < out; o0 += chunk) {
+        const int64_t n = std::min(chunk, out - o0);
+        to_fp32((const char *) w->data + o0*w->nb[1], rows.get(), n*in, stream);
+        // column-major: dst (in x T) += rows (in x n) * g[:, o0:o0+n] (n x T, leading dim g's row stride)
+        const float alpha = 1.0f, beta = o0 > 0 ? 1.0f : 0.0f;
+        CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, (int) in, (int) T, (int) n, &alpha, rows.get(),
+                                 (int) in, (const float *) g->data + o0, (int) (g->nb[1]/sizeof(float)), &beta,
+                                 (float *) dst->data, (int) in));
+    }
+}
+
+static bool ggrad_qmatmul_back_supported(const ggml_tensor * op) {
+    const ggml_tensor * w = op->src[0];
+    const ggml_tensor * g = op->src[1];
+    return w != nullptr && g != nullptr && ggml_is_quantized(w->type) && ggml_get_to_fp32_cuda(w->type) != nullptr &&
+           ggml_is_contiguous(w) && g->type == GGML_TYPE_F32 && g->nb[0] == sizeof(float) &&
+           g->nb[1] % sizeof(float) == 0 && op->type == GGML_TYPE_F32 && ggml_is_contiguous(op) &&
+           ggml_nrows(w) == w->ne[1] && ggml_nrows(g) == g->ne[1] && ggml_nrows(op) == op->ne[1] &&
+           g->ne[0] == w->ne[1] && op->ne[0] == w->ne[0] && op->ne[1] == g->ne[1] &&
+           std::max(std::max(w->ne[0], w->ne[1]), g->ne[1]) < INT32_MAX;
+}
+
 bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 17) {
+        return ggrad_qmatmul_back_supported(op);
+    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -185,6 +226,10 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int C = (int) x->ne[0];
     const int64_t N = ggml_nrows(x);
     cudaStream_t stream = ctx.stream();
+    if (kernel == 17) {
+        ggrad_qmatmul_back(ctx, dst);
+        return;
+    }
     if (kernel == 3) {
         ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
                                                   (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,

@@ -939,12 +939,12 @@ QUANT_BACK_CHUNK_BYTES = 16 << 20
 
 @builder("matmul_q_back")
 def _matmul_q_back(ctx, s, node):
-    """The gradient g @ W of x @ W^T for a quantized W, W never held whole in float32: the
-    CPU's kernel (kernel set 20: chunks of W converted in a thread's buffer, then the BLAS),
-    else ggml's out_prod(W, g^T), which reads W's blocks; where the backend has no OUT_PROD
-    of a quantized W (Vulkan, CUDA), chunks of W's rows (QUANT_BACK_CHUNK_BYTES of float32
-    each: scratch of this graph) are read with GET_ROWS and multiplied, their products added.
-    ggml-cuda's GET_ROWS lacks the K-quants: the graph's check then names the op."""
+    """The gradient g @ W of x @ W^T for a quantized W, W never held whole in float32:
+    ggrad's kernel (the CPU's, kernel set 20: chunks of W converted in a thread's buffer,
+    then the BLAS; CUDA's, kernel set 22: chunks dequantized into pool scratch, then
+    cuBLAS), else ggml's out_prod(W, g^T), which reads W's blocks; where the backend has no
+    OUT_PROD of a quantized W (Vulkan), chunks of W's rows (QUANT_BACK_CHUNK_BYTES of float32
+    each: scratch of this graph) are read with GET_ROWS and multiplied, their products added."""
     g, w = s
     rows = math.prod(node.shape[:-1])
     n_in, n_out = w.contents.ne[0], w.contents.ne[1]

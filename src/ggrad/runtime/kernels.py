@@ -37,7 +37,7 @@ COLUMNS_BACK = 13             # the columns' gradient; as COLUMNS -> (W, H, C, N
 CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)]; as COLUMNS -> (OW*OH, OC*N) (cpu only)
 CONV_BACK_INPUT = 15          # g (OW*OH, OC*N), weight, x's shape; as COLUMNS -> (W*H, C*N) (cpu only)
 CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
-QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu only)
+QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu, cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
