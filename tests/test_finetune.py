@@ -110,3 +110,21 @@ def test_bad_arguments_and_a_foreign_checkpoint_raise_clearly(files, tmp_path):
     with pytest.raises(ValueError, match="another data"):
         ft.finetune(base, str(other), out, **kw)
     assert len(ft.finetune(base, data, out, **kw).losses) == 10  # the same command resumes
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma", "phi3"])
+def test_each_architecture_gets_every_projection_adapted(tmp_path, arch):
+    """The default targets exist in every architecture (phi3's fused projections included)
+    and the adapter names llama.cpp's tensors of that architecture."""
+    ggrad.set_device("cpu")
+    ggrad.manual_seed(0)
+    config = LlamaConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=64, max_seq_len=64,
+                         arch=arch, tie_embeddings=arch != "phi3")
+    base = gguf.save_model(Llama(config), str(tmp_path / "base.gguf"), dtype="q8_0")
+    data = tmp_path / "data.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 40, encoding="utf-8")
+    result = ft.finetune(base, str(data), str(tmp_path / "a.gguf"), steps=3, batch=2, context=16, progress=False)
+    names = {name.rsplit(".weight.", 1)[0] for name in adapter_tensors(result.adapter)}
+    expected = {"blk.0.attn_qkv", "blk.0.attn_output", "blk.0.ffn_up", "blk.0.ffn_down"} if arch == "phi3" else \
+        {f"blk.0.{n}" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    assert names == expected
