@@ -47,7 +47,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 22
+KERNELS_VERSION = 23
 
 
 VULKAN_DISPATCH = """
@@ -319,14 +319,14 @@ def patch(tree: Path) -> None:
          "                   ((ggml_get_op_params_i32(op, 0) == 12 || ggml_get_op_params_i32(op, 0) == 13) &&\n"
          "                    ggml_ggrad_cpu_columns_supported(op)) ||\n"
          "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 17 &&\n"
-         "                    ggml_ggrad_cpu_conv_supported(op));\n"
+         "                    ggml_ggrad_cpu_blas_kernel_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
          "extern \"C\" bool ggml_ggrad_cpu_adamw_group_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_conv_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_blas_kernel_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
