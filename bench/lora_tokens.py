@@ -38,7 +38,7 @@ RANK, ALPHA, LR = 8, 16.0, 1e-4
 def ggrad_side(device: str, batch: int, context: int, seed: int, dtype: str = "q4_k"):
     import ggrad
     from ggrad import gguf
-    from ggrad.finetune import next_token_step
+    from ggrad.finetune import memory_held, next_token_step
     from ggrad.functional import quantized
     from ggrad.models import Llama, LlamaConfig
     from ggrad.nn import lora
@@ -57,8 +57,7 @@ def ggrad_side(device: str, batch: int, context: int, seed: int, dtype: str = "q
         weight = getattr(module, "weight", None)
         if weight is not None and weight.dtype.is_quantized:
             floats[name + ".weight"] = np.asarray(quantized.dequantize(weight))
-    held = sum(m.weight.handle.nbytes for m in model.modules() if hasattr(m, "weight") and m.weight is not None
-               and m.weight.dtype.is_quantized)
+    held = memory_held(model, [])["quantized blocks"]
     lora.add_lora(model, TARGETS, rank=RANK, alpha=ALPHA)
     adapters = {n: p for n, p in model.named_parameters() if p.requires_grad}
     step = next_token_step(model, AdamW(list(adapters.values()), lr=LR, weight_decay=0.0))

@@ -19,6 +19,7 @@ import numpy as np
 import ggrad
 import ggrad.functional as F
 from ggrad import gguf, nn
+from ggrad.finetune import describe_memory, memory_held
 from ggrad.nn import lora
 
 from llama_cpp_child import compare_with_llama_cpp
@@ -53,7 +54,7 @@ def main() -> None:
     quantized_path = gguf.save_model(base, os.path.join(args.out, f"base_{args.dtype}.gguf"), dtype=args.dtype)
     model = gguf.load_model(quantized_path)
     bases = [m.weight for m in model.modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
-    held = sum(w.handle.nbytes for w in bases)
+    held = memory_held(model, [])["quantized blocks"]
     print(f"{quantized_path}: matrices held in {args.dtype.upper()} on {ggrad.get_device()}, {held / 2**20:.2f} MiB "
           f"(float32 would be {sum(w.numel() for w in bases) * 4 / 2**20:.2f} MiB)")
 
@@ -67,10 +68,7 @@ def main() -> None:
     train(model, data, args.steps, lr=1e-3, params=adapters, seed=1)
     after = mean_loss(model, data)
     print(f"loss on difflib's source: {before:.3f} before, {after:.3f} after fine-tuning")
-    floats = sum(p.handle.nbytes for p in model.parameters())
-    moments = 2 * sum(p.handle.nbytes for p in adapters)  # AdamW's exp_avg and exp_avg_sq
-    print(f"held for fine-tuning: blocks {held / 2**20:.2f} MiB + float parameters (norms, adapters) "
-          f"{floats / 2**20:.2f} + AdamW's moments {moments / 2**20:.2f} = {(held + floats + moments) / 2**20:.2f} MiB")
+    print(f"held for fine-tuning: {describe_memory(memory_held(model, adapters))}")
     adapter = gguf.save_lora(model, os.path.join(args.out, "adapter.gguf"))
     print(f"wrote {adapter} (llama.cpp LoRA adapter, alpha 16)")
     model.eval()

@@ -38,7 +38,7 @@ def info() -> None:
 
 def finetune(args: argparse.Namespace) -> None:
     import ggrad
-    from ggrad.finetune import finetune as run
+    from ggrad.finetune import describe_memory, finetune as run
 
     ggrad.set_device(args.device)
     ggrad.manual_seed(args.seed)
@@ -49,9 +49,7 @@ def finetune(args: argparse.Namespace) -> None:
     first, last = result.losses[0] if result.losses else float("nan"), result.losses[-1] if result.losses else float("nan")
     print(f"{result.tokens} tokens of {args.data}; loss {first:.3f} at the first step, {last:.3f} at the last")
     print(f"wrote {result.adapter} (llama.cpp LoRA adapter, rank {args.rank}, alpha {args.alpha:g})")
-    print("held on " + ggrad.get_device() + ": " + " + ".join(f"{name} {size / 2**20:.2f} MiB"
-                                                           for name, size in result.memory.items()) +
-          f" = {sum(result.memory.values()) / 2**20:.2f} MiB")
+    print(f"held on {ggrad.get_device()}: {describe_memory(result.memory)}")
     if result.plot:
         print(f"loss curve: {result.plot}")
     print(f"run it in llama.cpp:\n  {result.command}")

@@ -51,6 +51,21 @@ def next_token_step(model, optimizer):
     return step
 
 
+def memory_held(model, trained) -> dict[str, int]:
+    """Bytes a fine-tuning holds on the device: the quantized matrices' blocks, every float
+    parameter (norms, adapters...), and AdamW's two moments of each `trained` parameter."""
+    blocks = [m.weight for m in model.modules() if getattr(m, "weight", None) is not None and m.weight.dtype.is_quantized]
+    return {"quantized blocks": sum(w.handle.nbytes for w in blocks),
+            "float parameters": sum(p.handle.nbytes for p in model.parameters()),
+            "AdamW moments": 2 * sum(p.handle.nbytes for p in trained)}
+
+
+def describe_memory(memory: dict[str, int]) -> str:
+    """memory_held's parts and their sum, in MiB."""
+    parts = " + ".join(f"{name} {size / 2**20:.2f} MiB" for name, size in memory.items())
+    return f"{parts} = {sum(memory.values()) / 2**20:.2f} MiB"
+
+
 def windows(data: np.ndarray, step: int, batch: int, context: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Step `step`'s batch: `batch` windows of context + 1 tokens at offsets drawn from
     (seed, step) alone (the same after a resume); inputs and next-token targets."""
@@ -119,10 +134,7 @@ def finetune(model_path: str, data_path: str, out: str = "adapter.gguf", rank: i
             save_checkpoint(step + 1)
     bar.close()
     result = FinetuneResult(gguf.save_lora(model, out), losses, len(data))
-    blocks = [m.weight for m in model.modules() if getattr(m, "weight", None) is not None and m.weight.dtype.is_quantized]
-    result.memory = {"quantized blocks": sum(w.handle.nbytes for w in blocks),
-                     "float parameters": sum(p.handle.nbytes for p in model.parameters()),
-                     "AdamW moments": 2 * sum(p.handle.nbytes for p in adapters.values())}
+    result.memory = memory_held(model, adapters.values())
     if os.path.exists(checkpoint):
         os.remove(checkpoint)  # the run is done: a new command starts a new run
     result.plot = _plot(losses, os.path.splitext(out)[0] + "_loss.png")

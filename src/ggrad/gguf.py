@@ -10,19 +10,19 @@ module writes what llama.cpp's model loader requires of a llama model.
 
 from __future__ import annotations
 
-import mmap
 import os
 
 import numpy as np
 
 from . import dtypes
 from .functional import quantized
-from .gguf_file import Layout
+from .gguf_file import Layout, walk
 from .io import _host, write_gguf
 from .models.llama import ARCHITECTURES, GGUF_NAMES, Llama, LlamaConfig, gguf_name, state_shapes, tensor_count
 from .nn import Embedding, QuantizedEmbedding, QuantizedLinear
 from .nn.lora import lora_layers
 from .runtime import quants
+from .tokenizer import BYTE_CHARACTERS
 
 _TYPES = ("f32", "f16", "bf16", *dtypes.QUANTIZED)
 # the file type llama.cpp's quantize tool names for a model mostly of one quantized type
@@ -31,14 +31,6 @@ _TYPES = ("f32", "f16", "bf16", *dtypes.QUANTIZED)
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q4_0": "MOSTLY_Q4_0",
                "q4_1": "MOSTLY_Q4_1", "q5_0": "MOSTLY_Q5_0", "q5_1": "MOSTLY_Q5_1", "q8_0": "MOSTLY_Q8_0",
                "q4_k": "MOSTLY_Q4_K_S", "q5_k": "MOSTLY_Q5_K_S", "q6_k": "MOSTLY_Q6_K"}
-
-
-def _byte_characters() -> list[str]:
-    """GPT-2's printable character for each byte (the form llama.cpp's BPE vocabulary
-    stores bytes in: "Ġ" for a space, "Ċ" for a newline)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = iter(range(256, 512))
-    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
 
 class ByteTokenizer:
@@ -65,7 +57,7 @@ class ByteTokenizer:
         (llama.cpp takes the vocabulary's size from the token list)."""
         import gguf
 
-        tokens = ["<unk>", "<s>", "</s>", *_byte_characters()]
+        tokens = ["<unk>", "<s>", "</s>", *BYTE_CHARACTERS]
         types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + \
             [gguf.TokenType.NORMAL] * 256
         padding = vocab_size - len(tokens)
@@ -172,12 +164,7 @@ def _reader(path: str):
     when it is no readable GGUF."""
     import gguf
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"load_model: no file at {path}")
-    if os.path.getsize(path) == 0:
-        raise ValueError(f"load_model: {path} is empty, not a GGUF file")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        Layout(path, data, "load_model").check()
+    walk(path, "load_model", Layout.check)
     try:
         return gguf.GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OverflowError) as e:  # the checks above should leave none

@@ -11,15 +11,21 @@ import struct
 import numpy as np
 
 
-def read_keys(path: str, wanted, caller: str) -> dict:
-    """The values of the keys of the GGUF file at `path` that `wanted(key)` accepts."""
+def walk(path: str, caller: str, visit):
+    """`visit(layout)`'s result over the GGUF file at `path`, mapped read-only; errors name
+    `caller` and the file (missing, empty, or a layout that does not hold)."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{caller}: no file at {path}")
     if os.path.getsize(path) == 0:
         raise ValueError(f"{caller}: {path} is empty, not a GGUF file")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return Layout(path, data, caller).keys(wanted)
+        return visit(Layout(path, data, caller))
+
+
+def read_keys(path: str, wanted, caller: str) -> dict:
+    """The values of the keys of the GGUF file at `path` that `wanted(key)` accepts."""
+    return walk(path, caller, lambda layout: layout.keys(wanted))
 
 
 class Layout:

@@ -53,8 +53,8 @@ def _byte_characters() -> list[str]:
     return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
 
-_BYTE_CHARS = _byte_characters()
-_CHAR_BYTES = {c: b for b, c in enumerate(_BYTE_CHARS)}
+BYTE_CHARACTERS = _byte_characters()  # byte b's character (gguf.ByteTokenizer's vocabulary is these)
+_CHAR_BYTES = {c: b for b, c in enumerate(BYTE_CHARACTERS)}
 
 
 class GGUFTokenizer:
@@ -279,7 +279,7 @@ class GGUFTokenizer:
                 if start < len(piece):
                     cut.append(piece[start:])
             pieces = cut
-        return ["".join(_BYTE_CHARS[b] for b in piece.encode()) for piece in pieces]
+        return ["".join(BYTE_CHARACTERS[b] for b in piece.encode()) for piece in pieces]
 
     # ---- ids -> text ---------------------------------------------------------------------------
     def decode(self, ids, skip_special: bool = True) -> str:

@@ -242,12 +242,19 @@ def _windows(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tup
     return unfold_windows(x, kernel, stride, (top, left), dilation)
 
 
+def _kernel_geometry(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple,
+                     out: tuple) -> tuple[Tensor, tuple]:
+    """x with its padding made even, and the op_params of ggrad's columns and convolution
+    kernels: kw, kh, sw, sh, pw, ph, dw, dh, ow, oh."""
+    x, top, left = _even_padding(x, pads)
+    return x, (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
+
+
 def _columns(x: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple, out: tuple) -> Tensor:
     """A convolution's columns in torch's unfold layout, (N, C*KH*KW, OH*OW): ggrad's CPU
     kernel (a row per tap, copied from input rows), with its adjoint as the gradient."""
-    x, top, left = _even_padding(x, pads)
+    x, geometry = _kernel_geometry(x, kernel, stride, pads, dilation, out)
     n, c = x.shape[:2]
-    geometry = (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
     return _apply("columns", (x,), (n, c * kernel[0] * kernel[1], out[0] * out[1]), _columns_rule, geometry, x.dtype)
 
 
@@ -275,10 +282,9 @@ def _conv_kernel(x: Tensor, weight: Tensor, bias: Tensor | None, kernel: tuple, 
     """conv2d (groups 1) as ggrad's CPU kernels, one node each way: each image's columns are
     made in a buffer of the thread's own and multiplied from cache, never written to memory
     (kernel set 19); the bias is added by the forward, its gradient summed as _finish's."""
-    x, top, left = _even_padding(x, pads)
+    x, geometry = _kernel_geometry(x, kernel, stride, pads, dilation, out)
     n, c = x.shape[:2]
     oc = weight.shape[0]
-    geometry = (kernel[1], kernel[0], stride[1], stride[0], left, top, dilation[1], dilation[0], out[1], out[0])
     w = reshape(weight, (oc, c * kernel[0] * kernel[1]))
     parents = (x, w) if bias is None else (x, w, bias)
     return _apply("conv_kernel", parents, (n, oc) + tuple(out), _conv_kernel_rule, geometry, x.dtype)
@@ -384,9 +390,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # the CPU's convolution kernels: each image's columns made in cache, a product per
         # image (faster than the rows layout below from 8x8 outputs up: 180 vs 203 ms for a
         # ResNet's 256-channel 8x8 layer, forward and backward; 225 vs 178 ms at 4x4)
-        fused_bias = bias is not None and _as_tensor(bias).shape == (oc,) and _as_tensor(bias).dtype is dtypes.float32
-        y = _conv_kernel(x, weight, _as_tensor(bias) if fused_bias else None, (kh, kw), stride, pads, dilation, (oh, ow))
-        return _finish(y, None if fused_bias else bias, unbatched, "conv2d")
+        b = None if bias is None else _as_tensor(bias)
+        fused = b is not None and b.shape == (oc,) and b.dtype is dtypes.float32  # else _finish checks and adds it
+        y = _conv_kernel(x, weight, b if fused else None, (kh, kw), stride, pads, dilation, (oh, ow))
+        return _finish(y, None if fused else bias, unbatched, "conv2d")
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
             kernels.supported(runtime.current().backend, kernels.GEMM):
         # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
