@@ -2,7 +2,7 @@
 at issue 25's size: 2 layers, 64 wide, bptt 20, batch 10, a 10,000-word vocabulary),
 ggrad compiled against PyTorch eager in the same process, interleaved blocks.
 
-    .venv/bin/python bench/word_lm.py [--arch lstm|gru|transformer] [--blocks 9]
+    .venv/bin/python bench/word_lm.py [--arch lstm|gru|transformer] [--blocks 9] [--eager] [--composed]
     python3 bench/word_lm.py --device cuda --torch-device cuda      (GPU host)
 
 Both sides: embedding, the recurrent layers (or a 2-layer TransformerEncoder), a linear
@@ -51,6 +51,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="ggrad's device")
     ap.add_argument("--torch-device", default="cpu")
     ap.add_argument("--eager", action="store_true", help="ggrad's step as a plain loop (not ggrad.compile)")
+    ap.add_argument("--composed", action="store_true",
+                    help="compose the LSTM cell per step (a backend without ggrad's LSTM kernels)")
     args = ap.parse_args()
 
     import torch
@@ -60,6 +62,9 @@ def main() -> None:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
+    if args.composed:
+        from ggrad.nn import recurrent
+        recurrent.lstm_layer = lambda *a: None
     ggrad.set_device(args.device)
     theirs = build(torch.nn, args.arch, args.vocab, args.dim, args.layers)
     ours = build(nn, args.arch, args.vocab, args.dim, args.layers)

@@ -201,3 +201,52 @@ def test_pad_and_pack_sequence_as_torchs(dev):
         rnn.pack_padded_sequence(x, [2, 4, 1])
     with pytest.raises(RuntimeError, match="greater than 0"):
         rnn.pack_padded_sequence(x, [4, 0, 1], enforce_sorted=False)
+
+
+def _lstm_run(module, x, h0, c0, weights):
+    """(outputs, h_n, c_n, then the gradients of x, h0, c0 and every parameter) of a
+    weighted sum of all three results, as float64 arrays."""
+    module.zero_grad()
+    inputs = [ggrad.tensor(a, requires_grad=True) for a in (x, h0, c0)]
+    with ggrad.grad_tape():
+        out, (h_n, c_n) = module(inputs[0], (inputs[1], inputs[2]))
+        total = (out * ggrad.tensor(weights[0])).sum() + (h_n * ggrad.tensor(weights[1])).sum() \
+            + (c_n * ggrad.tensor(weights[2])).sum()
+        total.backward()
+    return [t.numpy().astype(np.float64) for t in (out, h_n, c_n)] + \
+        [t.grad.numpy().astype(np.float64) for t in inputs] + \
+        [p.grad.numpy().astype(np.float64) for p in module.parameters()]
+
+
+needs_lstm_kernels = pytest.mark.skipif(ggrad.runtime.kernels.version() < 24,
+                                        reason="ggml built without ggrad's LSTM kernels (kernel set 24)")
+
+
+@needs_lstm_kernels
+@pytest.mark.parametrize("bidirectional, steps, bias", [(False, 1, True), (True, 7, True), (False, 4, False)])
+def test_lstm_kernels_equal_the_composed_cell(dev, monkeypatch, bidirectional, steps, bias):
+    """The LSTM kernels (one node per time step each way) against the composed cell they
+    replace, the path of a backend without them: outputs, final states and every gradient
+    (input, initial states, weights, biases) to float32 rounding; then with a NaN in one
+    sequence and an inf (saturated gates) in another: NaN exactly where the composed cell
+    has NaN, the rest equal."""
+    from ggrad.nn import recurrent
+    from ggrad.runtime import kernels
+    assert kernels.supported(ggrad.runtime.current().backend, kernels.LSTM), "kernel set 24 serves cpu and Vulkan"
+    ggrad.manual_seed(3)
+    module = nn.LSTM(4, 6, num_layers=2, bias=bias, batch_first=True, bidirectional=bidirectional)
+    layers = 4 if bidirectional else 2
+    x, h0, c0 = f32(3, steps, 4), f32(layers, 3, 6), f32(layers, 3, 6)
+    bad = x.copy()
+    bad[0, steps // 2, 1], bad[2, 0, 3] = np.nan, np.inf
+    weights = [f32(3, steps, 12 if bidirectional else 6), f32(layers, 3, 6), f32(layers, 3, 6)]
+    ours = [_lstm_run(module, a, h0, c0, weights) for a in (x, bad)]
+    monkeypatch.setattr(recurrent, "lstm_layer", lambda *args: None)
+    composed = [_lstm_run(module, a, h0, c0, weights) for a in (x, bad)]
+    for k, (a, b) in enumerate(zip(ours[0], composed[0])):
+        assert np.isfinite(a).all()
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=f"result {k}")
+    assert any(np.isnan(b).any() for b in composed[1])
+    for k, (a, b) in enumerate(zip(ours[1], composed[1])):
+        assert np.array_equal(np.isnan(a), np.isnan(b)), f"result {k}"
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=f"result {k}")
