@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--torch-device", default="cpu")
     ap.add_argument("--eager", action="store_true", help="ggrad's step as a plain loop (not ggrad.compile)")
     ap.add_argument("--composed", action="store_true",
-                    help="compose the LSTM cell per step (a backend without ggrad's LSTM kernels)")
+                    help="compose the cell per step (a backend without ggrad's recurrent kernels)")
     args = ap.parse_args()
 
     import torch
@@ -64,7 +64,7 @@ def main() -> None:
     torch.manual_seed(0)
     if args.composed:
         from ggrad.nn import recurrent
-        recurrent.lstm_layer = lambda *a: None
+        recurrent.recurrent_layer = lambda *a: None
     ggrad.set_device(args.device)
     theirs = build(torch.nn, args.arch, args.vocab, args.dim, args.layers)
     ours = build(nn, args.arch, args.vocab, args.dim, args.layers)

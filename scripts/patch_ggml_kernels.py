@@ -28,8 +28,9 @@
   a convolution and its two gradients as three nodes that make each image's columns in a
   buffer of the thread's own (they never reach memory); a quantized weight's product
   gradient (g @ W) from chunks of W converted to float32 in a thread's buffer (on CUDA:
-  in pool scratch, with cuBLAS); an LSTM's time step and its gradient, one node each,
-  written in place into the layer's record (on Vulkan too).
+  in pool scratch, with cuBLAS); a recurrent layer's time step (LSTM, GRU, RNN) and its
+  gradient, one node each, written in place into the layer's record (on Vulkan and CUDA
+  too: ggrad_cell.h).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -48,34 +49,13 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 24
+KERNELS_VERSION = 25
 
 
 VULKAN_DISPATCH = """
-/* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
-// an LSTM step and its gradient (ggrad_lstm.comp): contiguous f32 of the record's sizes, as
-// the CPU's ggrad_lstm_supported
-static bool ggml_vk_ggrad_lstm_supported(const ggml_tensor * op) {
-    const bool back = ggml_get_op_params_i32(op, 0) == 19;
-    const int64_t H = ggml_get_op_params_i32(op, 3), T = ggml_get_op_params_i32(op, 4);
-    const int64_t B = ggml_get_op_params_i32(op, 5), n = H*T*B;
-    const int32_t t = ggml_get_op_params_i32(op, 1), tp = ggml_get_op_params_i32(op, 2);
-    const int64_t size = back ? 4*n + H*B : 6*n;
-    const int64_t want[5] = { size, back ? 6*n : 4*n, back ? 6*n : 4*H*B, back ? H*B : 4*H, H*B };
-    if (H < 1 || T < 1 || B < 1 || t < 0 || t >= T || tp < -1 || tp >= T || tp == t || op->type != GGML_TYPE_F32 ||
-        ggml_nelements(op) != size || !ggml_is_contiguous(op) || 6*n > INT32_MAX) {
-        return false;
-    }
-    for (int i = 0; i < 5; ++i) {
-        const ggml_tensor * x = op->src[i];
-        if (x == nullptr ? i != 0 && i != 3
-                         : x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) || ggml_nelements(x) != want[i]) {
-            return false;
-        }
-    }
-    return true;
-}
+#include "ggrad_cell.h"
 
+/* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
 static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
     if (kernel == 4) {
@@ -84,7 +64,7 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
                op->src[0]->ne[2] == 1 && op->src[0]->ne[3] == 1 && op->src[1]->ne[2] == 1 && op->src[1]->ne[3] == 1;
     }
     if (kernel == 18 || kernel == 19) {
-        return ggml_vk_ggrad_lstm_supported(op);
+        return ggrad_cell_supported(op);  // ggrad_cell.h
     }
     if (kernel == 3) {
         for (int i = 0; i < 4; ++i) {
@@ -142,8 +122,8 @@ static void ggml_vk_ggrad_layer_norm_back(ggml_backend_vk_context * ctx, vk_cont
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
-static void ggml_vk_ggrad_lstm(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, bool back) {
-    vk_pipeline pipeline = back ? ctx->device->pipeline_ggrad_lstm_back_f32 : ctx->device->pipeline_ggrad_lstm_f32;
+static void ggml_vk_ggrad_cell(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, bool back) {
+    vk_pipeline pipeline = back ? ctx->device->pipeline_ggrad_cell_back_f32 : ctx->device->pipeline_ggrad_cell_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
     vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
     vk_subbuffer b[4];
@@ -154,10 +134,10 @@ static void ggml_vk_ggrad_lstm(ggml_backend_vk_context * ctx, vk_context& subctx
         off[i] = ggml_vk_ggrad_misalign(b[i], s);
     }
     const uint32_t H = (uint32_t) ggml_get_op_params_i32(dst, 3), B = (uint32_t) ggml_get_op_params_i32(dst, 5);
-    struct { uint32_t H, T, B; int32_t t, tp; uint32_t has_3, has_0, off0, off1, off2, off3, off4; } pc = {
+    struct { uint32_t H, T, B; int32_t t, tp, mode; uint32_t has_3, has_0, off0, off1, off2, off3, off4; } pc = {
         H, (uint32_t) ggml_get_op_params_i32(dst, 4), B, ggml_get_op_params_i32(dst, 1), ggml_get_op_params_i32(dst, 2),
-        dst->src[3] != nullptr, dst->src[0] != nullptr, ggml_vk_ggrad_misalign(o_buf, dst),
-        off[0], off[1], off[2], off[3],
+        ggml_get_op_params_i32(dst, 6), dst->src[3] != nullptr, dst->src[0] != nullptr,
+        ggml_vk_ggrad_misalign(o_buf, dst), off[0], off[1], off[2], off[3],
     };
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { o_buf, b[0], b[1], b[2], b[3] }, pc, { H*B, 1, 1 });
 }
@@ -165,7 +145,7 @@ static void ggml_vk_ggrad_lstm(ggml_backend_vk_context * ctx, vk_context& subctx
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
     if (kernel == 18 || kernel == 19) {
-        ggml_vk_ggrad_lstm(ctx, subctx, dst, kernel == 19);
+        ggml_vk_ggrad_cell(ctx, subctx, dst, kernel == 19);
         return;
     }
     if (kernel == 3) {
@@ -343,7 +323,8 @@ def patch(tree: Path) -> None:
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
-    shutil.copy(SOURCES / "ggrad_cpu.inc", src / "ggml-cpu" / "ggrad_cpu.inc")
+    for name in ("ggrad_cpu.inc", "ggrad_cell.h"):
+        shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
          "            }\n            break;\n",
@@ -372,7 +353,7 @@ def patch(tree: Path) -> None:
          "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 17 &&\n"
          "                    ggml_ggrad_cpu_blas_kernel_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 18 || ggml_get_op_params_i32(op, 0) == 19) &&\n"
-         "                    ggml_ggrad_cpu_lstm_supported(op));\n"
+         "                    ggml_ggrad_cpu_cell_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -380,7 +361,7 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_blas_kernel_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_lstm_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
@@ -541,7 +522,7 @@ def patch(tree: Path) -> None:
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
-    for name in ("ggrad.cu", "ggrad.cuh"):
+    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),
@@ -585,8 +566,9 @@ def patch(tree: Path) -> None:
          "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
     ])
     vk = src / "ggml-vulkan"
-    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_lstm.comp"):
+    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
+    shutil.copy(SOURCES / "ggrad_cell.h", vk / "ggrad_cell.h")
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
          '    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n'
@@ -594,8 +576,8 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_ce_back_f32", "ggrad_ce.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'
          '    string_to_spv("ggrad_ln_back_f32", "ggrad_ln_back.comp", {});\n'
-         '    string_to_spv("ggrad_lstm_f32", "ggrad_lstm.comp", {});\n'
-         '    string_to_spv("ggrad_lstm_back_f32", "ggrad_lstm.comp", {{"BACK", "1"}});\n'),
+         '    string_to_spv("ggrad_cell_f32", "ggrad_cell.comp", {});\n'
+         '    string_to_spv("ggrad_cell_back_f32", "ggrad_cell.comp", {{"BACK", "1"}});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -618,7 +600,7 @@ def patch(tree: Path) -> None:
         ("    vk_pipeline pipeline_silu_back_f32;\n",
          "    vk_pipeline pipeline_silu_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
-         "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_lstm_f32, pipeline_ggrad_lstm_back_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -633,10 +615,10 @@ def patch(tree: Path) -> None:
          'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ln_back_f32, "ggrad_ln_back_f32", '
          'ggrad_ln_back_f32_len, ggrad_ln_back_f32_data, "main", 3, 9 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
-         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_lstm_f32, "ggrad_lstm_f32", '
-         'ggrad_lstm_f32_len, ggrad_lstm_f32_data, "main", 5, 12 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
-         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_lstm_back_f32, "ggrad_lstm_back_f32", '
-         'ggrad_lstm_back_f32_len, ggrad_lstm_back_f32_data, "main", 5, 12 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_cell_f32, "ggrad_cell_f32", '
+         'ggrad_cell_f32_len, ggrad_cell_f32_data, "main", 5, 13 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_cell_back_f32, "ggrad_cell_back_f32", '
+         'ggrad_cell_back_f32_len, ggrad_cell_back_f32_data, "main", 5, 13 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

@@ -527,7 +527,7 @@ def test_node_budget_of_a_compiled_lstm_step(dev):
     counts = _compiled_step_nodes(Classifier(), rng.standard_normal((4, 6, 16)).astype(np.float32),
                                   rng.integers(0, 10, 4))
     assert sum(counts.values()) <= _budget("lstm"), counts
-    assert ("SIGMOID" not in counts) == kernels.supported(ggrad.runtime.current().backend, kernels.LSTM), counts
+    assert ("SIGMOID" not in counts) == kernels.supported(ggrad.runtime.current().backend, kernels.CELL), counts
 
 
 needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 12, reason="ggml built without ggrad's GELU gradient kernel")

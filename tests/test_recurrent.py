@@ -203,46 +203,48 @@ def test_pad_and_pack_sequence_as_torchs(dev):
         rnn.pack_padded_sequence(x, [4, 0, 1], enforce_sorted=False)
 
 
-def _lstm_run(module, x, h0, c0, weights):
-    """(outputs, h_n, c_n, then the gradients of x, h0, c0 and every parameter) of a
-    weighted sum of all three results, as float64 arrays."""
+def _run_layer(module, x, states, weights):
+    """(the output, the final states, then the gradients of x, the initial states and every
+    parameter) of a weighted sum of the results, as float64 arrays."""
     module.zero_grad()
-    inputs = [ggrad.tensor(a, requires_grad=True) for a in (x, h0, c0)]
+    inputs = [ggrad.tensor(a, requires_grad=True) for a in [x] + states]
     with ggrad.grad_tape():
-        out, (h_n, c_n) = module(inputs[0], (inputs[1], inputs[2]))
-        total = (out * ggrad.tensor(weights[0])).sum() + (h_n * ggrad.tensor(weights[1])).sum() \
-            + (c_n * ggrad.tensor(weights[2])).sum()
-        total.backward()
-    return [t.numpy().astype(np.float64) for t in (out, h_n, c_n)] + \
+        results = flat(module(inputs[0], tuple(inputs[1:]) if len(states) == 2 else inputs[1]))
+        sum(((r * ggrad.tensor(w)).sum() for r, w in zip(results, weights)), ggrad.tensor(0.0)).backward()
+    return [t.numpy().astype(np.float64) for t in results] + \
         [t.grad.numpy().astype(np.float64) for t in inputs] + \
         [p.grad.numpy().astype(np.float64) for p in module.parameters()]
 
 
-needs_lstm_kernels = pytest.mark.skipif(ggrad.runtime.kernels.version() < 24,
-                                        reason="ggml built without ggrad's LSTM kernels (kernel set 24)")
+needs_cell_kernels = pytest.mark.skipif(ggrad.runtime.kernels.version() < 25,
+                                        reason="ggml built without ggrad's recurrent kernels (kernel set 25)")
 
 
-@needs_lstm_kernels
-@pytest.mark.parametrize("bidirectional, steps, bias", [(False, 1, True), (True, 7, True), (False, 4, False)])
-def test_lstm_kernels_equal_the_composed_cell(dev, monkeypatch, bidirectional, steps, bias):
-    """The LSTM kernels (one node per time step each way) against the composed cell they
-    replace, the path of a backend without them: outputs, final states and every gradient
-    (input, initial states, weights, biases) to float32 rounding; then with a NaN in one
-    sequence and an inf (saturated gates) in another: NaN exactly where the composed cell
-    has NaN, the rest equal."""
+@needs_cell_kernels
+@pytest.mark.parametrize("cls, kwargs, steps", [
+    ("LSTM", dict(), 1), ("LSTM", dict(bidirectional=True), 7), ("LSTM", dict(bias=False), 4),
+    ("GRU", dict(bidirectional=True), 5), ("GRU", dict(bias=False), 1),
+    ("RNN", dict(), 6), ("RNN", dict(nonlinearity="relu", bidirectional=True), 5)])
+def test_recurrent_kernels_equal_the_composed_cell(dev, monkeypatch, cls, kwargs, steps):
+    """The recurrent kernels (one node per time step each way) against the composed cell
+    they replace, the path of a backend without them: outputs, final states and every
+    gradient (input, initial states, weights, biases) to float32 rounding; then with a NaN
+    in one sequence and an inf (saturated gates) in another: NaN exactly where the composed
+    cell has NaN, the rest equal."""
     from ggrad.nn import recurrent
     from ggrad.runtime import kernels
-    assert kernels.supported(ggrad.runtime.current().backend, kernels.LSTM), "kernel set 24 serves cpu and Vulkan"
+    assert kernels.supported(ggrad.runtime.current().backend, kernels.CELL), "kernel set 25 serves cpu and Vulkan"
     ggrad.manual_seed(3)
-    module = nn.LSTM(4, 6, num_layers=2, bias=bias, batch_first=True, bidirectional=bidirectional)
-    layers = 4 if bidirectional else 2
-    x, h0, c0 = f32(3, steps, 4), f32(layers, 3, 6), f32(layers, 3, 6)
+    module = getattr(nn, cls)(4, 6, num_layers=2, batch_first=True, **kwargs)
+    layers = 4 if kwargs.get("bidirectional") else 2
+    x = f32(3, steps, 4)
+    states = [f32(layers, 3, 6) for _ in range(2 if cls == "LSTM" else 1)]
     bad = x.copy()
     bad[0, steps // 2, 1], bad[2, 0, 3] = np.nan, np.inf
-    weights = [f32(3, steps, 12 if bidirectional else 6), f32(layers, 3, 6), f32(layers, 3, 6)]
-    ours = [_lstm_run(module, a, h0, c0, weights) for a in (x, bad)]
-    monkeypatch.setattr(recurrent, "lstm_layer", lambda *args: None)
-    composed = [_lstm_run(module, a, h0, c0, weights) for a in (x, bad)]
+    weights = [f32(3, steps, 6 * layers // 2)] + [f32(layers, 3, 6) for _ in states]
+    ours = [_run_layer(module, a, states, weights) for a in (x, bad)]
+    monkeypatch.setattr(recurrent, "recurrent_layer", lambda *args: None)
+    composed = [_run_layer(module, a, states, weights) for a in (x, bad)]
     for k, (a, b) in enumerate(zip(ours[0], composed[0])):
         assert np.isfinite(a).all()
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=f"result {k}")

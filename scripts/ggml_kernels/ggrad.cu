@@ -1,6 +1,7 @@
 // ggrad's kernels on CUDA: GGML_OP_GGRAD, the kernel in op_params[0]; the CPU's
 // ggrad_cpu.inc says what each computes. One warp per row of logits.
 #include "ggrad.cuh"
+#include "ggrad_cell.h"
 #include "convert.cuh"
 
 #include <algorithm>
@@ -190,8 +191,43 @@ static bool ggrad_qmatmul_back_supported(const ggml_tensor * op) {
            std::max(std::max(w->ne[0], w->ne[1]), g->ne[1]) < INT32_MAX;
 }
 
+// a recurrent layer's time step and its gradient (ggrad_cell.h), a thread per state element
+static __global__ void ggrad_cell_f32(const ggrad_cell_dims d, const float * xg, const float * hw, const float * bias,
+                                      const float * s0, float * rec) {
+    const int64_t e = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (e < d.B*d.H) {
+        ggrad_cell_forward(d, e, xg, hw, bias, s0, rec);
+    }
+}
+
+static __global__ void ggrad_cell_back_f32(const ggrad_cell_dims d, const float * rec, const float * grad,
+                                           const float * dh_after, const float * s0, const bool last, float * out) {
+    const int64_t e = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (e < d.B*d.H) {
+        ggrad_cell_backward(d, e, rec, grad, dh_after, s0, last, out);
+    }
+}
+
+static void ggrad_cell(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggrad_cell_dims d = ggrad_cell_dims_of(dst);
+    const int blocks = (int) ((d.B*d.H + 255)/256);
+    const float * src3 = dst->src[3] ? (const float *) dst->src[3]->data : nullptr;
+    if (ggml_get_op_params_i32(dst, 0) == 18) {
+        ggrad_cell_f32<<<blocks, 256, 0, ctx.stream()>>>(d, (const float *) dst->src[1]->data,
+            (const float *) dst->src[2]->data, src3, (const float *) dst->src[4]->data, (float *) dst->data);
+    } else {
+        ggrad_cell_back_f32<<<blocks, 256, 0, ctx.stream()>>>(d, (const float *) dst->src[1]->data,
+            (const float *) dst->src[2]->data, src3, (const float *) dst->src[4]->data, dst->src[0] == nullptr,
+            (float *) dst->data);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
 bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
+    if (kernel == 18 || kernel == 19) {
+        return ggrad_cell_supported(op);
+    }
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
@@ -217,6 +253,10 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
 }
 
 void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    if (ggml_get_op_params_i32(dst, 0) == 18 || ggml_get_op_params_i32(dst, 0) == 19) {  // src0 may be absent
+        ggrad_cell(ctx, dst);
+        return;
+    }
     const ggml_tensor * x = dst->src[0];
     const ggml_tensor * t = dst->src[1];
     const int kernel = ggml_get_op_params_i32(dst, 0);

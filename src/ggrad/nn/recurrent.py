@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 from .. import functional as F
-from ..functional.recurrent import lstm_layer
+from ..functional.recurrent import recurrent_layer
 from ..random import generator
 from ..tensor import Tensor, full_like, param, tensor
 from .module import Module
@@ -148,8 +148,7 @@ class _RNNBase(Module):
                 if b_ih is not None:
                     projected = projected + b_ih
                 h, c = states[layer * directions + d]
-                layer_run = lstm_layer(projected, w_hh, b_hh, h, c, bool(d)) \
-                    if self.mode == "LSTM" and masks is None else None
+                layer_run = recurrent_layer(self.mode, projected, w_hh, b_hh, h, c, bool(d)) if masks is None else None
                 if layer_run is not None:  # ggrad's kernels: one node per step each way
                     sequence, h, c = layer_run
                     outputs.append(sequence)

@@ -38,12 +38,12 @@ CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)
 CONV_BACK_INPUT = 15          # g (OW*OH, OC*N), weight, x's shape; as COLUMNS -> (W*H, C*N) (cpu only)
 CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
 QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu, cuda)
-LSTM = 18                     # [record], proj, h W_hh^T, [b_hh], c0; t, t_prev, H, T, B -> the record, step t written (cpu, vulkan)
-LSTM_BACK = 19                # [gradients], record, its gradient, [dh], c0; as LSTM -> proj's gradient, dc (cpu, vulkan)
+CELL = 18                     # [record], proj, h W_hh^T, [b_hh], state0; t, t_prev, H, T, B, cell -> the record (cpu, vulkan)
+CELL_BACK = 19                # [gradients], record, its gradient, [dh], state0; as CELL -> proj's gradient... (cpu, vulkan)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
-         CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, LSTM: 24, LSTM_BACK: 24}  # the kernel set's version that added each
+         CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -194,10 +194,10 @@ def _ask(dev_backend, kernel: int) -> bool:
         elif kernel == QMATMUL_BACK:  # a Q8_0 weight of 2 rows of 32
             weight = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_Q8_0, 32, 2)
             node = op(ctx, kernel, (32, 2), [weight, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 2)], [])
-        elif kernel in (LSTM, LSTM_BACK):  # one step of a layer of 2 units over 1 sequence of 1 step
+        elif kernel in (CELL, CELL_BACK):  # an LSTM step: 2 units, 1 sequence of 1 step
             vec = lambda n: G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n)  # noqa: E731
-            shape = [0, -1, 2, 1, 1]
-            node = op(ctx, kernel, (12, 1), [None, vec(8), vec(8), None, vec(2)], shape) if kernel == LSTM else \
+            shape = [0, -1, 2, 1, 1, 0]
+            node = op(ctx, kernel, (12, 1), [None, vec(8), vec(8), None, vec(2)], shape) if kernel == CELL else \
                 op(ctx, kernel, (10, 1), [None, vec(12), vec(12), None, vec(2)], shape)
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
