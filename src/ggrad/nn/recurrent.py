@@ -268,7 +268,8 @@ class _CellBase(Module):
         projected = x @ self.weight_ih.T
         if self.bias_ih is not None:
             projected = projected + self.bias_ih
-        h, c = _step(self.mode, projected, h, c, self.weight_hh, self.bias_hh)
+        run = recurrent_layer(self.mode, F.unsqueeze(projected, 1), self.weight_hh, self.bias_hh, h, c, False)
+        _, h, c = run if run is not None else (None, *_step(self.mode, projected, h, c, self.weight_hh, self.bias_hh))
         if unbatched:
             h, c = F.squeeze(h, 0), (F.squeeze(c, 0) if c is not None else None)
         return (h, c) if self.mode == "LSTM" else h
