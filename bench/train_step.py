@@ -73,12 +73,14 @@ MODELS = {
     "resnet": (resnet, (3, 32, 32), 10, 128),
 }
 HEAVY = ("mlp-large", "cnn", "block", "resnet")  # half the steps per block
-# Models whose losses after two Adam steps move by this much in PyTorch itself when its
-# input moves by one part in 1e7 (Adam's first updates are about lr * sign(g) for every
-# weight, so float32 rounding flips some of them; measured: resnet 2.4e-4, 2.8e-4 at steps
-# 2 and 3): the first loss, before any update, is checked at the usual tolerance, the
-# later ones at this one.
-CHAOTIC = {"resnet": 1e-3}
+# Models whose losses after Adam's first updates move by this much in PyTorch itself (Adam's
+# first updates are about lr * sign(g) for every weight, so float32 rounding flips some of
+# them). Measured for resnet (2026-12-05, 2 cores, PyTorch CPU, the bench's weights and
+# batches): float32 against float64 1.1e-4 at step 2 and 3.5e-3 at step 3; float32 with its
+# input moved by one part in 1e7 against float32 6.8e-5 and 2.1e-3. One step's gradients of
+# ggrad and of PyTorch float32 are both 3e-6 (relative) from float64's. The first loss,
+# before any update, is checked at the usual tolerance, the later ones at this one.
+CHAOTIC = {"resnet": 5e-3}
 AMP = {"none": None, "bf16": "bfloat16", "f16": "float16"}
 CHECKED = 3  # steps whose losses are compared (forward, gradients and Adam) before the timing
 

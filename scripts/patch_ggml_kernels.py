@@ -30,7 +30,8 @@
   gradient (g @ W) from chunks of W converted to float32 in a thread's buffer (on CUDA:
   in pool scratch, with cuBLAS); a recurrent layer's time step (LSTM, GRU, RNN) and its
   gradient, one node each, written in place into the layer's record (on Vulkan and CUDA
-  too: ggrad_cell.h).
+  too: ggrad_cell.h); batch normalization in training as three nodes (the statistics, the
+  normalization with the affine, the gradient with the weight's and bias's).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -49,10 +50,11 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 25
+KERNELS_VERSION = 26
 
 
 VULKAN_DISPATCH = """
+#include "ggrad_bn.h"
 #include "ggrad_cell.h"
 
 /* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
@@ -65,6 +67,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 18 || kernel == 19) {
         return ggrad_cell_supported(op);  // ggrad_cell.h
+    }
+    if (kernel >= 20 && kernel <= 22) {
+        return ggrad_bn_supported(op);  // ggrad_bn.h
     }
     if (kernel == 3) {
         for (int i = 0; i < 4; ++i) {
@@ -142,8 +147,39 @@ static void ggml_vk_ggrad_cell(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { o_buf, b[0], b[1], b[2], b[3] }, pc, { H*B, 1, 1 });
 }
 
+// batch normalization (ggrad_bn.comp): the statistics and the gradient one workgroup per
+// channel, the normalization one per row of positions
+static void ggml_vk_ggrad_bn(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, int kernel) {
+    vk_pipeline pipeline = kernel == 20 ? ctx->device->pipeline_ggrad_bn_stats_f32
+                         : kernel == 21 ? ctx->device->pipeline_ggrad_bn_apply_f32 : ctx->device->pipeline_ggrad_bn_back_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    vk_subbuffer b[5];
+    uint32_t off[5];
+    for (int i = 0; i < 5; ++i) {  // an absent source binds src0 (never read)
+        const ggml_tensor * s = dst->src[i] ? dst->src[i] : dst->src[0];
+        b[i] = ggml_vk_tensor_subbuffer(ctx, s, true);
+        off[i] = ggml_vk_ggrad_misalign(b[i], s);
+    }
+    const ggrad_bn_dims d = ggrad_bn_dims_of(dst);
+    struct { uint32_t S, C, N; float eps; uint32_t has_w, has_b, off0, off1, off2, off3, off4, off_d; } pc = {
+        (uint32_t) d.S, (uint32_t) d.C, (uint32_t) d.N, d.eps,
+        dst->src[kernel == 21 ? 3 : 4] != nullptr, kernel == 21 && dst->src[4] != nullptr,
+        off[0], off[1], off[2], off[3], off[4], ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    const uint32_t R = (uint32_t) (kernel == 21 ? d.C*d.N : d.C);
+    std::array<uint32_t, 3> elements = R > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(R, 262144) }
+                                     : R > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(R, 512), 1 }
+                                                  : std::array<uint32_t, 3>{ R, 1, 1 };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], o_buf }, pc, elements);
+}
+
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
+    if (kernel >= 20 && kernel <= 22) {
+        ggml_vk_ggrad_bn(ctx, subctx, dst, kernel);
+        return;
+    }
     if (kernel == 18 || kernel == 19) {
         ggml_vk_ggrad_cell(ctx, subctx, dst, kernel == 19);
         return;
@@ -323,7 +359,7 @@ def patch(tree: Path) -> None:
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
-    for name in ("ggrad_cpu.inc", "ggrad_cell.h"):
+    for name in ("ggrad_cpu.inc", "ggrad_cell.h", "ggrad_bn.h"):
         shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
@@ -353,7 +389,9 @@ def patch(tree: Path) -> None:
          "                   (ggml_get_op_params_i32(op, 0) >= 14 && ggml_get_op_params_i32(op, 0) <= 17 &&\n"
          "                    ggml_ggrad_cpu_blas_kernel_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 18 || ggml_get_op_params_i32(op, 0) == 19) &&\n"
-         "                    ggml_ggrad_cpu_cell_supported(op));\n"
+         "                    ggml_ggrad_cpu_cell_supported(op)) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) >= 20 && ggml_get_op_params_i32(op, 0) <= 22 &&\n"
+         "                    ggml_ggrad_cpu_bn_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -361,7 +399,8 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_max_pool_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_blas_kernel_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
@@ -566,9 +605,11 @@ def patch(tree: Path) -> None:
          "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
     ])
     vk = src / "ggml-vulkan"
-    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp"):
+    for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
+                 "ggrad_bn.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
-    shutil.copy(SOURCES / "ggrad_cell.h", vk / "ggrad_cell.h")
+    for name in ("ggrad_cell.h", "ggrad_bn.h"):
+        shutil.copy(SOURCES / name, vk / name)
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
          '    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n'
@@ -577,7 +618,10 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'
          '    string_to_spv("ggrad_ln_back_f32", "ggrad_ln_back.comp", {});\n'
          '    string_to_spv("ggrad_cell_f32", "ggrad_cell.comp", {});\n'
-         '    string_to_spv("ggrad_cell_back_f32", "ggrad_cell.comp", {{"BACK", "1"}});\n'),
+         '    string_to_spv("ggrad_cell_back_f32", "ggrad_cell.comp", {{"BACK", "1"}});\n'
+         '    string_to_spv("ggrad_bn_stats_f32", "ggrad_bn.comp", {{"STATS", "1"}});\n'
+         '    string_to_spv("ggrad_bn_apply_f32", "ggrad_bn.comp", {{"APPLY", "1"}});\n'
+         '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -600,7 +644,8 @@ def patch(tree: Path) -> None:
         ("    vk_pipeline pipeline_silu_back_f32;\n",
          "    vk_pipeline pipeline_silu_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
-         "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"
+         "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -618,7 +663,13 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_cell_f32, "ggrad_cell_f32", '
          'ggrad_cell_f32_len, ggrad_cell_f32_data, "main", 5, 13 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_cell_back_f32, "ggrad_cell_back_f32", '
-         'ggrad_cell_back_f32_len, ggrad_cell_back_f32_data, "main", 5, 13 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_cell_back_f32_len, ggrad_cell_back_f32_data, "main", 5, 13 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_stats_f32, "ggrad_bn_stats_f32", '
+         'ggrad_bn_stats_f32_len, ggrad_bn_stats_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_apply_f32, "ggrad_bn_apply_f32", '
+         'ggrad_bn_apply_f32_len, ggrad_bn_apply_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_back_f32, "ggrad_bn_back_f32", '
+         'ggrad_bn_back_f32_len, ggrad_bn_back_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

@@ -472,9 +472,12 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # measured yet and is held to Vulkan's count until a GPU run lowers it.
 # The LSTM's (2 layers, 6 steps): one kernel per step each way on the CPU and Vulkan, after
 # the step's product (Vulkan copies each step's rows for it); composed it was 639 (cpu) and
-# 680 (lavapipe) nodes; CUDA has no LSTM kernel and is held to the composed count.
+# 680 (lavapipe) nodes; CUDA's kernel has not run on a device yet: held to the composed count.
+# A convolution with BatchNorm2d: the batch-norm kernels (kernel set 26) on the CPU and Vulkan;
+# composed it was 78 (cpu) and 93 (lavapipe) nodes; CUDA (no such kernel) is held to that.
 BUDGETS = {"mlp": {"cpu": 29, "vulkan": 45, "cuda": 35}, "block": {"cpu": 74, "vulkan": 106, "cuda": 125},
-           "cnn": {"cpu": 33, "vulkan": 156, "cuda": 156}, "lstm": {"cpu": 91, "vulkan": 133, "cuda": 680}}
+           "cnn": {"cpu": 33, "vulkan": 156, "cuda": 156}, "lstm": {"cpu": 91, "vulkan": 133, "cuda": 680},
+           "batch_norm": {"cpu": 42, "vulkan": 60, "cuda": 93}}
 
 
 def _budget(model: str) -> int:
@@ -528,6 +531,16 @@ def test_node_budget_of_a_compiled_lstm_step(dev):
                                   rng.integers(0, 10, 4))
     assert sum(counts.values()) <= _budget("lstm"), counts
     assert ("SIGMOID" not in counts) == kernels.supported(ggrad.runtime.current().backend, kernels.CELL), counts
+
+
+@needs_kernels
+def test_node_budget_of_a_compiled_step_with_batch_norm(dev):
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
+    rng = np.random.default_rng(0)
+    counts = _compiled_step_nodes(model, rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4))
+    assert sum(counts.values()) <= _budget("batch_norm"), counts
+    assert ("SQRT" not in counts) == kernels.supported(ggrad.runtime.current().backend, kernels.BATCH_NORM), counts
 
 
 needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 12, reason="ggml built without ggrad's GELU gradient kernel")
@@ -836,3 +849,61 @@ def test_convolution_kernels_equal_torch_and_the_columns_path(dev, case, threads
     for a, c, t in zip(ours, columns, (yt, xt.grad, wt.grad, bt.grad)):
         np.testing.assert_allclose(a, t.detach().numpy(), rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+
+
+def _batch_norm_run(x, weight, bias, g):
+    """F.batch_norm in training over x (with running statistics from 0 and 1): the output,
+    the running mean and variance, then the gradients of x, weight and bias of sum(y g), as
+    float64 arrays."""
+    channels = x.shape[1]
+    running = [ggrad.tensor(np.zeros(channels, np.float32)), ggrad.tensor(np.ones(channels, np.float32))]
+    inputs = [ggrad.tensor(a, requires_grad=True) for a in (x, weight, bias) if a is not None]
+    w = inputs[1] if weight is not None else None
+    b = inputs[-1] if bias is not None else None
+    with ggrad.grad_tape():
+        y = F.batch_norm(inputs[0], running[0], running[1], w, b, training=True, momentum=0.1, eps=1e-5)
+        (y * ggrad.tensor(g)).sum().backward()
+    return [t.numpy().astype(np.float64) for t in [y] + running] + [t.grad.numpy().astype(np.float64) for t in inputs]
+
+
+needs_batch_norm_kernels = pytest.mark.skipif(kernels.version() < 26, reason="ggml built without ggrad's batch-norm "
+                                              "kernels (kernel set 26)")
+
+
+@needs_batch_norm_kernels
+@pytest.mark.parametrize("shape, affine", [((16, 5), True), ((4, 3, 7), False), ((6, 4, 5, 3), True),
+                                           ((2, 3, 40, 40), True)])
+def test_batch_norm_kernels_equal_torch_and_the_composed_form(dev, monkeypatch, shape, affine):
+    """Training batch norm through the kernels (statistics, normalization with the affine,
+    every gradient: three nodes) against torch in float64 and against the composed form
+    (the path without them): the output, the running statistics moved in place, the
+    gradients of x, weight and bias; then a NaN in one channel and an inf in another: NaN
+    exactly where the composed form has it, the other channels equal."""
+    from ggrad.functional import normalization
+    assert kernels.supported(ggrad.runtime.current().backend, kernels.BATCH_NORM), "kernel set 26 serves cpu and Vulkan"
+    rng = np.random.default_rng(4)
+    channels = shape[1]
+    x = (rng.standard_normal(shape) * 3 + 2).astype(np.float32)
+    weight = rng.standard_normal(channels).astype(np.float32) if affine else None
+    bias = rng.standard_normal(channels).astype(np.float32) if affine else None
+    g = rng.standard_normal(shape).astype(np.float32)
+    ours = _batch_norm_run(x, weight, bias, g)
+    t_in = [torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight, bias) if a is not None]
+    t_running = [torch.zeros(channels, dtype=torch.float64), torch.ones(channels, dtype=torch.float64)]
+    y = torch.nn.functional.batch_norm(t_in[0], *t_running, t_in[1] if affine else None, t_in[-1] if affine else None,
+                                       training=True, momentum=0.1, eps=1e-5)
+    (y * torch.tensor(g.astype(np.float64))).sum().backward()
+    theirs = [y.detach().numpy()] + [t.numpy() for t in t_running] + [t.grad.numpy() for t in t_in]
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        scale = max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-5 * scale, err_msg=f"result {k}")
+    bad = x.copy()
+    bad.reshape(shape[0], channels, -1)[1, 0, 0] = np.nan
+    bad.reshape(shape[0], channels, -1)[0, 1, 0] = np.inf
+    ours = [_batch_norm_run(a, weight, bias, g) for a in (x, bad)]
+    monkeypatch.setattr(normalization, "_batch_norm_kernels", lambda *args: None)
+    composed = [_batch_norm_run(a, weight, bias, g) for a in (x, bad)]
+    for run in range(2):
+        for k, (a, b) in enumerate(zip(ours[run], composed[run])):
+            assert np.array_equal(np.isnan(a), np.isnan(b)), f"run {run}, result {k}"
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"run {run}, result {k}")

@@ -8,7 +8,7 @@ import math
 from ggml import ggml as G
 
 from .. import autograd, dtypes, runtime
-from ..ops import compute, contiguous_rows
+from ..ops import compute, contiguous, contiguous_rows, reshape as ggml_reshape
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, reshape
 from .elementwise import sqrt, square
@@ -66,7 +66,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         count = x.numel() // c
         if count < 2:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
-        y, mean, var = _normalize(x, (0,) + tuple(range(2, x.ndim)), eps)
+        fused = _batch_norm_kernels(x, weight, bias, eps)
+        if fused is not None:
+            y, mean, var = fused
+        else:
+            y, mean, var = _normalize(x, (0,) + tuple(range(2, x.ndim)), eps)
+            y = _affine(y, x, weight, bias)
         if running_mean is not None or running_var is not None:
             with autograd.no_grad():
                 if running_mean is not None:
@@ -77,8 +82,72 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm outside training needs running_mean and running_var")
-        y = (x - _per_channel(running_mean, x)) / sqrt(_per_channel(running_var, x) + eps)
-    return _affine(y, x, weight, bias)
+        y = _affine((x - _per_channel(running_mean, x)) / sqrt(_per_channel(running_var, x) + eps), x, weight, bias)
+    return y
+
+
+def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Tensor, Tensor] | None:
+    """Training's batch norm as ggrad's kernels (BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK: one
+    node for the statistics, one for the normalization with its affine, one for all the
+    gradients): (the output, each channel's mean, its biased variance), or None where they
+    do not serve (then it is composed, as their test oracle)."""
+    weight = None if weight is None else _as_tensor(weight)
+    bias = None if bias is None else _as_tensor(bias)
+    present = [t for t in (x, weight, bias) if t is not None]
+    if any(t.dtype is not dtypes.float32 for t in present) or x.numel() >= 2**31:
+        return None
+    backend = runtime.current().backend
+    if not all(kernels.supported(backend, k)
+               for k in (kernels.BATCH_STATS, kernels.BATCH_NORM, kernels.BATCH_NORM_BACK)):
+        return None
+    sizes = (math.prod(x.shape[2:]), x.shape[1], x.shape[0])
+    stats = _apply("batch_stats", (x.detach(),), (2, x.shape[1]), arg=sizes)
+    mean, var = stats[0], stats[1]
+    inputs = (x, mean, var) + tuple(t for t in (weight, bias) if t is not None)
+    arg = sizes + (float(eps), weight is not None, bias is not None)
+    return _apply("batch_norm", inputs, x.shape, _batch_norm_rule, arg), mean, var
+
+
+def _batch_norm_rule(ctx, g):
+    """dx (through the batch's statistics too), the weight's sum(g xhat) and the bias's
+    sum(g), from one kernel."""
+    spatial, channels, batch, _, has_weight, has_bias = ctx.arg
+    x, mean, var = ctx.parents[:3]
+    weight = ctx.parents[3] if has_weight else None
+    n = spatial * channels * batch
+    inputs = (x.detach(), g, mean, var) + (() if weight is None else (weight.detach(),))
+    grads = _apply("batch_norm_back", inputs, (n + 2 * channels,), arg=ctx.arg)
+    d_weight = grads[n:n + channels] if has_weight and weight.requires_grad else None
+    d_bias = grads[n + channels:] if has_bias and ctx.parents[-1].requires_grad else None
+    return (reshape(grads[:n], x.shape) if x.requires_grad else None, None, None) + \
+        ((d_weight,) if has_weight else ()) + ((d_bias,) if has_bias else ())
+
+
+@compute("batch_stats")
+def _batch_stats(ctx, s, node):
+    spatial, channels, batch = node.arg
+    stats = kernels.op(ctx, kernels.BATCH_STATS, (2 * channels, 1), [contiguous(ctx, s[0])],
+                       [spatial, channels, batch, 0.0])
+    return ggml_reshape(ctx, stats, node.shape)
+
+
+@compute("batch_norm")
+def _batch_norm(ctx, s, node):
+    spatial, channels, batch, eps, has_weight, has_bias = node.arg
+    srcs = [contiguous(ctx, t) for t in s]
+    weight = srcs[3] if has_weight else None
+    bias = srcs[-1] if has_bias else None
+    y = kernels.op(ctx, kernels.BATCH_NORM, (spatial * channels * batch, 1), srcs[:3] + [weight, bias],
+                   [spatial, channels, batch, eps])
+    return ggml_reshape(ctx, y, node.shape)
+
+
+@compute("batch_norm_back")
+def _batch_norm_back(ctx, s, node):
+    spatial, channels, batch, eps, has_weight, _ = node.arg
+    srcs = [contiguous(ctx, t) for t in s]
+    return kernels.op(ctx, kernels.BATCH_NORM_BACK, (node.shape[0], 1), srcs[:4] + [srcs[4] if has_weight else None],
+                      [spatial, channels, batch, eps])
 
 
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> Tensor:

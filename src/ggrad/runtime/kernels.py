@@ -40,10 +40,14 @@ CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
 QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu, cuda)
 CELL = 18                     # [record], proj, h W_hh^T, [b_hh], state0; t, t_prev, H, T, B, cell -> the record (cpu, vulkan)
 CELL_BACK = 19                # [gradients], record, its gradient, [dh], state0; as CELL -> proj's gradient... (cpu, vulkan)
+BATCH_STATS = 20              # x (S, C, N); S, C, N -> each channel's mean, then its biased variance (2C) (cpu, vulkan)
+BATCH_NORM = 21               # x, mean, var, [weight], [bias]; S, C, N, eps -> the normalized x (cpu, vulkan)
+BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, then the weight's and bias's (cpu, vulkan)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
-         CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25}  # the kernel set's version that added each
+         CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
+         BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -199,6 +203,12 @@ def _ask(dev_backend, kernel: int) -> bool:
             shape = [0, -1, 2, 1, 1, 0]
             node = op(ctx, kernel, (12, 1), [None, vec(8), vec(8), None, vec(2)], shape) if kernel == CELL else \
                 op(ctx, kernel, (10, 1), [None, vec(12), vec(12), None, vec(2)], shape)
+        elif kernel in (BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK):  # 2 channels of 2 positions, 2 samples
+            vec = lambda n: G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n)  # noqa: E731
+            shape = [2, 2, 2, 1e-5]
+            node = op(ctx, kernel, (4, 1), [vec(8)], shape) if kernel == BATCH_STATS else \
+                op(ctx, kernel, (8, 1), [vec(8), vec(2), vec(2), None, None], shape) if kernel == BATCH_NORM else \
+                op(ctx, kernel, (12, 1), [vec(8), vec(8), vec(2), vec(2), None], shape)
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
