@@ -31,7 +31,8 @@
   in pool scratch, with cuBLAS); a recurrent layer's time step (LSTM, GRU, RNN) and its
   gradient, one node each, written in place into the layer's record (on Vulkan and CUDA
   too: ggrad_cell.h); batch normalization in training as three nodes (the statistics, the
-  normalization with the affine, the gradient with the weight's and bias's).
+  normalization with the affine, the gradient with the weight's and bias's; CPU, Vulkan,
+  CUDA).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -50,7 +51,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 26
+KERNELS_VERSION = 27
 
 
 VULKAN_DISPATCH = """
@@ -561,7 +562,7 @@ def patch(tree: Path) -> None:
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
-    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h"):
+    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h", "ggrad_bn.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),

@@ -1,6 +1,7 @@
 // ggrad's kernels on CUDA: GGML_OP_GGRAD, the kernel in op_params[0]; the CPU's
 // ggrad_cpu.inc says what each computes. One warp per row of logits.
 #include "ggrad.cuh"
+#include "ggrad_bn.h"
 #include "ggrad_cell.h"
 #include "convert.cuh"
 
@@ -191,6 +192,89 @@ static bool ggrad_qmatmul_back_supported(const ggml_tensor * op) {
            std::max(std::max(w->ne[0], w->ne[1]), g->ne[1]) < INT32_MAX;
 }
 
+// batch normalization in training (ggrad_cpu.inc): the statistics and the gradient one block
+// per channel (sums in float, per thread then over the block), the normalization a thread per
+// element; channel c's values are the rows of S at (n*C + c)*S
+static __device__ __forceinline__ int64_t ggrad_bn_at(const ggrad_bn_dims d, const int64_t c, const int64_t k) {
+    return ((k / d.S)*d.C + c)*d.S + k % d.S;
+}
+
+static __global__ void ggrad_bn_stats_f32(const ggrad_bn_dims d, const float * x, float * out) {
+    __shared__ float shared[256 / WARP_SIZE];
+    const int64_t c = blockIdx.x, count = d.S*d.N;
+    float sum = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += 256) {
+        sum += x[ggrad_bn_at(d, c, k)];
+    }
+    const float mean = ggrad_block_sum<256>(sum, shared)/count;
+    float squares = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += 256) {
+        const float v = x[ggrad_bn_at(d, c, k)] - mean;
+        squares += v*v;
+    }
+    const float var = ggrad_block_sum<256>(squares, shared)/count;
+    if (threadIdx.x == 0) {
+        out[c] = mean;
+        out[d.C + c] = var;
+    }
+}
+
+static __global__ void ggrad_bn_apply_f32(const ggrad_bn_dims d, const float * x, const float * mean, const float * var,
+                                          const float * w, const float * b, float * y) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i >= d.S*d.C*d.N) {
+        return;
+    }
+    const int64_t c = (i / d.S) % d.C;
+    const float v = __fdiv_rn(x[i] - mean[c], sqrtf(var[c] + d.eps));
+    const float scaled = w ? __fmul_rn(v, w[c]) : v;
+    y[i] = b ? scaled + b[c] : scaled;
+}
+
+static __global__ void ggrad_bn_back_f32(const ggrad_bn_dims d, const float * x, const float * g, const float * mean,
+                                         const float * var, const float * w, float * out) {
+    __shared__ float shared[256 / WARP_SIZE];
+    const int64_t c = blockIdx.x, count = d.S*d.N;
+    const float m = mean[c], s = sqrtf(var[c] + d.eps), wc = w ? w[c] : 1.0f;
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int64_t k = threadIdx.x; k < count; k += 256) {
+        const int64_t at = ggrad_bn_at(d, c, k);
+        sum_g += g[at];
+        sum_gx += g[at]*__fdiv_rn(x[at] - m, s);
+    }
+    sum_g = ggrad_block_sum<256>(sum_g, shared);
+    sum_gx = ggrad_block_sum<256>(sum_gx, shared);
+    const float mean_dy = (sum_g/count)*wc, mean_dyx = (sum_gx/count)*wc;
+    for (int64_t k = threadIdx.x; k < count; k += 256) {
+        const int64_t at = ggrad_bn_at(d, c, k);
+        const float xhat = __fdiv_rn(x[at] - m, s);
+        out[at] = __fdiv_rn(__fsub_rn(__fmul_rn(g[at], wc), mean_dy) - __fmul_rn(xhat, mean_dyx), s);
+    }
+    if (threadIdx.x == 0) {
+        out[d.S*d.C*d.N + c] = sum_gx;
+        out[d.S*d.C*d.N + d.C + c] = sum_g;
+    }
+}
+
+static void ggrad_bn(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const int kernel) {
+    const ggrad_bn_dims d = ggrad_bn_dims_of(dst);
+    const float * src[5];
+    for (int i = 0; i < 5; ++i) {
+        src[i] = dst->src[i] ? (const float *) dst->src[i]->data : nullptr;
+    }
+    float * out = (float *) dst->data;
+    cudaStream_t stream = ctx.stream();
+    if (kernel == 20) {
+        ggrad_bn_stats_f32<<<(int) d.C, 256, 0, stream>>>(d, src[0], out);
+    } else if (kernel == 21) {
+        const int blocks = (int) ((d.S*d.C*d.N + 255)/256);
+        ggrad_bn_apply_f32<<<blocks, 256, 0, stream>>>(d, src[0], src[1], src[2], src[3], src[4], out);
+    } else {
+        ggrad_bn_back_f32<<<(int) d.C, 256, 0, stream>>>(d, src[0], src[1], src[2], src[3], src[4], out);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // a recurrent layer's time step and its gradient (ggrad_cell.h), a thread per state element
 static __global__ void ggrad_cell_f32(const ggrad_cell_dims d, const float * xg, const float * hw, const float * bias,
                                       const float * s0, float * rec) {
@@ -228,6 +312,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 18 || kernel == 19) {
         return ggrad_cell_supported(op);
     }
+    if (kernel >= 20 && kernel <= 22) {
+        return ggrad_bn_supported(op) && ggrad_bn_dims_of(op).C <= INT32_MAX;
+    }
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
@@ -255,6 +342,10 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
 void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     if (ggml_get_op_params_i32(dst, 0) == 18 || ggml_get_op_params_i32(dst, 0) == 19) {  // src0 may be absent
         ggrad_cell(ctx, dst);
+        return;
+    }
+    if (ggml_get_op_params_i32(dst, 0) >= 20 && ggml_get_op_params_i32(dst, 0) <= 22) {
+        ggrad_bn(ctx, dst, ggml_get_op_params_i32(dst, 0));
         return;
     }
     const ggml_tensor * x = dst->src[0];
