@@ -907,3 +907,43 @@ def test_batch_norm_kernels_equal_torch_and_the_composed_form(dev, monkeypatch, 
         for k, (a, b) in enumerate(zip(ours[run], composed[run])):
             assert np.array_equal(np.isnan(a), np.isnan(b)), f"run {run}, result {k}"
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"run {run}, result {k}")
+
+
+@needs_batch_norm_kernels
+@pytest.mark.parametrize("norm", ["group", "instance"])
+def test_group_and_instance_norm_through_the_batch_norm_kernels(dev, monkeypatch, norm):
+    """group_norm and instance_norm normalize equal runs of elements, which the batch-norm
+    kernels do as one sample of that many channels: output and gradients of x, weight and
+    bias equal torch's (float64) and the composed form's, a NaN confined to its group (and
+    channel, for the weight's gradient)."""
+    from ggrad.functional import normalization
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((3, 6, 5, 4)) * 2 - 1).astype(np.float32)
+    x[1, 2, 0, 0] = np.nan
+    weight, bias, g = (rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32),
+                       rng.standard_normal(x.shape).astype(np.float32))
+
+    def run(fn, module):
+        inputs = [module.tensor(a, requires_grad=True) if module is ggrad else
+                  torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight, bias)]
+        if module is ggrad:
+            with ggrad.grad_tape():
+                (fn(*inputs) * ggrad.tensor(g)).sum().backward()
+                out = fn(*inputs)
+            return [out.numpy()] + [t.grad.numpy() for t in inputs]
+        out = fn(*inputs)
+        (out * torch.tensor(g.astype(np.float64))).sum().backward()
+        return [out.detach().numpy()] + [t.grad.numpy() for t in inputs]
+
+    ours_fn = (lambda a, w, b: F.group_norm(a, 3, w, b)) if norm == "group" else \
+        (lambda a, w, b: F.instance_norm(a, weight=w, bias=b))
+    theirs_fn = (lambda a, w, b: torch.nn.functional.group_norm(a, 3, w, b)) if norm == "group" else \
+        (lambda a, w, b: torch.nn.functional.instance_norm(a, weight=w, bias=b))
+    ours, theirs = run(ours_fn, ggrad), run(theirs_fn, torch)
+    monkeypatch.setattr(normalization, "_batch_norm_kernels", lambda *args: None)
+    composed = run(ours_fn, ggrad)
+    for k, (a, b, c) in enumerate(zip(ours, theirs, composed)):
+        assert np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(np.isnan(a), np.isnan(c)), k
+        assert np.isnan(a).any() == (k != 3) and not np.isnan(a).all(), k  # the bias's sum(g) never meets x
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5, err_msg=f"torch, result {k}")
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5, err_msg=f"composed, result {k}")

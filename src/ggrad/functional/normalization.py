@@ -157,8 +157,7 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
     if x.ndim < 2 or num_groups < 1 or x.shape[1] % num_groups:
         raise ValueError(f"group_norm: an input of shape {x.shape} does not split into {num_groups} groups of "
                          "channels (axis 1)")
-    grouped = reshape(x, (x.shape[0], num_groups, -1))
-    return _affine(reshape(_normalize(grouped, (2,), eps)[0], x.shape), x, weight, bias)
+    return _affine(_normalize_rows(x, x.shape[0] * num_groups, eps), x, weight, bias)
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
@@ -171,7 +170,16 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     x = _as_tensor(input)
     if x.ndim < 3:
         raise ValueError(f"instance_norm needs input of at least 3 dimensions (N, C, ...), got shape {x.shape}")
-    return _affine(_normalize(x, tuple(range(2, x.ndim)), eps)[0], x, weight, bias)
+    return _affine(_normalize_rows(x, x.shape[0] * x.shape[1], eps), x, weight, bias)
+
+
+def _normalize_rows(x: Tensor, rows: int, eps: float) -> Tensor:
+    """x normalized over each of `rows` equal runs of its elements (group_norm's groups,
+    instance_norm's channels): the batch-norm kernels over x as one sample of `rows`
+    channels where they serve (two nodes, one back), else composed."""
+    runs = reshape(x, (1, rows, x.numel() // rows))
+    fused = _batch_norm_kernels(runs, None, None, eps)
+    return reshape(fused[0] if fused is not None else _normalize(runs, (0, 2), eps)[0], x.shape)
 
 
 def _normalize(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor, Tensor]:
