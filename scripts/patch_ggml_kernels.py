@@ -51,7 +51,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 27
+KERNELS_VERSION = 28
 
 
 VULKAN_DISPATCH = """
@@ -145,7 +145,10 @@ static void ggml_vk_ggrad_cell(ggml_backend_vk_context * ctx, vk_context& subctx
         ggml_get_op_params_i32(dst, 6), dst->src[3] != nullptr, dst->src[0] != nullptr,
         ggml_vk_ggrad_misalign(o_buf, dst), off[0], off[1], off[2], off[3],
     };
-    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { o_buf, b[0], b[1], b[2], b[3] }, pc, { H*B, 1, 1 });
+    const uint32_t n = H*B;  // elements z*131072 + y*256 + x: 256 along x, up to 512 rows along y
+    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
+                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { o_buf, b[0], b[1], b[2], b[3] }, pc, elements);
 }
 
 // batch normalization (ggrad_bn.comp): the statistics and the gradient one workgroup per

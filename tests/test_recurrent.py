@@ -233,7 +233,9 @@ def test_recurrent_kernels_equal_the_composed_cell(dev, monkeypatch, cls, kwargs
     cell has NaN, the rest equal."""
     from ggrad.nn import recurrent
     from ggrad.runtime import kernels
-    assert kernels.supported(ggrad.runtime.current().backend, kernels.CELL), "kernel set 25 serves cpu and Vulkan"
+    if not kernels.supported(ggrad.runtime.current().backend, kernels.CELL):
+        assert dev.startswith("cuda"), "kernel set 25 serves cpu and Vulkan"
+        pytest.skip("not yet run on a CUDA device (runtime/kernels.py UNVERIFIED; GGRAD_UNVERIFIED_KERNELS=1)")
     ggrad.manual_seed(3)
     module = getattr(nn, cls)(4, 6, num_layers=2, batch_first=True, **kwargs)
     layers = 4 if kwargs.get("bidirectional") else 2
@@ -252,3 +254,26 @@ def test_recurrent_kernels_equal_the_composed_cell(dev, monkeypatch, cls, kwargs
     for k, (a, b) in enumerate(zip(ours[1], composed[1])):
         assert np.array_equal(np.isnan(a), np.isnan(b)), f"result {k}"
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=2e-6, err_msg=f"result {k}")
+
+
+@needs_cell_kernels
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_a_long_sequence_builds_and_equals_torch(dev, cls):
+    """700 steps: a layer's graph holds five ggml tensors a step each way (the builders
+    reserve the room; without it ggml aborted past ~600 steps), and the output and the
+    gradients still equal torch's."""
+    torch.manual_seed(0)
+    theirs = getattr(torch.nn, cls)(2, 3, batch_first=True)
+    ours = getattr(nn, cls)(2, 3, batch_first=True)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+    x = f32(2, 700, 2)
+    xt, xg = torch.tensor(x, requires_grad=True), ggrad.tensor(x, requires_grad=True)
+    with ggrad.grad_tape():
+        out = ours(xg)[0]
+        out.sum().backward()
+    out_t = theirs(xt)[0]
+    out_t.sum().backward()
+    assert_close(dev, out.numpy(), out_t.detach().numpy())
+    assert_close(dev, xg.grad.numpy(), xt.grad.numpy())
+    for name, p in theirs.named_parameters():
+        assert_close(dev, dict(ours.named_parameters())[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-4)

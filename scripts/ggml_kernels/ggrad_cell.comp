@@ -1,7 +1,8 @@
 #version 450
 // A recurrent layer's time step (GGML_OP_GGRAD kernel 18) and, with BACK, its gradient
 // (kernel 19) on Vulkan, one invocation per state element; the CPU's ggrad_cpu.inc says what
-// each computes (cells: 0 LSTM, 1 GRU, 2 RNN tanh, 3 RNN relu). sigmoid and tanh as
+// each computes (cells: 0 LSTM, 1 GRU, 2 RNN tanh, 3 RNN relu); element z*131072 + y*256 + x
+// (devices cap the workgroups along x at 65535). sigmoid and tanh as
 // ggml-vulkan's unary shaders compute them (the composed cell's values).
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
@@ -30,7 +31,7 @@ float tanh_(float x) {
 }
 
 void main() {
-    const uint e = gl_GlobalInvocationID.x;
+    const uint e = gl_GlobalInvocationID.z * 131072 + gl_GlobalInvocationID.y * 256 + gl_GlobalInvocationID.x;
     if (e >= p.B*p.H) {
         return;
     }

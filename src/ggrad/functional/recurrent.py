@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ggml import ggml as G
 
-from .. import ops, runtime
+from .. import lazy, ops, runtime
 from ..ops import compute, contiguous
 from ..runtime import kernels, precision
 from ._core import F32, Tensor, _apply, _out, reshape
@@ -37,8 +37,11 @@ def recurrent_layer(mode: str, proj: Tensor, w_hh: Tensor, b_hh: Tensor | None, 
         return None
     batch, steps, hidden = proj.shape[0], proj.shape[1], w_hh.shape[1]
     backend = runtime.current().backend
-    if 6 * batch * steps * hidden >= 2**31 or not (kernels.supported(backend, kernels.CELL)
-                                                   and kernels.supported(backend, kernels.CELL_BACK)):
+    # the record and the gradient are the largest tensors: within the kernels' int32 indices
+    # and the device's tensor limit (Vulkan's storage-buffer range), else the cell composes
+    largest = max(_PLANES[mode] * hidden * steps * batch, _gradient_size(mode, batch, steps, hidden))
+    if largest >= 2**31 or (backend.max_tensor_bytes is not None and 4 * largest > backend.max_tensor_bytes) \
+            or not (kernels.supported(backend, kernels.CELL) and kernels.supported(backend, kernels.CELL_BACK)):
         return None
     inputs = (proj, w_hh) + (() if b_hh is None else (b_hh,)) + (h0,) + ((c0,) if lstm else ())
     arg = (mode, bool(reverse), b_hh is not None, _product_arg(F32))
@@ -101,6 +104,7 @@ def _recurrent(ctx, s, node):
     b_hh = contiguous(ctx, s[2]) if has_bias else None
     h = s[3 if has_bias else 2]
     state = contiguous(ctx, s[-1] if mode == "LSTM" else h)
+    lazy.reserve(ctx, 8 * steps)  # a product, its copies and views, and the kernel per step
     record = None
     for t, before in _order(steps, reverse):
         hw = contiguous(ctx, ops._product(ctx, w_hh, h, arg))
@@ -121,6 +125,7 @@ def _recurrent_back(ctx, s, node):
     steps, batch = int(record.contents.ne[1]), int(record.contents.ne[2])
     width = _GATES[mode] * hidden
     start = width * steps * batch if mode == "GRU" else 0  # where the gradient of h W_hh^T is
+    lazy.reserve(ctx, 8 * steps)
     out, dh = None, None
     for t, before in reversed(_order(steps, reverse)):
         srcs, params = [record, grad, dh, state], [t, before, hidden, steps, batch, CELLS[mode]]
