@@ -32,7 +32,8 @@
   gradient, one node each, written in place into the layer's record (on Vulkan and CUDA
   too: ggrad_cell.h); batch normalization in training as three nodes (the statistics, the
   normalization with the affine, the gradient with the weight's and bias's; CPU, Vulkan,
-  CUDA).
+  CUDA); torch's max pooling and its gradient on Vulkan and CUDA too (ggrad_pool.h; the
+  gradient gathered per input element, no atomics).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -51,12 +52,13 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 28
+KERNELS_VERSION = 29
 
 
 VULKAN_DISPATCH = """
 #include "ggrad_bn.h"
 #include "ggrad_cell.h"
+#include "ggrad_pool.h"
 
 /* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
 static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
@@ -71,6 +73,10 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op);  // ggrad_bn.h
+    }
+    if (kernel == 10 || kernel == 11) {  // ggrad_pool.h; the shader indexes in int32
+        return ggrad_max_pool_supported(op) && ggml_nelements(op) < INT32_MAX &&
+               ggml_nelements(op->src[kernel == 10 ? 0 : 1]) < INT32_MAX;
     }
     if (kernel == 3) {
         for (int i = 0; i < 4; ++i) {
@@ -178,8 +184,34 @@ static void ggml_vk_ggrad_bn(ggml_backend_vk_context * ctx, vk_context& subctx, 
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], o_buf }, pc, elements);
 }
 
+// torch's max pooling and its gradient (ggrad_pool.comp): an invocation per output, or per
+// input element (the gradient gathered)
+static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, bool back) {
+    const ggml_tensor * x = dst->src[back ? 1 : 0];
+    const ggml_tensor * g = back ? dst->src[0] : x;
+    vk_pipeline pipeline = back ? ctx->device->pipeline_ggrad_pool_back_f32 : ctx->device->pipeline_ggrad_pool_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer x_buf = ggml_vk_tensor_subbuffer(ctx, x, true);
+    vk_subbuffer g_buf = ggml_vk_tensor_subbuffer(ctx, g, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const ggrad_pool_geometry geo = ggrad_pool_geometry_of(dst, x);
+    struct { int32_t kw, kh, sw, sh, pw, ph, dw, dh, ow, oh, w, h; uint32_t planes, x_off, g_off, d_off; } pc = {
+        geo.kw, geo.kh, geo.sw, geo.sh, geo.pw, geo.ph, geo.dw, geo.dh, geo.ow, geo.oh, (int32_t) geo.w, (int32_t) geo.h,
+        (uint32_t) geo.planes, ggml_vk_ggrad_misalign(x_buf, x), ggml_vk_ggrad_misalign(g_buf, g),
+        ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    const uint32_t n = (uint32_t) ggml_nelements(dst);  // elements z*131072 + y*256 + x
+    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
+                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
+}
+
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
+    if (kernel == 10 || kernel == 11) {
+        ggml_vk_ggrad_pool(ctx, subctx, dst, kernel == 11);
+        return;
+    }
     if (kernel >= 20 && kernel <= 22) {
         ggml_vk_ggrad_bn(ctx, subctx, dst, kernel);
         return;
@@ -363,7 +395,7 @@ def patch(tree: Path) -> None:
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
-    for name in ("ggrad_cpu.inc", "ggrad_cell.h", "ggrad_bn.h"):
+    for name in ("ggrad_cpu.inc", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
@@ -565,7 +597,7 @@ def patch(tree: Path) -> None:
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
-    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h", "ggrad_bn.h"):
+    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),
@@ -610,9 +642,9 @@ def patch(tree: Path) -> None:
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
-                 "ggrad_bn.comp"):
+                 "ggrad_bn.comp", "ggrad_pool.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
-    for name in ("ggrad_cell.h", "ggrad_bn.h"):
+    for name in ("ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
@@ -625,7 +657,9 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_cell_back_f32", "ggrad_cell.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_bn_stats_f32", "ggrad_bn.comp", {{"STATS", "1"}});\n'
          '    string_to_spv("ggrad_bn_apply_f32", "ggrad_bn.comp", {{"APPLY", "1"}});\n'
-         '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'),
+         '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'
+         '    string_to_spv("ggrad_pool_f32", "ggrad_pool.comp", {});\n'
+         '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -649,7 +683,8 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_silu_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
          "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"
-         "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"
+         "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -673,7 +708,11 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_apply_f32, "ggrad_bn_apply_f32", '
          'ggrad_bn_apply_f32_len, ggrad_bn_apply_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_back_f32, "ggrad_bn_back_f32", '
-         'ggrad_bn_back_f32_len, ggrad_bn_back_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
+         'ggrad_bn_back_f32_len, ggrad_bn_back_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_f32, "ggrad_pool_f32", '
+         'ggrad_pool_f32_len, ggrad_pool_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_back_f32, "ggrad_pool_back_f32", '
+         'ggrad_pool_back_f32_len, ggrad_pool_back_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

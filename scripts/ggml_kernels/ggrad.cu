@@ -3,6 +3,7 @@
 #include "ggrad.cuh"
 #include "ggrad_bn.h"
 #include "ggrad_cell.h"
+#include "ggrad_pool.h"
 #include "convert.cuh"
 
 #include <algorithm>
@@ -275,6 +276,39 @@ static void ggrad_bn(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const i
     CUDA_CHECK(cudaGetLastError());
 }
 
+// torch's max pooling (ggrad_pool.h): a thread per output; its gradient a thread per input
+// element, gathered from the windows whose maximum it is
+static __global__ void ggrad_max_pool_f32(const ggrad_pool_geometry g, const float * x, float * y) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x, outputs = (int64_t) g.ow*g.oh;
+    if (i < outputs*g.planes) {
+        float best;
+        ggrad_pool_window(x + (i / outputs)*g.w*g.h, g, (i % outputs) / g.ow, (i % outputs) % g.ow, &best);
+        y[i] = best;
+    }
+}
+
+static __global__ void ggrad_max_pool_back_f32(const ggrad_pool_geometry g, const float * grad, const float * x,
+                                               float * dx) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x, size = g.w*g.h;
+    if (i < size*g.planes) {
+        const int64_t plane = i / size, e = i % size;
+        dx[i] = ggrad_pool_gather(x + plane*size, grad + plane*g.ow*g.oh, g, e / g.w, e % g.w);
+    }
+}
+
+static void ggrad_max_pool(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const bool back) {
+    const ggml_tensor * x = dst->src[back ? 1 : 0];
+    const ggrad_pool_geometry g = ggrad_pool_geometry_of(dst, x);
+    const int blocks = (int) ((ggml_nelements(dst) + 255)/256);
+    if (back) {
+        ggrad_max_pool_back_f32<<<blocks, 256, 0, ctx.stream()>>>(g, (const float *) dst->src[0]->data,
+                                                                  (const float *) x->data, (float *) dst->data);
+    } else {
+        ggrad_max_pool_f32<<<blocks, 256, 0, ctx.stream()>>>(g, (const float *) x->data, (float *) dst->data);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // a recurrent layer's time step and its gradient (ggrad_cell.h), a thread per state element
 static __global__ void ggrad_cell_f32(const ggrad_cell_dims d, const float * xg, const float * hw, const float * bias,
                                       const float * s0, float * rec) {
@@ -315,6 +349,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op) && ggrad_bn_dims_of(op).C <= INT32_MAX;
     }
+    if (kernel == 10 || kernel == 11) {
+        return ggrad_max_pool_supported(op) && (ggml_nelements(op) + 255)/256 <= INT32_MAX;
+    }
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
@@ -346,6 +383,10 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     if (ggml_get_op_params_i32(dst, 0) >= 20 && ggml_get_op_params_i32(dst, 0) <= 22) {
         ggrad_bn(ctx, dst, ggml_get_op_params_i32(dst, 0));
+        return;
+    }
+    if (ggml_get_op_params_i32(dst, 0) == 10 || ggml_get_op_params_i32(dst, 0) == 11) {
+        ggrad_max_pool(ctx, dst, ggml_get_op_params_i32(dst, 0) == 11);
         return;
     }
     const ggml_tensor * x = dst->src[0];

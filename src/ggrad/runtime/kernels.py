@@ -30,8 +30,8 @@ GEMM = 6                      # A, B[, bias (N)]; transpose flags -> op(A) @ op(
 GELU_BACK = 7                 # x, gradient of gelu(x), gelu(x), contiguous -> the gradient of x (cpu only)
 GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only)
 ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu only)
-MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilation, out size -> (OW*OH, planes) (cpu only)
-MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes) (cpu only)
+MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilation, out size -> (OW*OH, planes)
+MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes)
 COLUMNS = 12                  # x (W, H, C, N); as MAX_POOL -> a convolution's columns (OW*OH, C*KH*KW, N) (cpu only)
 COLUMNS_BACK = 13             # the columns' gradient; as COLUMNS -> (W, H, C, N) (cpu only)
 CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)]; as COLUMNS -> (OW*OH, OC*N) (cpu only)
@@ -148,7 +148,7 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # a K-quant weight's gradient, which nothing else computes there, refuses) unless
 # GGRAD_UNVERIFIED_KERNELS=1, which bench/gpu/h200.sh sets so that its test run tries them.
 # A kernel leaves this table once the suite has passed with it on such a device.
-UNVERIFIED = {"cuda": {QMATMUL_BACK, CELL, CELL_BACK, BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK}}
+UNVERIFIED = {"cuda": {QMATMUL_BACK, CELL, CELL_BACK, BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK, MAX_POOL, MAX_POOL_BACK}}
 
 
 def supported(dev_backend, kernel: int) -> bool:
