@@ -33,7 +33,8 @@
   too: ggrad_cell.h); batch normalization in training as three nodes (the statistics, the
   normalization with the affine, the gradient with the weight's and bias's; CPU, Vulkan,
   CUDA); torch's max pooling and its gradient on Vulkan and CUDA too (ggrad_pool.h; the
-  gradient gathered per input element, no atomics).
+  gradient gathered per input element, no atomics), and there the adjoint of IM2COL (a
+  convolution's input gradient, which they lack) as one node.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -52,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 29
+KERNELS_VERSION = 30
 
 
 VULKAN_DISPATCH = """
@@ -73,6 +74,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op);  // ggrad_bn.h
+    }
+    if (kernel == 23) {  // ggrad_pool.h
+        return ggrad_fold_supported(op);
     }
     if (kernel == 10 || kernel == 11) {  // ggrad_pool.h; the shader indexes in int32
         return ggrad_max_pool_supported(op) && ggml_nelements(op) < INT32_MAX &&
@@ -206,8 +210,30 @@ static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
+// the window fold (ggrad_fold.comp): an invocation per image element
+static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * cols = dst->src[0];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_fold_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer c_buf = ggml_vk_tensor_subbuffer(ctx, cols, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const ggrad_fold_geometry g = ggrad_fold_geometry_of(dst);
+    struct { int32_t kh, kw, sh, sw, ph, pw, dh, dw, w, h, c, ow, oh; uint32_t n, cols_off, d_off; } pc = {
+        g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, (int32_t) g.w, (int32_t) g.h, (int32_t) g.c, (int32_t) g.ow,
+        (int32_t) g.oh, (uint32_t) g.n, ggml_vk_ggrad_misalign(c_buf, cols), ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    const uint32_t n = (uint32_t) ggml_nelements(dst);  // elements z*131072 + y*256 + x
+    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
+                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { c_buf, o_buf }, pc, elements);
+}
+
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
+    if (kernel == 23) {
+        ggml_vk_ggrad_fold(ctx, subctx, dst);
+        return;
+    }
     if (kernel == 10 || kernel == 11) {
         ggml_vk_ggrad_pool(ctx, subctx, dst, kernel == 11);
         return;
@@ -642,7 +668,7 @@ def patch(tree: Path) -> None:
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
-                 "ggrad_bn.comp", "ggrad_pool.comp"):
+                 "ggrad_bn.comp", "ggrad_pool.comp", "ggrad_fold.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -659,7 +685,8 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_bn_apply_f32", "ggrad_bn.comp", {{"APPLY", "1"}});\n'
          '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_pool_f32", "ggrad_pool.comp", {});\n'
-         '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'),
+         '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'
+         '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -684,7 +711,7 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
          "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"
-         "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -712,7 +739,9 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_f32, "ggrad_pool_f32", '
          'ggrad_pool_f32_len, ggrad_pool_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_back_f32, "ggrad_pool_back_f32", '
-         'ggrad_pool_back_f32_len, ggrad_pool_back_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_pool_back_f32_len, ggrad_pool_back_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_fold_f32, "ggrad_fold_f32", '
+         'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

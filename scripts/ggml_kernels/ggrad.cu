@@ -296,6 +296,14 @@ static __global__ void ggrad_max_pool_back_f32(const ggrad_pool_geometry g, cons
     }
 }
 
+// the window fold (ggrad_pool.h): a thread per image element
+static __global__ void ggrad_fold_f32(const ggrad_fold_geometry g, const float * cols, float * dst, const int64_t n) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < n) {
+        dst[i] = ggrad_fold_gather(cols, g, i);
+    }
+}
+
 static void ggrad_max_pool(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const bool back) {
     const ggml_tensor * x = dst->src[back ? 1 : 0];
     const ggrad_pool_geometry g = ggrad_pool_geometry_of(dst, x);
@@ -352,6 +360,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 10 || kernel == 11) {
         return ggrad_max_pool_supported(op) && (ggml_nelements(op) + 255)/256 <= INT32_MAX;
     }
+    if (kernel == 23) {
+        return ggrad_fold_supported(op);
+    }
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
@@ -387,6 +398,14 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     if (ggml_get_op_params_i32(dst, 0) == 10 || ggml_get_op_params_i32(dst, 0) == 11) {
         ggrad_max_pool(ctx, dst, ggml_get_op_params_i32(dst, 0) == 11);
+        return;
+    }
+    if (ggml_get_op_params_i32(dst, 0) == 23) {
+        const int64_t n = ggml_nelements(dst);
+        ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(ggrad_fold_geometry_of(dst),
+                                                                          (const float *) dst->src[0]->data,
+                                                                          (float *) dst->data, n);
+        CUDA_CHECK(cudaGetLastError());
         return;
     }
     const ggml_tensor * x = dst->src[0];

@@ -1,6 +1,7 @@
-// ggrad's max-pooling kernels (GGML_OP_GGRAD 10, 11) and the geometry its convolution
-// kernels share: the window arithmetic the CPU (ggrad_cpu.inc) and CUDA (ggrad.cu) run and
-// the supports check they and Vulkan (ggrad_pool.comp, the same in GLSL) ask.
+// ggrad's max-pooling kernels (GGML_OP_GGRAD 10, 11), the window fold (23) and the geometry
+// its convolution kernels share: the window arithmetic the CPU (ggrad_cpu.inc) and CUDA
+// (ggrad.cu) run and the supports checks they and Vulkan (ggrad_pool.comp, ggrad_fold.comp:
+// the same in GLSL) ask.
 //
 // torch's max pooling over planes of W x H: src0 x f32 (W, H, planes...), contiguous;
 // op_params [1..10] kw, kh, sw, sh, pw, ph, dw, dh, ow, oh. A window's taps are its
@@ -108,4 +109,52 @@ static inline bool ggrad_max_pool_supported(const ggml_tensor * op) {
     const ggml_tensor * grad = op->src[0];
     return grad->type == GGML_TYPE_F32 && ggml_is_contiguous(grad) && grad->ne[0] == (int64_t) g.ow*g.oh &&
            ggml_nelements(grad) == (int64_t) g.ow*g.oh*g.planes && op->ne[0] == g.w*g.h && op->ne[1] == g.planes;
+}
+
+// Kernel 23, the window fold: the adjoint of ggml's IM2COL in its windows layout, for the
+// backends without IM2COL_BACK (Vulkan, CUDA). src0 the columns f32 (C*KH*KW, OW, OH, N),
+// contiguous; op_params [1..8] kh, kw, sh, sw, ph, pw, dh, dw, [9..11] W, H, C; dst f32
+// (W*H, C*N): each image element the sum of the column entries that read it, in tap order
+// (the order the composed fold adds them).
+typedef struct {
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t w, h, c, ow, oh, n;
+} ggrad_fold_geometry;
+
+static inline ggrad_fold_geometry ggrad_fold_geometry_of(const ggml_tensor * op) {
+    const int32_t * p = (const int32_t *) op->op_params + 1;
+    const ggml_tensor * cols = op->src[0];
+    return { p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], cols->ne[1], cols->ne[2], cols->ne[3] };
+}
+
+GGRAD_POOL_FN float ggrad_fold_gather(const float * cols, const ggrad_fold_geometry g, const int64_t i) {
+    const int64_t x = i % g.w, y = (i / g.w) % g.h, c = (i / (g.w*g.h)) % g.c, n = i / (g.w*g.h*g.c);
+    const int64_t width = g.c*g.kh*g.kw;
+    float sum = 0.0f;
+    for (int ky = 0; ky < g.kh; ++ky) {
+        const int64_t ty = y + g.ph - (int64_t) ky*g.dh;
+        if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
+            continue;
+        }
+        for (int kx = 0; kx < g.kw; ++kx) {
+            const int64_t tx = x + g.pw - (int64_t) kx*g.dw;
+            if (tx < 0 || tx % g.sw != 0 || tx/g.sw >= g.ow) {
+                continue;
+            }
+            sum += cols[((n*g.oh + ty/g.sh)*g.ow + tx/g.sw)*width + (c*g.kh + ky)*g.kw + kx];
+        }
+    }
+    return sum;
+}
+
+static inline bool ggrad_fold_supported(const ggml_tensor * op) {
+    const ggml_tensor * cols = op->src[0];
+    if (cols == NULL || cols->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(cols) ||
+        !ggml_is_contiguous(op)) {
+        return false;
+    }
+    const ggrad_fold_geometry g = ggrad_fold_geometry_of(op);
+    return g.kh >= 1 && g.kw >= 1 && g.sh >= 1 && g.sw >= 1 && g.dh >= 1 && g.dw >= 1 && g.ph >= 0 && g.pw >= 0 &&
+           g.w >= 1 && g.h >= 1 && g.c >= 1 && cols->ne[0] == g.c*g.kh*g.kw &&
+           ggml_nelements(op) == g.w*g.h*g.c*g.n && ggml_nelements(op) < INT32_MAX && ggml_nelements(cols) < INT32_MAX;
 }

@@ -137,11 +137,14 @@ def _col2im(ctx, s, node):
     n, c, h, w = node.shape
     ne = (ctypes.c_int64 * 4)(w, h, c, n)
     folded = _supported(G.ggml_im2col_back(ctx, s[0], _kernel_shape(ctx, c, kh, kw), ne, sw, sh, pw, ph, dw, dh, True))
+    if folded is None and kernels.supported(runtime.current().backend, kernels.FOLD):  # Vulkan, CUDA
+        folded = kernels.op(ctx, kernels.FOLD, (w * h, c * n), [ops.contiguous(ctx, s[0])], list(node.arg) + [w, h, c])
+        folded = ggml_reshape(ctx, folded, node.shape)
     return folded if folded is not None else _fold_by_taps(ctx, s[0], node)
 
 
 def _fold_by_taps(ctx, columns, node):
-    """Folding without IM2COL_BACK (Vulkan, CUDA): the columns of one window entry (tap)
+    """Folding without IM2COL_BACK or ggrad's fold kernel: the columns of one window entry (tap)
     form an image of the output grid; spread to the stride, padded into place on a
     canvas of the padded image and summed over the taps, cropped to the image. Padding,
     adds and copies only: every backend runs them."""

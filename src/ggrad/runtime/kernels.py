@@ -43,11 +43,13 @@ CELL_BACK = 19                # [gradients], record, its gradient, [dh], state0;
 BATCH_STATS = 20              # x (S, C, N); S, C, N -> each channel's mean, then its biased variance (2C) (cpu, vulkan)
 BATCH_NORM = 21               # x, mean, var, [weight], [bias]; S, C, N, eps -> the normalized x (cpu, vulkan)
 BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, then the weight's and bias's (cpu, vulkan)
+FOLD = 23                     # columns (C*KH*KW, OW, OH, N); kh, kw, sh, sw, ph, pw, dh, dw, W, H, C -> the image (vulkan, cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
          CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
-         BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26}  # the kernel set's version that added each
+         BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
+         FOLD: 30}  # the kernel set's version that added each
 
 
 @functools.cache
@@ -148,7 +150,8 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # a K-quant weight's gradient, which nothing else computes there, refuses) unless
 # GGRAD_UNVERIFIED_KERNELS=1, which bench/gpu/h200.sh sets so that its test run tries them.
 # A kernel leaves this table once the suite has passed with it on such a device.
-UNVERIFIED = {"cuda": {QMATMUL_BACK, CELL, CELL_BACK, BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK, MAX_POOL, MAX_POOL_BACK}}
+UNVERIFIED = {"cuda": {QMATMUL_BACK, CELL, CELL_BACK, BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK, MAX_POOL, MAX_POOL_BACK,
+                     FOLD}}
 
 
 def supported(dev_backend, kernel: int) -> bool:
@@ -219,6 +222,9 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 1), [vec(8)], shape) if kernel == BATCH_STATS else \
                 op(ctx, kernel, (8, 1), [vec(8), vec(2), vec(2), None, None], shape) if kernel == BATCH_NORM else \
                 op(ctx, kernel, (12, 1), [vec(8), vec(8), vec(2), vec(2), None], shape)
+        elif kernel == FOLD:  # 1x2 taps over one 4x2 plane: columns (2, 3, 2, 1)
+            node = op(ctx, kernel, (8, 1), [G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 2, 3, 2, 1)],
+                      [1, 2, 1, 1, 0, 0, 1, 1, 4, 2, 1])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
         else:
