@@ -161,8 +161,10 @@ def supported(dev_backend, kernel: int) -> bool:
     if key not in _supported:
         trusted = kernel not in UNVERIFIED.get(dev_backend.info.kind, ()) or \
             os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
-        usable = trusted and version() >= SINCE[kernel] and _constructor() is not None and \
-            (kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT, QMATMUL_BACK) or blas_sgemm())
+        # the CPU's BLAS kernels need OpenBLAS loaded into ggml-cpu; other backends have their own
+        blas = kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT, QMATMUL_BACK) or \
+            dev_backend.info.kind != "cpu" or blas_sgemm()
+        usable = trusted and blas and version() >= SINCE[kernel] and _constructor() is not None
         _supported[key] = usable and _ask(dev_backend, kernel)
     return _supported[key]
 
