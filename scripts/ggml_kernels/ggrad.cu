@@ -182,6 +182,41 @@ static void ggrad_qmatmul_back(ggml_backend_cuda_context & ctx, ggml_tensor * ds
     }
 }
 
+// rows of a quantized table read to float32 (kernel 24: an embedding's lookup; ggml-cuda's
+// GET_ROWS lacks the K-quants): src0 the table (row length, rows), contiguous; src1 the row
+// indices i32 (T), contiguous and in range (ggrad checks them first); dst f32 (row length, T).
+// The rows' blocks are gathered into pool scratch (a block per row), then converted by
+// ggml's own dequantizer in one call.
+static __global__ void ggrad_gather_blocks(const char * table, const int32_t * ids, char * out, const size_t row_bytes) {
+    const char * src = table + (size_t) ids[blockIdx.x]*row_bytes;
+    char * dst = out + (size_t) blockIdx.x*row_bytes;
+    for (size_t i = threadIdx.x; i < row_bytes; i += blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
+static void ggrad_qrows(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * ids = dst->src[1];
+    const int64_t T = ggml_nelements(ids);
+    const size_t row_bytes = ggml_row_size(w->type, w->ne[0]);
+    cudaStream_t stream = ctx.stream();
+    ggml_cuda_pool_alloc<char> blocks(ctx.pool(), row_bytes*T);
+    ggrad_gather_blocks<<<(unsigned int) T, 256, 0, stream>>>((const char *) w->data, (const int32_t *) ids->data,
+                                                                blocks.get(), row_bytes);
+    CUDA_CHECK(cudaGetLastError());
+    ggml_get_to_fp32_cuda(w->type)(blocks.get(), (float *) dst->data, w->ne[0]*T, stream);
+}
+
+static bool ggrad_qrows_supported(const ggml_tensor * op) {
+    const ggml_tensor * w = op->src[0];
+    const ggml_tensor * ids = op->src[1];
+    return w != nullptr && ids != nullptr && ggml_is_quantized(w->type) && ggml_get_to_fp32_cuda(w->type) != nullptr &&
+           ggml_is_contiguous(w) && ggml_nrows(w) == w->ne[1] && ids->type == GGML_TYPE_I32 && ggml_is_contiguous(ids) &&
+           op->type == GGML_TYPE_F32 && ggml_is_contiguous(op) && op->ne[0] == w->ne[0] &&
+           ggml_nelements(op) == w->ne[0]*ggml_nelements(ids) && ggml_nelements(ids) < INT32_MAX;
+}
+
 static bool ggrad_qmatmul_back_supported(const ggml_tensor * op) {
     const ggml_tensor * w = op->src[0];
     const ggml_tensor * g = op->src[1];
@@ -366,6 +401,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
+    if (kernel == 24) {
+        return ggrad_qrows_supported(op);
+    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -419,6 +457,10 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     cudaStream_t stream = ctx.stream();
     if (kernel == 17) {
         ggrad_qmatmul_back(ctx, dst);
+        return;
+    }
+    if (kernel == 24) {
+        ggrad_qrows(ctx, dst);
         return;
     }
     if (kernel == 3) {

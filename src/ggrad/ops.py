@@ -418,7 +418,13 @@ def _cast(ctx, s, node):
 @compute("gather_rows", keep_int=True)
 def _gather_rows(ctx, s, node):
     table, index = s
-    flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
+    rows = reshape(ctx, index, (math.prod(node.shape[:-1]),))
+    flat = G.ggml_get_rows(ctx, table, rows)
+    from . import runtime
+    if _supported(flat) is None and kernels.supported(runtime.current().backend, kernels.QROWS):
+        # ggml-cuda's GET_ROWS lacks the K-quants: ggrad's kernel gathers the rows' blocks
+        flat = kernels.op(ctx, kernels.QROWS, (table.contents.ne[0], math.prod(node.shape[:-1])),
+                          [table, contiguous(ctx, rows)], [])
     return reshape(ctx, flat, node.shape)
 
 
@@ -971,5 +977,11 @@ def _matmul_q_back(ctx, s, node):
 def _gather_rows_q(ctx, s, node):
     """Rows of a quantized table, converted to float32 as they are read (ggml's get_rows)."""
     table, index = s
-    flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
+    rows = reshape(ctx, index, (math.prod(node.shape[:-1]),))
+    flat = G.ggml_get_rows(ctx, table, rows)
+    from . import runtime
+    if _supported(flat) is None and kernels.supported(runtime.current().backend, kernels.QROWS):
+        # ggml-cuda's GET_ROWS lacks the K-quants: ggrad's kernel gathers the rows' blocks
+        flat = kernels.op(ctx, kernels.QROWS, (table.contents.ne[0], math.prod(node.shape[:-1])),
+                          [table, contiguous(ctx, rows)], [])
     return reshape(ctx, flat, node.shape)
