@@ -53,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 30
+KERNELS_VERSION = 31
 
 
 VULKAN_DISPATCH = """
@@ -104,6 +104,20 @@ static uint32_t ggml_vk_ggrad_misalign(const vk_subbuffer & sb, const ggml_tenso
     return (uint32_t) ((sb.size - ggml_nbytes(tensor)) / ggml_type_size(tensor->type));
 }
 
+// dispatch sizes for shaders that take one workgroup per row, row z*262144 + y*512 + x
+// (devices cap the workgroups along each axis at 65535)
+static std::array<uint32_t, 3> ggml_vk_ggrad_rows(uint32_t R) {
+    return R > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(R, 262144) }
+         : R > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(R, 512), 1 }
+                      : std::array<uint32_t, 3>{ R, 1, 1 };
+}
+
+// dispatch sizes for shaders of 256 invocations along x that take element z*131072 + y*256 + x
+static std::array<uint32_t, 3> ggml_vk_ggrad_elements(uint32_t n) {
+    return n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
+                      : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+}
+
 static void ggml_vk_ggrad_adam_hyper(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     vk_pipeline pipeline = ctx->device->pipeline_ggrad_adam_hyper_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
@@ -132,9 +146,7 @@ static void ggml_vk_ggrad_layer_norm_back(ggml_backend_vk_context * ctx, vk_cont
         (uint32_t) (dst->nb[1] / sizeof(float)), ggml_vk_ggrad_misalign(x_buf, x), ggml_vk_ggrad_misalign(g_buf, g),
         ggml_vk_ggrad_misalign(o_buf, dst), ggml_get_op_params_f32(dst, 1),
     };
-    std::array<uint32_t, 3> elements = R > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(R, 262144) }
-                                     : R > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(R, 512), 1 }
-                                                  : std::array<uint32_t, 3>{ R, 1, 1 };
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_rows(R);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
@@ -155,9 +167,8 @@ static void ggml_vk_ggrad_cell(ggml_backend_vk_context * ctx, vk_context& subctx
         ggml_get_op_params_i32(dst, 6), dst->src[3] != nullptr, dst->src[0] != nullptr,
         ggml_vk_ggrad_misalign(o_buf, dst), off[0], off[1], off[2], off[3],
     };
-    const uint32_t n = H*B;  // elements z*131072 + y*256 + x: 256 along x, up to 512 rows along y
-    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
-                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    const uint32_t n = H*B;
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { o_buf, b[0], b[1], b[2], b[3] }, pc, elements);
 }
 
@@ -182,9 +193,7 @@ static void ggml_vk_ggrad_bn(ggml_backend_vk_context * ctx, vk_context& subctx, 
         off[0], off[1], off[2], off[3], off[4], ggml_vk_ggrad_misalign(o_buf, dst),
     };
     const uint32_t R = (uint32_t) (kernel == 21 ? d.C*d.N : d.C);
-    std::array<uint32_t, 3> elements = R > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(R, 262144) }
-                                     : R > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(R, 512), 1 }
-                                                  : std::array<uint32_t, 3>{ R, 1, 1 };
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_rows(R);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], o_buf }, pc, elements);
 }
 
@@ -204,9 +213,8 @@ static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx
         (uint32_t) geo.planes, ggml_vk_ggrad_misalign(x_buf, x), ggml_vk_ggrad_misalign(g_buf, g),
         ggml_vk_ggrad_misalign(o_buf, dst),
     };
-    const uint32_t n = (uint32_t) ggml_nelements(dst);  // elements z*131072 + y*256 + x
-    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
-                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    const uint32_t n = (uint32_t) ggml_nelements(dst);
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
@@ -222,9 +230,8 @@ static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx
         g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, (int32_t) g.w, (int32_t) g.h, (int32_t) g.c, (int32_t) g.ow,
         (int32_t) g.oh, (uint32_t) g.n, ggml_vk_ggrad_misalign(c_buf, cols), ggml_vk_ggrad_misalign(o_buf, dst),
     };
-    const uint32_t n = (uint32_t) ggml_nelements(dst);  // elements z*131072 + y*256 + x
-    std::array<uint32_t, 3> elements = n > 131072 ? std::array<uint32_t, 3>{ 256, 512, CEIL_DIV(n, 131072) }
-                                                  : std::array<uint32_t, 3>{ 256, CEIL_DIV(n, 256), 1 };
+    const uint32_t n = (uint32_t) ggml_nelements(dst);
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { c_buf, o_buf }, pc, elements);
 }
 
@@ -277,9 +284,7 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
         ggml_get_op_params_i32(dst, 1), ggml_get_op_params_f32(dst, 2), ggml_get_op_params_f32(dst, 3),
         w ? 1u : 0u,
     };
-    std::array<uint32_t, 3> elements = N > 262144 ? std::array<uint32_t, 3>{ 512, 512, CEIL_DIV(N, 262144) }
-                                     : N > 512    ? std::array<uint32_t, 3>{ 512, CEIL_DIV(N, 512), 1 }
-                                                  : std::array<uint32_t, 3>{ N, 1, 1 };
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_rows(N);
     if (back) {
         ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, t_buf, d_buf, w_buf, o_buf }, pc, elements);
     } else {

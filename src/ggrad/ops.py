@@ -418,13 +418,7 @@ def _cast(ctx, s, node):
 @compute("gather_rows", keep_int=True)
 def _gather_rows(ctx, s, node):
     table, index = s
-    rows = reshape(ctx, index, (math.prod(node.shape[:-1]),))
-    flat = G.ggml_get_rows(ctx, table, rows)
-    from . import runtime
-    if _supported(flat) is None and kernels.supported(runtime.current().backend, kernels.QROWS):
-        # ggml-cuda's GET_ROWS lacks the K-quants: ggrad's kernel gathers the rows' blocks
-        flat = kernels.op(ctx, kernels.QROWS, (table.contents.ne[0], math.prod(node.shape[:-1])),
-                          [table, contiguous(ctx, rows)], [])
+    flat = G.ggml_get_rows(ctx, table, reshape(ctx, index, (math.prod(node.shape[:-1]),)))
     return reshape(ctx, flat, node.shape)
 
 

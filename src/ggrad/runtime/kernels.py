@@ -38,13 +38,13 @@ CONV = 14                     # x (W, H, C, N), weight (C*KH*KW, OC)[, bias (OC)
 CONV_BACK_INPUT = 15          # g (OW*OH, OC*N), weight, x's shape; as COLUMNS -> (W*H, C*N) (cpu only)
 CONV_BACK_WEIGHT = 16         # g, x; as COLUMNS -> (C*KH*KW, OC) (cpu only)
 QMATMUL_BACK = 17             # W quantized (in, out), g (out, T) -> g @ W (in, T), W read in chunks (cpu, cuda)
-CELL = 18                     # [record], proj, h W_hh^T, [b_hh], state0; t, t_prev, H, T, B, cell -> the record (cpu, vulkan)
-CELL_BACK = 19                # [gradients], record, its gradient, [dh], state0; as CELL -> proj's gradient... (cpu, vulkan)
-BATCH_STATS = 20              # x (S, C, N); S, C, N -> each channel's mean, then its biased variance (2C) (cpu, vulkan)
-BATCH_NORM = 21               # x, mean, var, [weight], [bias]; S, C, N, eps -> the normalized x (cpu, vulkan)
-BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, then the weight's and bias's (cpu, vulkan)
-QROWS = 24                    # a quantized table (row length, rows), row indices i32 (T) -> the rows in f32 (cuda)
+CELL = 18                     # [record], proj, h W_hh^T, [b_hh], state0; t, t_prev, H, T, B, cell -> the record
+CELL_BACK = 19                # [gradients], record, its gradient, [dh], state0; as CELL -> proj's gradient...
+BATCH_STATS = 20              # x (S, C, N); S, C, N -> each channel's mean, then its biased variance (2C)
+BATCH_NORM = 21               # x, mean, var, [weight], [bias]; S, C, N, eps -> the normalized x
+BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, then the weight's and bias's
 FOLD = 23                     # columns (C*KH*KW, OW, OH, N); kh, kw, sh, sw, ph, pw, dh, dw, W, H, C -> the image (vulkan, cuda)
+QROWS = 24                    # a quantized table (row length, rows), row indices i32 (T) -> the rows in f32 (cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
@@ -148,7 +148,7 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 
 # Kernels whose code for a backend has been compile-checked but has not yet run on such a
 # device (scripts/check_cuda_syntax.sh: no GPU was lent): that backend composes them (or, for
-# a K-quant weight's gradient, which nothing else computes there, refuses) unless
+# a K-quant table's rows, which nothing else reads there, refuses) unless
 # GGRAD_UNVERIFIED_KERNELS=1, which bench/gpu/h200.sh sets so that its test run tries them.
 # A kernel leaves this table once the suite has passed with it on such a device.
 # (2026-12-05, H100: the suite passed with sets 22-30's CUDA kernels, which left it.)
@@ -177,6 +177,7 @@ def _ask(dev_backend, kernel: int) -> bool:
     params = G.ggml_init_params(mem_size=12 * G.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True)
     ctx = G.ggml_init(params)
     try:
+        vec = lambda n: G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n)  # noqa: E731
         logits = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)
         targets = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_I32, 2)
         if kernel == CLASS_CROSS_ENTROPY:
@@ -218,12 +219,10 @@ def _ask(dev_backend, kernel: int) -> bool:
             weight = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_Q8_0, 32, 2)
             node = op(ctx, kernel, (32, 2), [weight, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 2)], [])
         elif kernel in (CELL, CELL_BACK):  # an LSTM step: 2 units, 1 sequence of 1 step
-            vec = lambda n: G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n)  # noqa: E731
             shape = [0, -1, 2, 1, 1, 0]
             node = op(ctx, kernel, (12, 1), [None, vec(8), vec(8), None, vec(2)], shape) if kernel == CELL else \
                 op(ctx, kernel, (10, 1), [None, vec(12), vec(12), None, vec(2)], shape)
         elif kernel in (BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK):  # 2 channels of 2 positions, 2 samples
-            vec = lambda n: G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n)  # noqa: E731
             shape = [2, 2, 2, 1e-5]
             node = op(ctx, kernel, (4, 1), [vec(8)], shape) if kernel == BATCH_STATS else \
                 op(ctx, kernel, (8, 1), [vec(8), vec(2), vec(2), None, None], shape) if kernel == BATCH_NORM else \
@@ -232,7 +231,7 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (8, 1), [G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 2, 3, 2, 1)],
                       [1, 2, 1, 1, 0, 0, 1, 1, 4, 2, 1])
         elif kernel == ADAM_HYPER:
-            node = op(ctx, kernel, (11, 1), [G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, n) for n in (2, 1, 4, 2)], [])
+            node = op(ctx, kernel, (11, 1), [vec(n) for n in (2, 1, 4, 2)], [])
         else:
             return False
         return dev_backend.has_op(node)
