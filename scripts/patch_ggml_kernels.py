@@ -53,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 31
+KERNELS_VERSION = 32
 
 
 VULKAN_DISPATCH = """
@@ -426,7 +426,7 @@ def patch(tree: Path) -> None:
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
-    for name in ("ggrad_cpu.inc", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
+    for name in ("ggrad_cpu.inc", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_cell.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
@@ -628,7 +628,7 @@ def patch(tree: Path) -> None:
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
-    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
+    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_cell.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),

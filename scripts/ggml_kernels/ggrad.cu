@@ -1,8 +1,10 @@
 // ggrad's kernels on CUDA: GGML_OP_GGRAD, the kernel in op_params[0]; the CPU's
 // ggrad_cpu.inc says what each computes. One warp per row of logits.
 #include "ggrad.cuh"
+#include "ggrad_adamw.h"
 #include "ggrad_bn.h"
 #include "ggrad_cell.h"
+#include "ggrad_gemm.h"
 #include "ggrad_pool.h"
 #include "convert.cuh"
 
@@ -155,6 +157,110 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
     for (int c = threadIdx.x; c < D; c += block_size) {
         o[c] = rstd*(gr[c] - mg - ((xr[c] - mean)*rstd)*mgx);
     }
+}
+
+// a float32 product (kernel 6, as the CPU's; ggrad_gemm.h reads the operands' layout): cuBLAS
+// on the operands as they lie, a transposed view read with its transpose flag flipped (no
+// copy). Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so cuBLAS takes B
+// first. Batches of equal strides are one strided-batched call. The bias is added to C's
+// rows after the product (the ADD node it replaces: the sum rounded once, after it).
+// op_params[3] = 1 lets cuBLAS use TF32 ("high"), else float32 sums ("highest").
+static __global__ void ggrad_add_rows_f32(float * c, const float * bias, const int64_t n, const int64_t total) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < total) {
+        c[i] += bias[i % n];
+    }
+}
+
+// an operand's step between C's batches along axis 2, in floats: 0 where it has one batch
+// there (broadcast), -1 where its batches repeat (a_r2 > 1: no single step)
+static int64_t ggrad_gemm_step(const ggml_tensor * t, const int64_t repeat) {
+    return t->ne[2] == 1 ? 0 : repeat == 1 ? (int64_t) (t->nb[2]/sizeof(float)) : -1;
+}
+
+static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    ggrad_gemm_shape s;
+    GGML_ASSERT(ggrad_gemm_plan(dst, &s));
+    const ggml_tensor * A = dst->src[0];
+    const ggml_tensor * B = dst->src[1];
+    cudaStream_t stream = ctx.stream();
+    cublasHandle_t handle = ctx.cublas_handle();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasSetMathMode(handle, ggml_get_op_params_i32(dst, 3) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int M = (int) s.M, N = (int) s.N, K = (int) s.K, lda = (int) s.a.ld, ldb = (int) s.b.ld;
+    const float alpha = 1.0f, beta = 0.0f;
+    const int64_t step_a = ggrad_gemm_step(A, s.a_r2), step_b = ggrad_gemm_step(B, s.b_r2);
+    for (int64_t i3 = 0; i3 < s.b3; ++i3) {
+        const char * a3 = s.a.data + (i3/s.a_r3)*A->nb[3];
+        const char * b3 = s.b.data + (i3/s.b_r3)*B->nb[3];
+        float * c3 = (float *) dst->data + i3*s.b2*s.M*s.N;
+        if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {
+            CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) b3, ldb, step_b,
+                                                   (const float *) a3, lda, step_a, &beta, c3, N, s.M*s.N, (int) s.b2));
+            continue;
+        }
+        for (int64_t i2 = 0; i2 < s.b2; ++i2) {
+            const float * a = (const float *) (a3 + (i2/s.a_r2)*A->nb[2]);
+            const float * b = (const float *) (b3 + (i2/s.b_r2)*B->nb[2]);
+            CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, b, ldb, a, lda, &beta, c3 + i2*s.M*s.N, N));
+        }
+    }
+    if (dst->src[2] != nullptr) {
+        const int64_t total = ggml_nelements(dst);
+        ggrad_add_rows_f32<<<(unsigned int) ((total + 255)/256), 256, 0, stream>>>(
+            (float *) dst->data, (const float *) dst->src[2]->data, s.N, total);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+// Adam's update of one or two parameters in one node (kernel 9, as the CPU's): element for
+// element the exact form that scripts/patch_ggml_adamw.py gives ggml's OPT_STEP_ADAMW (the
+// same expressions, in the same build: no fast math), P its 9 constants; p, m, v in place
+struct ggrad_adamw_part {
+    float * x;
+    const float * g;
+    float * m;
+    float * v;
+    int64_t n;
+};
+
+static ggrad_adamw_part ggrad_adamw_part_of(const ggml_tensor * dst, const int j) {
+    if (j >= ggml_get_op_params_i32(dst, 1)) {
+        return { nullptr, nullptr, nullptr, nullptr, 0 };
+    }
+    ggml_tensor * const * t = dst->src + 1 + 4*j;
+    return { (float *) t[0]->data, (const float *) t[1]->data, (float *) t[2]->data, (float *) t[3]->data,
+             ggml_nelements(t[0]) };
+}
+
+static __global__ void ggrad_adamw_group_f32(const ggrad_adamw_part first, const ggrad_adamw_part second,
+                                             const float * __restrict__ P) {
+    int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    const bool in_first = i < first.n;
+    const ggrad_adamw_part q = in_first ? first : second;
+    i -= in_first ? 0 : first.n;
+    if (i >= q.n) {
+        return;
+    }
+    float x_i = q.x[i], m_i = q.m[i], v_i = q.v[i];
+    const float g_i = q.g[i];
+    const float w1 = P[7];
+    m_i = w1 < 0.5f ? m_i + w1*(g_i - m_i) : g_i - (g_i - m_i)*(1.0f - w1);
+    v_i = v_i*P[2] + P[8]*g_i*g_i;
+    x_i = x_i*(1.0f - P[0]*P[4]);
+    x_i = x_i - P[5]*(m_i/(sqrtf(v_i)/P[6] + P[3]));
+    q.x[i] = x_i;
+    q.m[i] = m_i;
+    q.v[i] = v_i;
+}
+
+static void ggrad_adamw_group(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggrad_adamw_part first = ggrad_adamw_part_of(dst, 0), second = ggrad_adamw_part_of(dst, 1);
+    const int64_t total = first.n + second.n;
+    ggrad_adamw_group_f32<<<(unsigned int) ((total + 255)/256), 256, 0, ctx.stream()>>>(
+        first, second, (const float *) dst->src[0]->data);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // a quantized weight's product gradient, g @ W (kernel 17, as the CPU's): W's rows converted
@@ -401,6 +507,13 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 17) {
         return ggrad_qmatmul_back_supported(op);
     }
+    if (kernel == 6) {  // cuBLAS refuses empty sizes (a leading dimension of 0)
+        ggrad_gemm_shape s;
+        return ggrad_gemm_plan(op, &s) && s.M > 0 && s.N > 0 && s.K > 0;
+    }
+    if (kernel == 9) {  // at most two parameters: ggrad_adamw_part_of reads two
+        return ggrad_adamw_group_supported(op) && ggml_get_op_params_i32(op, 1) <= 2;
+    }
     if (kernel == 24) {
         return ggrad_qrows_supported(op);
     }
@@ -457,6 +570,14 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     cudaStream_t stream = ctx.stream();
     if (kernel == 17) {
         ggrad_qmatmul_back(ctx, dst);
+        return;
+    }
+    if (kernel == 6) {
+        ggrad_gemm(ctx, dst);
+        return;
+    }
+    if (kernel == 9) {
+        ggrad_adamw_group(ctx, dst);
         return;
     }
     if (kernel == 24) {

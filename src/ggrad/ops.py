@@ -218,9 +218,10 @@ def _product(ctx, src0, src1, arg):
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
-    plus `bias` on every row where given, as ggrad's GEMM kernel: the CPU's float32 products
-    where OpenBLAS is loaded (a transposed view is read in place, no copy). None where the
-    kernel does not serve: other backends, autocast, layouts or batch shapes it cannot read."""
+    plus `bias` on every row where given, as ggrad's GEMM kernel: float32 products through
+    the CPU's OpenBLAS or CUDA's cuBLAS (a transposed view is read in place, no copy; on CUDA
+    TF32 unless the precision is "highest"). None where the kernel does not serve: Vulkan,
+    autocast, layouts or batch shapes it cannot read."""
     from . import runtime
     if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
             or not kernels.supported(runtime.current().backend, kernels.GEMM):
@@ -228,7 +229,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    flags = [int(trans_a), int(trans_b)]
+    flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
     added = [] if bias is None else [bias]
     uncopied = [_uncopied(a), _uncopied(b)]
     product = None
@@ -581,8 +582,8 @@ ADAMW_ROW = 4096
 @builder("adamw")
 def _adamw(ctx, s, effect):
     """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`): on the CPU
-    with the exact form's 9 constants, two parameters a node (ggrad's ADAMW_GROUP kernel:
-    the same update, element for element), else one OPT_STEP_ADAMW per parameter."""
+    and CUDA with the exact form's 9 constants, two parameters a node (ggrad's ADAMW_GROUP
+    kernel: the same update, element for element), else one OPT_STEP_ADAMW per parameter."""
     *quads, hyper = s
     quads = [quads[i:i + 4] for i in range(0, len(quads), 4)]
     if hyper.contents.ne[0] == 9 and all(G.ggml_is_contiguous(t) for quad in quads for t in quad):

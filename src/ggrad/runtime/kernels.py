@@ -26,10 +26,10 @@ CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weight
 ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
 LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R) -> (D, R); eps
 TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contiguous (cpu only)
-GEMM = 6                      # A, B[, bias (N)]; transpose flags -> op(A) @ op(B) [+ bias] (cpu with OpenBLAS only)
+GEMM = 6                      # A, B[, bias (N)]; transpose flags, TF32 -> op(A) @ op(B) [+ bias] (cpu with OpenBLAS, cuda)
 GELU_BACK = 7                 # x, gradient of gelu(x), gelu(x), contiguous -> the gradient of x (cpu only)
 GELU = 8                      # x, contiguous -> gelu(x), the erf form (cpu only)
-ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu only)
+ADAMW_GROUP = 9               # 9 constants, then (p, g, m, v) x 1 or 2; count -> marker; p, m, v in place (cpu, cuda)
 MAX_POOL = 10                 # x (W, H, planes); window, stride, padding, dilation, out size -> (OW*OH, planes)
 MAX_POOL_BACK = 11            # g (OW*OH, planes), x; as MAX_POOL -> (W*H, planes)
 COLUMNS = 12                  # x (W, H, C, N); as MAX_POOL -> a convolution's columns (OW*OH, C*KH*KW, N) (cpu only)
@@ -152,7 +152,7 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # GGRAD_UNVERIFIED_KERNELS=1, which bench/gpu/h200.sh sets so that its test run tries them.
 # A kernel leaves this table once the suite has passed with it on such a device.
 # (2026-12-05, H100: the suite passed with sets 22-30's CUDA kernels, which left it.)
-UNVERIFIED = {"cuda": {QROWS}}
+UNVERIFIED = {"cuda": {QROWS, GEMM, ADAMW_GROUP}}
 
 
 def supported(dev_backend, kernel: int) -> bool:
