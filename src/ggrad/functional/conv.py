@@ -398,9 +398,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         fused = b is not None and b.shape == (oc,) and b.dtype is dtypes.float32  # else _finish checks and adds it
         y = _conv_kernel(x, weight, b if fused else None, (kh, kw), stride, pads, dilation, (oh, ow))
         return _finish(y, None if fused else bias, unbatched, "conv2d")
+    backend = runtime.current().backend
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
-            kernels.supported(runtime.current().backend, kernels.GEMM):
-        # the CPU's GEMM: each image's channels as rows of pixels, NCHW as it is made (the
+            backend.info.kind == "cpu" and kernels.supported(backend, kernels.GEMM):
+        # the CPU's GEMM (CUDA's has not been measured in this layout): each image's
+        # channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a
         # ResNet's 512 channels of 4x4) takes the rows layout below, one product for all
@@ -408,7 +410,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         # columns written out, the weight repeated per image and its gradient summed.)
         width = c * kh * kw
         flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
-        if kernels.supported(runtime.current().backend, kernels.COLUMNS):
+        if kernels.supported(backend, kernels.COLUMNS):
             y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
         else:
             y = matmul_nt(flat, reshape(_windows(x, (kh, kw), stride, pads, dilation), (n, oh * ow, width)))
