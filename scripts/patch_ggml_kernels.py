@@ -53,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 32
+KERNELS_VERSION = 33
 
 
 VULKAN_DISPATCH = """
@@ -74,6 +74,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op);  // ggrad_bn.h
+    }
+    if (kernel == 25) {
+        return ggrad_running_stat_supported(op);  // ggrad_bn.h
     }
     if (kernel == 23) {  // ggrad_pool.h
         return ggrad_fold_supported(op);
@@ -218,6 +221,23 @@ static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
+// a running statistic moved toward the batch's, in place (ggrad_running.comp): an
+// invocation per channel; dst is the running buffer's view, read and written
+static void ggml_vk_ggrad_running_stat(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * stats = dst->src[1];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_running_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer s_buf = ggml_vk_tensor_subbuffer(ctx, stats, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const ggrad_running_stat r = ggrad_running_stat_of(dst);
+    const uint32_t n = (uint32_t) ggml_nelements(dst);
+    struct { uint32_t n, offset; float keep, take; uint32_t s_off, d_off; } pc = {
+        n, (uint32_t) r.offset, r.keep, r.take, ggml_vk_ggrad_misalign(s_buf, stats), ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { s_buf, o_buf }, pc, elements);
+}
+
 // the window fold (ggrad_fold.comp): an invocation per image element
 static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const ggml_tensor * cols = dst->src[0];
@@ -247,6 +267,10 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
     }
     if (kernel >= 20 && kernel <= 22) {
         ggml_vk_ggrad_bn(ctx, subctx, dst, kernel);
+        return;
+    }
+    if (kernel == 25) {
+        ggml_vk_ggrad_running_stat(ctx, subctx, dst);
         return;
     }
     if (kernel == 18 || kernel == 19) {
@@ -457,8 +481,8 @@ def patch(tree: Path) -> None:
          "                    ggml_ggrad_cpu_blas_kernel_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 18 || ggml_get_op_params_i32(op, 0) == 19) &&\n"
          "                    ggml_ggrad_cpu_cell_supported(op)) ||\n"
-         "                   (ggml_get_op_params_i32(op, 0) >= 20 && ggml_get_op_params_i32(op, 0) <= 22 &&\n"
-         "                    ggml_ggrad_cpu_bn_supported(op));\n"
+         "                   (((ggml_get_op_params_i32(op, 0) >= 20 && ggml_get_op_params_i32(op, 0) <= 22) ||\n"
+         "                     ggml_get_op_params_i32(op, 0) == 25) && ggml_ggrad_cpu_bn_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -673,7 +697,7 @@ def patch(tree: Path) -> None:
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
-                 "ggrad_bn.comp", "ggrad_pool.comp", "ggrad_fold.comp"):
+                 "ggrad_bn.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -691,7 +715,8 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_pool_f32", "ggrad_pool.comp", {});\n'
          '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'
-         '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'),
+         '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'
+         '    string_to_spv("ggrad_running_f32", "ggrad_running.comp", {});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -716,7 +741,8 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
          "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"
-         "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
+         "    vk_pipeline pipeline_ggrad_running_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -746,7 +772,9 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_back_f32, "ggrad_pool_back_f32", '
          'ggrad_pool_back_f32_len, ggrad_pool_back_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_fold_f32, "ggrad_fold_f32", '
-         'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_running_f32, "ggrad_running_f32", '
+         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 2, 6 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

@@ -445,6 +445,17 @@ static __global__ void ggrad_fold_f32(const ggrad_fold_geometry g, const float *
     }
 }
 
+// a running statistic moved toward the batch's, in place (kernel 25, ggrad_bn.h): a thread
+// per channel; the products and the sum rounded apart (no fused multiply-add), as the
+// composed SCALE, SCALE, ADD
+static __global__ void ggrad_running_stat_f32(float * running, const float * stats, const float keep, const float take,
+                                              const int64_t n) {
+    const int64_t c = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (c < n) {
+        running[c] = __fadd_rn(__fmul_rn(running[c], keep), __fmul_rn(stats[c], take));
+    }
+}
+
 static void ggrad_max_pool(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const bool back) {
     const ggml_tensor * x = dst->src[back ? 1 : 0];
     const ggrad_pool_geometry g = ggrad_pool_geometry_of(dst, x);
@@ -498,6 +509,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op) && ggrad_bn_dims_of(op).C <= INT32_MAX;
     }
+    if (kernel == 25) {
+        return ggrad_running_stat_supported(op);
+    }
     if (kernel == 10 || kernel == 11) {
         return ggrad_max_pool_supported(op) && (ggml_nelements(op) + 255)/256 <= INT32_MAX;
     }
@@ -549,6 +563,14 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     }
     if (ggml_get_op_params_i32(dst, 0) == 10 || ggml_get_op_params_i32(dst, 0) == 11) {
         ggrad_max_pool(ctx, dst, ggml_get_op_params_i32(dst, 0) == 11);
+        return;
+    }
+    if (ggml_get_op_params_i32(dst, 0) == 25) {
+        const ggrad_running_stat r = ggrad_running_stat_of(dst);
+        const int64_t n = ggml_nelements(dst);
+        ggrad_running_stat_f32<<<(unsigned int) ((n + 255)/256), 256, 0, ctx.stream()>>>(
+            (float *) dst->data, (const float *) dst->src[1]->data + r.offset, r.keep, r.take, n);
+        CUDA_CHECK(cudaGetLastError());
         return;
     }
     if (ggml_get_op_params_i32(dst, 0) == 23) {

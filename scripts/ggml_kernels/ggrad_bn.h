@@ -41,3 +41,31 @@ static inline bool ggrad_bn_supported(const ggml_tensor * op) {
     return true;
 }
 
+
+// kernel 25: a running statistic moved toward the batch's, in place. dst is a view of
+// src0 (the running buffer, C floats); src1 the statistics (BATCH_STATS' 2C: the means,
+// then the variances). running[c] = running[c]*keep + src1[offset + c]*take, each product
+// and the sum rounded to float32 apart: the composed SCALE, SCALE, ADD, bit for bit.
+struct ggrad_running_stat {
+    int64_t offset;
+    float keep, take;
+};
+
+static inline ggrad_running_stat ggrad_running_stat_of(const ggml_tensor * op) {
+    const int32_t * p = (const int32_t *) op->op_params;
+    const float * f = (const float *) op->op_params;
+    return { p[1], f[2], f[3] };
+}
+
+static inline bool ggrad_running_stat_supported(const ggml_tensor * op) {
+    const ggml_tensor * running = op->src[0];
+    const ggml_tensor * stats = op->src[1];
+    if (running == NULL || stats == NULL || op->view_src != running || op->view_offs != 0 ||
+        running->type != GGML_TYPE_F32 || stats->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(running) || !ggml_is_contiguous(stats) || !ggml_is_contiguous(op)) {
+        return false;
+    }
+    const int64_t n = ggml_nelements(running);
+    const int64_t offset = ggrad_running_stat_of(op).offset;
+    return ggml_nelements(op) == n && offset >= 0 && offset + n <= ggml_nelements(stats) && n <= INT32_MAX;
+}

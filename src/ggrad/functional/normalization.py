@@ -4,12 +4,15 @@ in place), group_norm and instance_norm, torch.nn.functional's."""
 from __future__ import annotations
 
 import math
+import numbers
 
 from ggml import ggml as G
 
 from .. import autograd, dtypes, runtime
+from ..lazy import builder
 from ..ops import compute, contiguous, contiguous_rows, reshape as ggml_reshape
 from ..runtime import kernels
+from ..tensor import inplace
 from ._core import Tensor, _apply, _as_tensor, reshape
 from .elementwise import sqrt, square
 
@@ -68,11 +71,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {x.shape}")
         fused = _batch_norm_kernels(x, weight, bias, eps)
         if fused is not None:
-            y, mean, var = fused
+            y, stats = fused
+            mean, var = stats[0], stats[1]
         else:
             y, mean, var = _normalize(x, (0,) + tuple(range(2, x.ndim)), eps)
             y = _affine(y, x, weight, bias)
-        if running_mean is not None or running_var is not None:
+        moved = fused is not None and _move_running_stats(running_mean, running_var, stats, momentum, count)
+        if not moved and (running_mean is not None or running_var is not None):
             with autograd.no_grad():
                 if running_mean is not None:
                     running_mean.assign_(running_mean * (1 - momentum) + reshape(mean, (c,)).detach() * momentum)
@@ -86,11 +91,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return y
 
 
-def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Tensor, Tensor] | None:
+def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Tensor] | None:
     """Training's batch norm as ggrad's kernels (BATCH_STATS, BATCH_NORM, BATCH_NORM_BACK: one
     node for the statistics, one for the normalization with its affine, one for all the
-    gradients): (the output, each channel's mean, its biased variance), or None where they
-    do not serve (then it is composed, as their test oracle)."""
+    gradients): (the output, the statistics: (2, C), each channel's mean then its biased
+    variance), or None where they do not serve (then it is composed, as their test oracle)."""
     weight = None if weight is None else _as_tensor(weight)
     bias = None if bias is None else _as_tensor(bias)
     present = [t for t in (x, weight, bias) if t is not None]
@@ -105,7 +110,30 @@ def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Te
     mean, var = stats[0], stats[1]
     inputs = (x, mean, var) + tuple(t for t in (weight, bias) if t is not None)
     arg = sizes + (float(eps), weight is not None, bias is not None)
-    return _apply("batch_norm", inputs, x.shape, _batch_norm_rule, arg), mean, var
+    return _apply("batch_norm", inputs, x.shape, _batch_norm_rule, arg), stats
+
+
+def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, count: int) -> bool:
+    """The running statistics moved toward the batch's `stats` in place by ggrad's
+    RUNNING_STAT kernel, one node each (composed: two SCALEs, an ADD and a copy), with the
+    composed form's rounding: True where it did. Not for a momentum tensor (BatchNorm's
+    cumulative average), another dtype, or a buffer written earlier in this graph."""
+    moves = [(t, offset, take) for t, offset, take in
+             ((running_mean, 0, momentum), (running_var, stats.shape[1], momentum * (count / (count - 1))))
+             if t is not None]
+    if not moves or not isinstance(momentum, numbers.Real) or \
+            not kernels.supported(runtime.current().backend, kernels.RUNNING_STAT) or \
+            any(t.dtype is not dtypes.float32 or t.node.pending for t, _, _ in moves):
+        return False
+    for t, offset, take in moves:
+        inplace("running_stat", (t, stats), (t,), (offset, float(1 - momentum), float(take)))
+    return True
+
+
+@builder("running_stat")
+def _running_stat(ctx, s, effect):
+    offset, keep, take = effect.arg
+    return [kernels.op_in_place(ctx, kernels.RUNNING_STAT, s[0], [contiguous(ctx, s[1])], [offset, keep, take])]
 
 
 def _batch_norm_rule(ctx, g):
