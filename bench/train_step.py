@@ -161,6 +161,25 @@ def ggrad_step_fn(name, data, device, fused, compiled=True, amp="none", resident
     return step, ggrad.realize
 
 
+def without_kernels(names: list[str], runner):
+    """`runner` (step, sync) whose every call builds with ggrad's kernels `names` refused
+    (the composed forms instead); a compiled step's replays never ask again."""
+    from ggrad.runtime import kernels
+    refused = {getattr(kernels, name) for name in names}
+    step, sync = runner
+    supported = kernels.supported
+
+    def refusing(i):
+        kernels.supported = lambda backend, kernel: kernel not in refused and supported(backend, kernel)
+        try:
+            return step(i)
+        finally:
+            kernels.supported = supported
+
+    refusing.compiled = step.compiled
+    return refusing, sync
+
+
 def node_note(label: str, step) -> str:
     """The ggml ops one replay of a compiled step computes (views left out)."""
     counts = step.compiled.op_counts()
@@ -240,6 +259,9 @@ def main() -> None:
     ap.add_argument("--data", default="auto", choices=["auto", "host", "device"],
                     help="batches uploaded at each step (host) or put on the device once; auto: the block's "
                          "on the device, the others' from the host")
+    ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
+                    help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
+                         "e.g. GEMM ADAMW_GROUP): an A/B in one process")
     ap.add_argument("--block-batch", type=int, default=MODELS["block"][3])
     ap.add_argument("--block-seq", type=int, default=MODELS["block"][1][0])
     args = ap.parse_args()
@@ -275,9 +297,15 @@ def main() -> None:
         theirs = [("eager", False)] + ([("CUDA graph", True)] if args.cuda_graph else [])
         runners = {("ggrad", tag): ggrad_step_fn(name, data, args.device, True, compiled, args.amp, resident)
                    for tag, compiled in ours}
+        if args.without:
+            tag = f"compiled without {', '.join(args.without)}"
+            ours.append((tag, True))
+            runners[("ggrad", tag)] = without_kernels(args.without, ggrad_step_fn(
+                name, data, args.device, True, True, args.amp, resident))
         # the losses of each runner's first steps (same weights, same batches), before any timing
         first = {key: [float(step(i).item()) for i in range(CHECKED)] for key, (step, _) in runners.items()}
-        notes.append(node_note(label, runners[("ggrad", "compiled")][0]))
+        notes += [node_note(f"{label} ({tag})" if tag != "compiled" else label, runners[("ggrad", tag)][0])
+                  for tag, compiled in ours if compiled]
         for tag, graph in theirs:
             try:
                 runners[("torch", tag)] = torch_step_fn(name, data, args.torch_device, True, graph, args.amp, resident)

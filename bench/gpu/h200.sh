@@ -51,13 +51,15 @@ blocks="--blocks ${BLOCKS:-15}"  # timed blocks of train_step.py (fewer: a short
 graph=--cuda-graph  # PyTorch runs on CUDA beside either backend: its CUDA graph is the bar
 # issue 13's rows: ggrad "high" (TF32 allowed) against PyTorch with TF32, bf16 autocast on
 # both sides, the transformer block, Adam's bandwidth
+# WITHOUT="GEMM ADAMW_GROUP": also ggrad with those kernels refused, in the same process (an A/B)
+without=${WITHOUT:+--without $WITHOUT}
 bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high \
-  --models mlp-small mlp-mnist mlp-large $graph $blocks
+  --models mlp-small mlp-mnist mlp-large $graph $blocks $without
 bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models block $graph $blocks
 # issue 28's rows: the 2-conv cnn and the ResNet-18 layout, against PyTorch eager and its
 # CUDA graph (fp32 "highest"), then the ResNet in bf16 autocast
-bench cnn 100 bench/train_step.py --device "$mode" --torch-device cuda --models cnn resnet $graph --blocks 3 --steps 10
+bench cnn 100 bench/train_step.py --device "$mode" --torch-device cuda --models cnn resnet $graph --blocks 3 --steps 10 $without
 bench resnet-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models resnet $graph --blocks 3 --steps 10
 bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
