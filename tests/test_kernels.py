@@ -965,6 +965,56 @@ def test_running_statistics_move_in_place_as_the_composed_form_bit_for_bit(dev, 
 
 
 @needs_batch_norm_kernels
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_in_eval_is_one_kernel_node_and_torchs(dev, monkeypatch, affine):
+    """BatchNorm2d in eval without gradients: the normalization kernel over the running
+    statistics, one node, equal to torch's (float64) and to the composed form, a NaN in one
+    channel's input confined to it; with a gradient wanted it composes, and the input's
+    gradient is torch's (w / sqrt(running_var + eps), not training's)."""
+    from ggrad.functional import normalization
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((3, 4, 5, 2)) * 2 + 1).astype(np.float32)
+    x[1, 2, 0, 0] = np.nan
+    state = {"running_mean": rng.standard_normal(4).astype(np.float32),
+             "running_var": (rng.random(4) + 0.5).astype(np.float32)}
+    if affine:
+        state.update(weight=rng.standard_normal(4).astype(np.float32), bias=rng.standard_normal(4).astype(np.float32))
+    theirs = torch.nn.BatchNorm2d(4, affine=affine).double().eval()
+    theirs.load_state_dict({k: torch.tensor(v.astype(np.float64)) for k, v in state.items()}, strict=False)
+
+    def ours():
+        bn = nn.BatchNorm2d(4, affine=affine).eval()
+        bn.load_state_dict({k: ggrad.tensor(v) for k, v in state.items()}, strict=False)
+        return bn
+
+    bn = ours()
+
+    @ggrad.compile
+    def forward(a):
+        return bn(a)
+
+    for _ in range(2):
+        got = forward(ggrad.tensor(x)).numpy()
+    counts = forward.op_counts()
+    want = theirs(torch.tensor(x.astype(np.float64))).detach().numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(got).sum() == 1
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    if kernels.supported(ggrad.runtime.current().backend, kernels.BATCH_NORM):
+        assert counts.get("GGRAD") == 1 and not {"SQRT", "DIV", "SUB", "MUL", "ADD"} & set(counts), counts
+    monkeypatch.setattr(normalization, "_batch_norm_eval_kernel", lambda *args: None)
+    composed = ours()(ggrad.tensor(x)).numpy()
+    np.testing.assert_allclose(got, composed, rtol=1e-6, atol=1e-6)
+    monkeypatch.undo()
+    clean = np.nan_to_num(x)
+    xt = torch.tensor(clean.astype(np.float64), requires_grad=True)
+    theirs(xt).sum().backward()
+    xg = ggrad.tensor(clean, requires_grad=True)
+    with ggrad.grad_tape():
+        ours()(xg).sum().backward()
+    np.testing.assert_allclose(xg.grad.numpy(), xt.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+@needs_batch_norm_kernels
 @pytest.mark.parametrize("norm", ["group", "instance"])
 def test_group_and_instance_norm_through_the_batch_norm_kernels(dev, monkeypatch, norm):
     """group_norm and instance_norm normalize equal runs of elements, which the batch-norm

@@ -87,7 +87,10 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     else:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm outside training needs running_mean and running_var")
-        y = _affine((x - _per_channel(running_mean, x)) / sqrt(_per_channel(running_var, x) + eps), x, weight, bias)
+        y = _batch_norm_eval_kernel(x, running_mean, running_var, weight, bias, eps)
+        if y is None:
+            y = _affine((x - _per_channel(running_mean, x)) / sqrt(_per_channel(running_var, x) + eps), x, weight,
+                        bias)
     return y
 
 
@@ -98,12 +101,7 @@ def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Te
     variance), or None where they do not serve (then it is composed, as their test oracle)."""
     weight = None if weight is None else _as_tensor(weight)
     bias = None if bias is None else _as_tensor(bias)
-    present = [t for t in (x, weight, bias) if t is not None]
-    if any(t.dtype is not dtypes.float32 for t in present) or x.numel() >= 2**31:
-        return None
-    backend = runtime.current().backend
-    if not all(kernels.supported(backend, k)
-               for k in (kernels.BATCH_STATS, kernels.BATCH_NORM, kernels.BATCH_NORM_BACK)):
+    if not _kernels_serve(x, (weight, bias), (kernels.BATCH_STATS, kernels.BATCH_NORM, kernels.BATCH_NORM_BACK)):
         return None
     sizes = (math.prod(x.shape[2:]), x.shape[1], x.shape[0])
     stats = _apply("batch_stats", (x.detach(),), (2, x.shape[1]), arg=sizes)
@@ -111,6 +109,31 @@ def _batch_norm_kernels(x: Tensor, weight, bias, eps: float) -> tuple[Tensor, Te
     inputs = (x, mean, var) + tuple(t for t in (weight, bias) if t is not None)
     arg = sizes + (float(eps), weight is not None, bias is not None)
     return _apply("batch_norm", inputs, x.shape, _batch_norm_rule, arg), stats
+
+
+def _kernels_serve(x: Tensor, others: tuple, needed: tuple[int, ...]) -> bool:
+    """Whether the batch-norm kernels `needed` take x and `others` (None for absent ones):
+    float32 all, sizes within the kernels' int32 indices, on a backend that has them."""
+    present = [t for t in (x, *others) if t is not None]
+    backend = runtime.current().backend
+    return all(t.dtype is dtypes.float32 for t in present) and x.numel() < 2**31 and \
+        all(kernels.supported(backend, k) for k in needed)
+
+
+def _batch_norm_eval_kernel(x: Tensor, running_mean, running_var, weight, bias, eps: float) -> Tensor | None:
+    """Batch norm over the running statistics as the normalization kernel (BATCH_NORM: one
+    node, where the composed form took six), or None where it does not serve: it has no
+    gradient of its own there (BATCH_NORM_BACK's goes through a batch's statistics), so only
+    where no gradient is wanted."""
+    others = tuple(None if t is None else _as_tensor(t) for t in (running_mean, running_var, weight, bias))
+    present = [t for t in (x, *others) if t is not None]
+    if (autograd.is_recording() and any(t.requires_grad for t in present)) or \
+            not _kernels_serve(x, others, (kernels.BATCH_NORM,)):
+        return None
+    weight, bias = others[2], others[3]
+    arg = (math.prod(x.shape[2:]), x.shape[1], x.shape[0], float(eps), weight is not None, bias is not None)
+    inputs = (x, others[0], others[1]) + tuple(t for t in (weight, bias) if t is not None)
+    return _apply("batch_norm", inputs, x.shape, None, arg)
 
 
 def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, count: int) -> bool:
