@@ -53,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 33
+KERNELS_VERSION = 34
 
 
 VULKAN_DISPATCH = """
@@ -221,21 +221,23 @@ static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { x_buf, g_buf, o_buf }, pc, elements);
 }
 
-// a running statistic moved toward the batch's, in place (ggrad_running.comp): an
-// invocation per channel; dst is the running buffer's view, read and written
+// a running statistic moved toward the batch's (ggrad_running.comp): an invocation per channel
 static void ggml_vk_ggrad_running_stat(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * running = dst->src[0];
     const ggml_tensor * stats = dst->src[1];
     vk_pipeline pipeline = ctx->device->pipeline_ggrad_running_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer r_buf = ggml_vk_tensor_subbuffer(ctx, running, true);
     vk_subbuffer s_buf = ggml_vk_tensor_subbuffer(ctx, stats, true);
     vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
     const ggrad_running_stat r = ggrad_running_stat_of(dst);
     const uint32_t n = (uint32_t) ggml_nelements(dst);
-    struct { uint32_t n, offset; float keep, take; uint32_t s_off, d_off; } pc = {
-        n, (uint32_t) r.offset, r.keep, r.take, ggml_vk_ggrad_misalign(s_buf, stats), ggml_vk_ggrad_misalign(o_buf, dst),
+    struct { uint32_t n, offset; float keep, take; uint32_t r_off, s_off, d_off; } pc = {
+        n, (uint32_t) r.offset, r.keep, r.take, ggml_vk_ggrad_misalign(r_buf, running),
+        ggml_vk_ggrad_misalign(s_buf, stats), ggml_vk_ggrad_misalign(o_buf, dst),
     };
     const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
-    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { s_buf, o_buf }, pc, elements);
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { r_buf, s_buf, o_buf }, pc, elements);
 }
 
 // the window fold (ggrad_fold.comp): an invocation per image element
@@ -774,7 +776,7 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_fold_f32, "ggrad_fold_f32", '
          'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_running_f32, "ggrad_running_f32", '
-         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 2, 6 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 3, 7 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

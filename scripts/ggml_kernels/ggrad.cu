@@ -206,6 +206,7 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, b, ldb, a, lda, &beta, c3 + i2*s.M*s.N, N));
         }
     }
+    CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
     if (dst->src[2] != nullptr) {
         const int64_t total = ggml_nelements(dst);
         ggrad_add_rows_f32<<<(unsigned int) ((total + 255)/256), 256, 0, stream>>>(
@@ -258,6 +259,9 @@ static __global__ void ggrad_adamw_group_f32(const ggrad_adamw_part first, const
 static void ggrad_adamw_group(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggrad_adamw_part first = ggrad_adamw_part_of(dst, 0), second = ggrad_adamw_part_of(dst, 1);
     const int64_t total = first.n + second.n;
+    if (total == 0) {  // empty parameters: a launch of no blocks is an error
+        return;
+    }
     ggrad_adamw_group_f32<<<(unsigned int) ((total + 255)/256), 256, 0, ctx.stream()>>>(
         first, second, (const float *) dst->src[0]->data);
     CUDA_CHECK(cudaGetLastError());
@@ -445,14 +449,14 @@ static __global__ void ggrad_fold_f32(const ggrad_fold_geometry g, const float *
     }
 }
 
-// a running statistic moved toward the batch's, in place (kernel 25, ggrad_bn.h): a thread
-// per channel; the products and the sum rounded apart (no fused multiply-add), as the
-// composed SCALE, SCALE, ADD
-static __global__ void ggrad_running_stat_f32(float * running, const float * stats, const float keep, const float take,
-                                              const int64_t n) {
+// a running statistic moved toward the batch's (kernel 25, ggrad_bn.h): a thread per
+// channel; the products and the sum rounded apart (no fused multiply-add), as the composed
+// SCALE, SCALE, ADD
+static __global__ void ggrad_running_stat_f32(const float * running, const float * stats, float * moved,
+                                              const float keep, const float take, const int64_t n) {
     const int64_t c = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
     if (c < n) {
-        running[c] = __fadd_rn(__fmul_rn(running[c], keep), __fmul_rn(stats[c], take));
+        moved[c] = __fadd_rn(__fmul_rn(running[c], keep), __fmul_rn(stats[c], take));
     }
 }
 
@@ -569,7 +573,8 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const ggrad_running_stat r = ggrad_running_stat_of(dst);
         const int64_t n = ggml_nelements(dst);
         ggrad_running_stat_f32<<<(unsigned int) ((n + 255)/256), 256, 0, ctx.stream()>>>(
-            (float *) dst->data, (const float *) dst->src[1]->data + r.offset, r.keep, r.take, n);
+            (const float *) dst->src[0]->data, (const float *) dst->src[1]->data + r.offset, (float *) dst->data,
+            r.keep, r.take, n);
         CUDA_CHECK(cudaGetLastError());
         return;
     }

@@ -42,10 +42,11 @@ static inline bool ggrad_bn_supported(const ggml_tensor * op) {
 }
 
 
-// kernel 25: a running statistic moved toward the batch's, in place. dst is a view of
-// src0 (the running buffer, C floats); src1 the statistics (BATCH_STATS' 2C: the means,
-// then the variances). running[c] = running[c]*keep + src1[offset + c]*take, each product
-// and the sum rounded to float32 apart: the composed SCALE, SCALE, ADD, bit for bit.
+// kernel 25: a running statistic moved toward the batch's. src0 the running buffer (C
+// floats), src1 the statistics (BATCH_STATS' 2C: the means, then the variances); dst (C) =
+// src0[c]*keep + src1[offset + c]*take, each product and the sum rounded to float32 apart:
+// the composed SCALE, SCALE, ADD, bit for bit. (Not in place: ggrad stores it into the
+// buffer, so a BatchNorm met twice in one graph chains its updates as the composed form did.)
 struct ggrad_running_stat {
     int64_t offset;
     float keep, take;
@@ -60,9 +61,9 @@ static inline ggrad_running_stat ggrad_running_stat_of(const ggml_tensor * op) {
 static inline bool ggrad_running_stat_supported(const ggml_tensor * op) {
     const ggml_tensor * running = op->src[0];
     const ggml_tensor * stats = op->src[1];
-    if (running == NULL || stats == NULL || op->view_src != running || op->view_offs != 0 ||
-        running->type != GGML_TYPE_F32 || stats->type != GGML_TYPE_F32 || op->type != GGML_TYPE_F32 ||
-        !ggml_is_contiguous(running) || !ggml_is_contiguous(stats) || !ggml_is_contiguous(op)) {
+    if (running == NULL || stats == NULL || running->type != GGML_TYPE_F32 || stats->type != GGML_TYPE_F32 ||
+        op->type != GGML_TYPE_F32 || !ggml_is_contiguous(running) || !ggml_is_contiguous(stats) ||
+        !ggml_is_contiguous(op)) {
         return false;
     }
     const int64_t n = ggml_nelements(running);

@@ -9,10 +9,8 @@ import numbers
 from ggml import ggml as G
 
 from .. import autograd, dtypes, runtime
-from ..lazy import builder
 from ..ops import compute, contiguous, contiguous_rows, reshape as ggml_reshape
 from ..runtime import kernels
-from ..tensor import inplace
 from ._core import Tensor, _apply, _as_tensor, reshape
 from .elementwise import sqrt, square
 
@@ -137,26 +135,30 @@ def _batch_norm_eval_kernel(x: Tensor, running_mean, running_var, weight, bias, 
 
 
 def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, count: int) -> bool:
-    """The running statistics moved toward the batch's `stats` in place by ggrad's
-    RUNNING_STAT kernel, one node each (composed: two SCALEs, an ADD and a copy), with the
-    composed form's rounding: True where it did. Not for a momentum tensor (BatchNorm's
-    cumulative average), another dtype, or a buffer written earlier in this graph."""
+    """The running statistics moved toward the batch's `stats` by ggrad's RUNNING_STAT
+    kernel, a node each (composed: two SCALEs and an ADD), with the composed form's rounding,
+    then stored into their buffers as before: True where it did. Not for a momentum tensor
+    (BatchNorm's cumulative average) or another dtype."""
     moves = [(t, offset, take) for t, offset, take in
              ((running_mean, 0, momentum), (running_var, stats.shape[1], momentum * (count / (count - 1))))
              if t is not None]
     if not moves or not isinstance(momentum, numbers.Real) or \
             not kernels.supported(runtime.current().backend, kernels.RUNNING_STAT) or \
-            any(t.dtype is not dtypes.float32 or t.node.pending for t, _, _ in moves):
+            any(t.dtype is not dtypes.float32 for t, _, _ in moves):
         return False
-    for t, offset, take in moves:
-        inplace("running_stat", (t, stats), (t,), (offset, float(1 - momentum), float(take)))
+    with autograd.no_grad():
+        for t, offset, take in moves:
+            moved = _apply("running_stat", (t, stats), t.shape, arg=(offset, float(1 - momentum), float(take)))
+            t._assign(moved, temporary=True)  # only this holds it: stored as it is, no copy first
     return True
 
 
-@builder("running_stat")
-def _running_stat(ctx, s, effect):
-    offset, keep, take = effect.arg
-    return [kernels.op_in_place(ctx, kernels.RUNNING_STAT, s[0], [contiguous(ctx, s[1])], [offset, keep, take])]
+@compute("running_stat")
+def _running_stat(ctx, s, node):
+    offset, keep, take = node.arg
+    moved = kernels.op(ctx, kernels.RUNNING_STAT, (node.shape[0], 1), [contiguous(ctx, t) for t in s],
+                       [offset, keep, take])
+    return ggml_reshape(ctx, moved, node.shape)
 
 
 def _batch_norm_rule(ctx, g):

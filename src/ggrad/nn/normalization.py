@@ -50,7 +50,7 @@ class _BatchNorm(Module):
         tracking = self.training and self.track_running_stats
         if tracking:
             with no_grad():
-                self.num_batches_tracked.assign_(self.num_batches_tracked + 1)
+                self.num_batches_tracked._assign(self.num_batches_tracked + 1, temporary=True)
             factor = float(self.momentum) if self.momentum is not None else \
                 1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
         batch = self.training or not self.track_running_stats

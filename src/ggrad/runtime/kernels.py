@@ -45,13 +45,13 @@ BATCH_NORM = 21               # x, mean, var, [weight], [bias]; S, C, N, eps -> 
 BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, then the weight's and bias's
 FOLD = 23                     # columns (C*KH*KW, OW, OH, N); kh, kw, sh, sw, ph, pw, dh, dw, W, H, C -> the image (vulkan, cuda)
 QROWS = 24                    # a quantized table (row length, rows), row indices i32 (T) -> the rows in f32 (cuda)
-RUNNING_STAT = 25             # in place into a running buffer (C), statistics (2C); offset, keep, take -> moved
+RUNNING_STAT = 25             # a running buffer (C), statistics (2C); offset, keep, take -> the buffer moved (C)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
          CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
-         FOLD: 30, QROWS: 30, RUNNING_STAT: 33}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         FOLD: 30, QROWS: 30, RUNNING_STAT: 34}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 @functools.cache
@@ -232,7 +232,7 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (8, 1), [G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 2, 3, 2, 1)],
                       [1, 2, 1, 1, 0, 0, 1, 1, 4, 2, 1])
         elif kernel == RUNNING_STAT:  # a running buffer of 2 channels moved toward statistics (4)
-            node = op_in_place(ctx, kernel, vec(2), [vec(4)], [2, 0.9, 0.1])
+            node = op(ctx, kernel, (2, 1), [vec(2), vec(4)], [2, 0.9, 0.1])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [vec(n) for n in (2, 1, 4, 2)], [])
         else:
