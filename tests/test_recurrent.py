@@ -233,9 +233,7 @@ def test_recurrent_kernels_equal_the_composed_cell(dev, monkeypatch, cls, kwargs
     cell has NaN, the rest equal."""
     from ggrad.nn import recurrent
     from ggrad.runtime import kernels
-    if not kernels.supported(ggrad.runtime.current().backend, kernels.CELL):
-        assert dev.startswith("cuda"), "kernel set 25 serves cpu and Vulkan"
-        pytest.skip("not yet run on a CUDA device (runtime/kernels.py UNVERIFIED; GGRAD_UNVERIFIED_KERNELS=1)")
+    assert kernels.supported(ggrad.runtime.current().backend, kernels.CELL), "set 25 serves cpu, Vulkan, CUDA"
     ggrad.manual_seed(3)
     module = getattr(nn, cls)(4, 6, num_layers=2, batch_first=True, **kwargs)
     layers = 4 if kwargs.get("bidirectional") else 2
