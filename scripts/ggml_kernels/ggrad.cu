@@ -556,61 +556,49 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
            op->src[0]->nb[0] == sizeof(float) && (w == nullptr || ggml_is_contiguous(w));
 }
 
+static void ggrad_move_running_stat(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggrad_running_stat r = ggrad_running_stat_of(dst);
+    const int64_t n = ggml_nelements(dst);
+    ggrad_running_stat_f32<<<(unsigned int) ((n + 255)/256), 256, 0, ctx.stream()>>>(
+        (const float *) dst->src[0]->data, (const float *) dst->src[1]->data + r.offset, (float *) dst->data,
+        r.keep, r.take, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+static void ggrad_fold(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const int64_t n = ggml_nelements(dst);
+    ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(ggrad_fold_geometry_of(dst),
+                                                                      (const float *) dst->src[0]->data,
+                                                                      (float *) dst->data, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    if (ggml_get_op_params_i32(dst, 0) == 18 || ggml_get_op_params_i32(dst, 0) == 19) {  // src0 may be absent
-        ggrad_cell(ctx, dst);
-        return;
-    }
-    if (ggml_get_op_params_i32(dst, 0) >= 20 && ggml_get_op_params_i32(dst, 0) <= 22) {
-        ggrad_bn(ctx, dst, ggml_get_op_params_i32(dst, 0));
-        return;
-    }
-    if (ggml_get_op_params_i32(dst, 0) == 10 || ggml_get_op_params_i32(dst, 0) == 11) {
-        ggrad_max_pool(ctx, dst, ggml_get_op_params_i32(dst, 0) == 11);
-        return;
-    }
-    if (ggml_get_op_params_i32(dst, 0) == 25) {
-        const ggrad_running_stat r = ggrad_running_stat_of(dst);
-        const int64_t n = ggml_nelements(dst);
-        ggrad_running_stat_f32<<<(unsigned int) ((n + 255)/256), 256, 0, ctx.stream()>>>(
-            (const float *) dst->src[0]->data, (const float *) dst->src[1]->data + r.offset, (float *) dst->data,
-            r.keep, r.take, n);
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
-    if (ggml_get_op_params_i32(dst, 0) == 23) {
-        const int64_t n = ggml_nelements(dst);
-        ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(ggrad_fold_geometry_of(dst),
-                                                                          (const float *) dst->src[0]->data,
-                                                                          (float *) dst->data, n);
-        CUDA_CHECK(cudaGetLastError());
-        return;
+    const int kernel = ggml_get_op_params_i32(dst, 0);
+    switch (kernel) {  // the kernels with launchers of their own; the rows kernels follow
+        case 6:  ggrad_gemm(ctx, dst); return;
+        case 9:  ggrad_adamw_group(ctx, dst); return;
+        case 10:
+        case 11: ggrad_max_pool(ctx, dst, kernel == 11); return;
+        case 17: ggrad_qmatmul_back(ctx, dst); return;
+        case 18:
+        case 19: ggrad_cell(ctx, dst); return;  // src0 may be absent
+        case 20:
+        case 21:
+        case 22: ggrad_bn(ctx, dst, kernel); return;
+        case 23: ggrad_fold(ctx, dst); return;
+        case 24: ggrad_qrows(ctx, dst); return;
+        case 25: ggrad_move_running_stat(ctx, dst); return;
+        default: break;
     }
     const ggml_tensor * x = dst->src[0];
     const ggml_tensor * t = dst->src[1];
-    const int kernel = ggml_get_op_params_i32(dst, 0);
     const int32_t ignore = ggml_get_op_params_i32(dst, 1);
     const float keep   = ggml_get_op_params_f32(dst, 2);
     const float spread = ggml_get_op_params_f32(dst, 3);
     const int C = (int) x->ne[0];
     const int64_t N = ggml_nrows(x);
     cudaStream_t stream = ctx.stream();
-    if (kernel == 17) {
-        ggrad_qmatmul_back(ctx, dst);
-        return;
-    }
-    if (kernel == 6) {
-        ggrad_gemm(ctx, dst);
-        return;
-    }
-    if (kernel == 9) {
-        ggrad_adamw_group(ctx, dst);
-        return;
-    }
-    if (kernel == 24) {
-        ggrad_qrows(ctx, dst);
-        return;
-    }
     if (kernel == 3) {
         ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
                                                   (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,
