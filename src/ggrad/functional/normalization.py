@@ -139,11 +139,12 @@ def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, coun
     kernel, a node each (composed: two SCALEs and an ADD), with the composed form's rounding,
     then stored into their buffers as before: True where it did. Not for a momentum tensor
     (BatchNorm's cumulative average) or another dtype."""
+    if not isinstance(momentum, numbers.Real):  # before any arithmetic: a tensor's would record ops
+        return False
     moves = [(t, offset, take) for t, offset, take in
              ((running_mean, 0, momentum), (running_var, stats.shape[1], momentum * (count / (count - 1))))
              if t is not None]
-    if not moves or not isinstance(momentum, numbers.Real) or \
-            not kernels.supported(runtime.current().backend, kernels.RUNNING_STAT) or \
+    if not moves or not kernels.supported(runtime.current().backend, kernels.RUNNING_STAT) or \
             any(t.dtype is not dtypes.float32 for t, _, _ in moves):
         return False
     with autograd.no_grad():
