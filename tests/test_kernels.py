@@ -457,7 +457,9 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
     for _ in range(2):
         step(x, *([] if y is None else [y]))
     assert step.captured == 1, step.reason
-    return step.op_counts()
+    counts = step.op_counts()
+    print(f"compute nodes on {ggrad.runtime.current().backend.info.kind}: {sum(counts.values())} {counts}")
+    return counts
 
 
 # Compute nodes of a compiled step (views left out) per backend, measured with ggrad's

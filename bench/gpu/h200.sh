@@ -38,7 +38,7 @@ skip=$(python3 -c "import sklearn" 2>/dev/null || echo "--ignore=tests/test_skle
 # call's 10 minutes always bring back the build, the tests and the benchmarks that ran
 if [ "${1:-}" != bench-only ]; then
   # --capture=sys: a ggml assert's message (C's stderr) reaches the log before the abort
-  timeout "${TEST_SECONDS:-300}" python3 -m pytest -v ${TEST_WORKERS:+-n $TEST_WORKERS --dist loadfile} -p no:cacheprovider --capture=sys -rfE --tb=short $skip ${TESTS:-tests} \
+  timeout "${TEST_SECONDS:-300}" python3 -m pytest -v ${TEST_WORKERS:+-n $TEST_WORKERS --dist loadfile} -p no:cacheprovider --capture=sys -rfE --tb=short ${PYTEST_ARGS:-} $skip ${TESTS:-tests} \
     -k "$mode or not (cpu or vulkan or cuda)" 2>&1 | tee "$OUT/tests-$mode.txt" | tail -15
   tested=${PIPESTATUS[0]}
 fi

@@ -338,67 +338,152 @@ static bool ggrad_qmatmul_back_supported(const ggml_tensor * op) {
            std::max(std::max(w->ne[0], w->ne[1]), g->ne[1]) < INT32_MAX;
 }
 
-// batch normalization in training (ggrad_cpu.inc): the statistics and the gradient one block
-// per channel (sums in float, per thread then over the block), the normalization a thread per
-// element; channel c's values are the rows of S at (n*C + c)*S
-static __device__ __forceinline__ int64_t ggrad_bn_at(const ggrad_bn_dims d, const int64_t c, const int64_t k) {
-    return ((k / d.S)*d.C + c)*d.S + k % d.S;
+// batch normalization in training (ggrad_cpu.inc says what each kernel computes). Channel c's
+// values are the rows of S at (n*C + c)*S. The statistics and the gradient split each channel
+// into parts of at least 4096 values, a block each, then join the parts' sums: a block per
+// channel left most of the GPU idle where channels are few and large (a ResNet's first
+// layers: 64 channels of 131072 values).
+struct ggrad_bn_split {
+    int parts;      // blocks per channel
+    int64_t chunk;  // values per part (the last parts may hold fewer, or none)
+};
+
+static ggrad_bn_split ggrad_bn_split_of(const ggrad_bn_dims d) {
+    const int64_t count = d.S*d.N;
+    const int64_t fill = std::max<int64_t>(1, (2048 + d.C - 1)/d.C);  // about 2048 blocks in all
+    const int parts = (int) std::min<int64_t>(std::min<int64_t>((count + 4095)/4096, fill), 256);
+    return { parts, (count + parts - 1)/parts };
 }
 
-static __global__ void ggrad_bn_stats_f32(const ggrad_bn_dims d, const float * x, float * out) {
-    __shared__ float shared[256 / WARP_SIZE];
-    const int64_t c = blockIdx.x, count = d.S*d.N;
-    float sum = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += 256) {
-        sum += x[ggrad_bn_at(d, c, k)];
+static __device__ __forceinline__ int64_t ggrad_bn_part_size(const ggrad_bn_split sp, const int64_t count, const int p) {
+    const int64_t left = count - p*sp.chunk;
+    return left < 0 ? 0 : left < sp.chunk ? left : sp.chunk;
+}
+
+// a block's walk over its part of channel c, 256 values a step, with no division per value
+struct ggrad_bn_walk {
+    int64_t k, end;
+    int n, s;
+    const int S, C, c, dn, ds;
+
+    __device__ ggrad_bn_walk(const ggrad_bn_dims d, const ggrad_bn_split sp, const int c, const int p)
+        : k(p*sp.chunk + threadIdx.x), end(p*sp.chunk + ggrad_bn_part_size(sp, d.S*d.N, p)), n((int) (k / d.S)),
+          s((int) (k % d.S)), S((int) d.S), C((int) d.C), c(c), dn(256 / S), ds(256 % S) {}
+
+    __device__ __forceinline__ bool more() const { return k < end; }
+    __device__ __forceinline__ int at() const { return (n*C + c)*S + s; }
+    __device__ __forceinline__ void next() {
+        k += 256;
+        n += dn;
+        s += ds;
+        if (s >= S) {
+            s -= S;
+            ++n;
+        }
     }
-    const float mean = ggrad_block_sum<256>(sum, shared)/count;
+};
+
+// each part's mean and sum of squared deviations from it (two passes over the part)
+static __global__ void ggrad_bn_stats_part_f32(const ggrad_bn_dims d, const ggrad_bn_split sp, const float * x,
+                                               float * part) {
+    __shared__ float shared[256 / WARP_SIZE];
+    const int c = blockIdx.x / sp.parts, p = blockIdx.x % sp.parts;
+    const int64_t size = ggrad_bn_part_size(sp, d.S*d.N, p);
+    float sum = 0.0f;
+    for (ggrad_bn_walk w(d, sp, c, p); w.more(); w.next()) {
+        sum += x[w.at()];
+    }
+    const float mean = ggrad_block_sum<256>(sum, shared)/(size > 0 ? size : 1);
     float squares = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += 256) {
-        const float v = x[ggrad_bn_at(d, c, k)] - mean;
+    for (ggrad_bn_walk w(d, sp, c, p); w.more(); w.next()) {
+        const float v = x[w.at()] - mean;
         squares += v*v;
     }
-    const float var = ggrad_block_sum<256>(squares, shared)/count;
+    squares = ggrad_block_sum<256>(squares, shared);
     if (threadIdx.x == 0) {
-        out[c] = mean;
-        out[d.C + c] = var;
+        part[blockIdx.x] = mean;
+        part[gridDim.x + blockIdx.x] = squares;
     }
+}
+
+// a thread per channel joins its parts (Chan's pairwise update, in double): mean, variance
+static __global__ void ggrad_bn_stats_join_f32(const ggrad_bn_dims d, const ggrad_bn_split sp, const float * part,
+                                               float * out) {
+    const int64_t c = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (c >= d.C) {
+        return;
+    }
+    const int64_t count = d.S*d.N;
+    const float * means = part + c*sp.parts;
+    const float * squares = means + d.C*sp.parts;
+    double sum = 0.0;
+    for (int p = 0; p < sp.parts; ++p) {
+        sum += (double) means[p]*ggrad_bn_part_size(sp, count, p);
+    }
+    const double mean = sum/count;
+    double deviations = 0.0;
+    for (int p = 0; p < sp.parts; ++p) {
+        const double off = means[p] - mean;
+        deviations += squares[p] + off*off*ggrad_bn_part_size(sp, count, p);
+    }
+    out[c] = (float) mean;
+    out[d.C + c] = (float) (deviations/count);
 }
 
 static __global__ void ggrad_bn_apply_f32(const ggrad_bn_dims d, const float * x, const float * mean, const float * var,
                                           const float * w, const float * b, float * y) {
-    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
-    if (i >= d.S*d.C*d.N) {
+    const int i = blockIdx.x*blockDim.x + threadIdx.x;  // the sizes fit int32 (ggrad_bn_supported)
+    if (i >= (int) (d.S*d.C*d.N)) {
         return;
     }
-    const int64_t c = (i / d.S) % d.C;
+    const int c = (i / (int) d.S) % (int) d.C;
     const float v = __fdiv_rn(x[i] - mean[c], sqrtf(var[c] + d.eps));
     const float scaled = w ? __fmul_rn(v, w[c]) : v;
     y[i] = b ? scaled + b[c] : scaled;
 }
 
-static __global__ void ggrad_bn_back_f32(const ggrad_bn_dims d, const float * x, const float * g, const float * mean,
-                                         const float * var, const float * w, float * out) {
+// each part's sums of the gradient and of the gradient times the normalized input
+static __global__ void ggrad_bn_back_part_f32(const ggrad_bn_dims d, const ggrad_bn_split sp, const float * x,
+                                              const float * g, const float * mean, const float * var, float * part) {
     __shared__ float shared[256 / WARP_SIZE];
-    const int64_t c = blockIdx.x, count = d.S*d.N;
-    const float m = mean[c], s = sqrtf(var[c] + d.eps), wc = w ? w[c] : 1.0f;
+    const int c = blockIdx.x / sp.parts, p = blockIdx.x % sp.parts;
+    const float m = mean[c], s = sqrtf(var[c] + d.eps);
     float sum_g = 0.0f, sum_gx = 0.0f;
-    for (int64_t k = threadIdx.x; k < count; k += 256) {
-        const int64_t at = ggrad_bn_at(d, c, k);
+    for (ggrad_bn_walk w(d, sp, c, p); w.more(); w.next()) {
+        const int at = w.at();
         sum_g += g[at];
         sum_gx += g[at]*__fdiv_rn(x[at] - m, s);
     }
     sum_g = ggrad_block_sum<256>(sum_g, shared);
     sum_gx = ggrad_block_sum<256>(sum_gx, shared);
+    if (threadIdx.x == 0) {
+        part[blockIdx.x] = sum_g;
+        part[gridDim.x + blockIdx.x] = sum_gx;
+    }
+}
+
+// the input's gradient over a part; every block of a channel adds the channel's parts in
+// the same order, so all see the same sums. The first part's block writes them out too.
+static __global__ void ggrad_bn_back_apply_f32(const ggrad_bn_dims d, const ggrad_bn_split sp, const float * x,
+                                               const float * g, const float * mean, const float * var,
+                                               const float * w, const float * part, float * out) {
+    const int c = blockIdx.x / sp.parts, p = blockIdx.x % sp.parts;
+    const int64_t count = d.S*d.N, n = d.S*d.C*d.N;
+    float sum_g = 0.0f, sum_gx = 0.0f;
+    for (int q = 0; q < sp.parts; ++q) {
+        sum_g += part[c*sp.parts + q];
+        sum_gx += part[gridDim.x + c*sp.parts + q];
+    }
+    const float m = mean[c], s = sqrtf(var[c] + d.eps), wc = w ? w[c] : 1.0f;
     const float mean_dy = (sum_g/count)*wc, mean_dyx = (sum_gx/count)*wc;
-    for (int64_t k = threadIdx.x; k < count; k += 256) {
-        const int64_t at = ggrad_bn_at(d, c, k);
+    for (ggrad_bn_walk walk(d, sp, c, p); walk.more(); walk.next()) {
+        const int at = walk.at();
         const float xhat = __fdiv_rn(x[at] - m, s);
         out[at] = __fdiv_rn(__fsub_rn(__fmul_rn(g[at], wc), mean_dy) - __fmul_rn(xhat, mean_dyx), s);
     }
-    if (threadIdx.x == 0) {
-        out[d.S*d.C*d.N + c] = sum_gx;
-        out[d.S*d.C*d.N + d.C + c] = sum_g;
+    if (p == 0 && threadIdx.x == 0) {
+        out[n + c] = sum_gx;
+        out[n + d.C + c] = sum_g;
     }
 }
 
@@ -410,13 +495,22 @@ static void ggrad_bn(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const i
     }
     float * out = (float *) dst->data;
     cudaStream_t stream = ctx.stream();
-    if (kernel == 20) {
-        ggrad_bn_stats_f32<<<(int) d.C, 256, 0, stream>>>(d, src[0], out);
-    } else if (kernel == 21) {
+    if (kernel == 21) {
         const int blocks = (int) ((d.S*d.C*d.N + 255)/256);
         ggrad_bn_apply_f32<<<blocks, 256, 0, stream>>>(d, src[0], src[1], src[2], src[3], src[4], out);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    const ggrad_bn_split sp = ggrad_bn_split_of(d);
+    const int blocks = (int) (d.C*sp.parts);
+    ggml_cuda_pool_alloc<float> part(ctx.pool(), 2*(size_t) blocks);
+    if (kernel == 20) {
+        ggrad_bn_stats_part_f32<<<blocks, 256, 0, stream>>>(d, sp, src[0], part.get());
+        ggrad_bn_stats_join_f32<<<(int) ((d.C + 255)/256), 256, 0, stream>>>(d, sp, part.get(), out);
     } else {
-        ggrad_bn_back_f32<<<(int) d.C, 256, 0, stream>>>(d, src[0], src[1], src[2], src[3], src[4], out);
+        ggrad_bn_back_part_f32<<<blocks, 256, 0, stream>>>(d, sp, src[0], src[1], src[2], src[3], part.get());
+        ggrad_bn_back_apply_f32<<<blocks, 256, 0, stream>>>(d, sp, src[0], src[1], src[2], src[3], src[4], part.get(),
+                                                            out);
     }
     CUDA_CHECK(cudaGetLastError());
 }
@@ -511,7 +605,7 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
         return ggrad_cell_supported(op);
     }
     if (kernel >= 20 && kernel <= 22) {
-        return ggrad_bn_supported(op) && ggrad_bn_dims_of(op).C <= INT32_MAX;
+        return ggrad_bn_supported(op);  // the sizes fit int32: so do the blocks (C*parts, near C + 2048)
     }
     if (kernel == 25) {
         return ggrad_running_stat_supported(op);
