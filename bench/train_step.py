@@ -158,7 +158,7 @@ def ggrad_step_fn(name, data, device, fused, compiled=True, amp="none", resident
         return run(*batch) if compiled or resident else run(*(ggrad.tensor(a) for a in batch))
 
     step.compiled = run if compiled else None
-    return step, ggrad.realize
+    return step, ggrad.cuda.synchronize  # runs what is recorded, then waits for the device
 
 
 def without_kernels(names: list[str], runner):
@@ -178,6 +178,23 @@ def without_kernels(names: list[str], runner):
 
     refusing.compiled = step.compiled
     return refusing, sync
+
+
+def waiting_for_each_graph(runner):
+    """`runner` (step, sync) whose graph computes wait for the device before returning (as
+    before runtime/streams.py), for an A/B in one process."""
+    from ggrad.runtime import streams
+    step, sync = runner
+
+    def waiting(i):
+        streams.enabled = False
+        try:
+            return step(i)
+        finally:
+            streams.enabled = True
+
+    waiting.compiled = step.compiled
+    return waiting, sync
 
 
 def node_note(label: str, step) -> str:
@@ -262,6 +279,9 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP): an A/B in one process")
+    ap.add_argument("--synchronous", action="store_true",
+                    help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
+                         "returns once queued): an A/B in one process")
     ap.add_argument("--block-batch", type=int, default=MODELS["block"][3])
     ap.add_argument("--block-seq", type=int, default=MODELS["block"][1][0])
     args = ap.parse_args()
@@ -301,6 +321,10 @@ def main() -> None:
             tag = f"compiled without {', '.join(args.without)}"
             ours.append((tag, True))
             runners[("ggrad", tag)] = without_kernels(args.without, ggrad_step_fn(
+                name, data, args.device, True, True, args.amp, resident))
+        if args.synchronous:
+            ours.append(("compiled, synchronous", True))
+            runners[("ggrad", "compiled, synchronous")] = waiting_for_each_graph(ggrad_step_fn(
                 name, data, args.device, True, True, args.amp, resident))
         # the losses of each runner's first steps (same weights, same batches), before any timing
         first = {key: [float(step(i).item()) for i in range(CHECKED)] for key, (step, _) in runners.items()}

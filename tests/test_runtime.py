@@ -227,3 +227,54 @@ def test_cpu_computes_a_large_tensor_where_its_copy_lies():
         with ggrad.device("vulkan"):  # the CPU is released: its values move
             np.testing.assert_array_equal((t + 1).numpy(), 2 * want + np.float32(1))
         np.testing.assert_array_equal(t.numpy(), 2 * want)
+
+
+def _adam_steps(x_batches, y_batches) -> tuple[list[float], list[np.ndarray]]:
+    """Losses (read after each step) and final weights of a compiled MLP step over host batches."""
+    from ggrad import nn
+    from ggrad.optim import Adam
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    opt = Adam(model.parameters(), lr=1e-2)
+
+    @ggrad.compile
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = ggrad.functional.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    losses = [float(step(x, y).item()) for x, y in zip(x_batches, y_batches)]
+    for x, y in zip(x_batches, y_batches):  # queued back to back: nothing read in between
+        step(x, y)
+    return losses, [p.numpy() for p in model.parameters()]
+
+
+def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypatch):
+    """A graph left running (CUDA's, streams.py) is waited for by every upload, download and
+    synchronize: the same device asked to queue its graphs gives the synchronous answers bit
+    for bit, and nothing stays queued once a value is read."""
+    from ggrad.runtime import streams
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((5, 8)).astype(np.float32) for _ in range(4)]
+    ys = [rng.integers(0, 3, 5) for _ in range(4)]
+    monkeypatch.setattr(streams, "enabled", False)
+    waited = _adam_steps(xs, ys)
+    monkeypatch.setattr(streams, "enabled", True)
+    monkeypatch.setattr(streams, "ASYNCHRONOUS_KINDS", frozenset({rt.current().backend.info.kind}))
+    queued = []
+    start = streams.queue
+    monkeypatch.setattr(streams, "queue", lambda *a: (start(*a), queued.append(dict(streams._queued)))[0])
+    left_running = _adam_steps(xs, ys)
+    assert queued and all(queued), "no graph was left running"
+    assert not streams._queued  # the weights' downloads waited
+    assert left_running[0] == waited[0]
+    for ours, theirs in zip(left_running[1], waited[1]):
+        np.testing.assert_array_equal(ours, theirs)
+    step = ggrad.ones(3) * 2
+    ggrad.realize(step)
+    assert streams._queued
+    ggrad.cuda.synchronize()
+    assert not streams._queued

@@ -53,6 +53,8 @@ graph=--cuda-graph  # PyTorch runs on CUDA beside either backend: its CUDA graph
 # both sides, the transformer block, Adam's bandwidth
 # WITHOUT="GEMM ADAMW_GROUP": also ggrad with those kernels refused, in the same process (an A/B)
 without=${WITHOUT:+--without $WITHOUT}
+# SYNCHRONOUS=1: also ggrad with every graph compute waiting for the device (runtime/streams.py)
+without="$without ${SYNCHRONOUS:+--synchronous}"
 bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high \
   --models mlp-small mlp-mnist mlp-large $graph $blocks $without
 bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \

@@ -62,8 +62,10 @@ def get_device_name(device=None) -> str:
 
 
 def synchronize(device=None) -> None:
-    """Run everything recorded (ggml's graph computes return when their device is done)."""
+    """Run everything recorded and wait until the device has finished it (a CUDA graph
+    compute returns once queued)."""
     realize()
+    runtime.synchronize()
 
 
 def manual_seed(seed: int) -> None:

@@ -27,6 +27,8 @@ import os
 import ml_dtypes
 import numpy as np
 
+from .. import runtime
+
 UNIQUE_ID_BYTES = 128
 _INSTALL_HINT = "pip install nvidia-nccl-cu12 (nvidia-nccl-cu13 for CUDA 13)"
 
@@ -274,9 +276,9 @@ class Communicator:
     The collectives take raw device addresses (`Handle.ptr`), element counts and the buffer's
     element type (`Handle.dtype`: ggrad stores int64 tensors as int32). Ordering is
     by host synchronization on both sides: ggml-cuda runs on its own non-blocking streams,
-    so the caller must have run ggrad's pending work (reading `tensor.handle` does; a graph
-    compute and a tensor upload return finished) before calling, and each collective here
-    waits for its stream before returning, so ggml's next work sees the results. Writing a
+    so the caller must have run ggrad's pending work (reading `tensor.handle` does) before
+    calling; each collective first waits for ggml's queued graphs (runtime.synchronize) and
+    then for its own stream before returning, so ggml's next work sees the results. Writing a
     buffer behind ggrad's back is the caller's business: the tensor must be a realized leaf
     with no pending write (an integer leaf also keeps a host copy for index checks, which
     such a write leaves stale). One thread at a time per communicator.
@@ -318,6 +320,7 @@ class Communicator:
 
     def _run(self, name: str, *args) -> None:
         comm = self._live()
+        runtime.synchronize()
         _settle(getattr(_nccl(), name)(*args, comm, self._stream), name, comm)
         self.synchronize()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ggml import ggml as G
 
-from . import launch, precision
+from . import launch, precision, streams
 
 # ggml's own messages (the Vulkan backend's device banner, warnings) go to this logger,
 # not to stderr: importing ggrad and starting a device print nothing; warnings and
@@ -130,12 +130,17 @@ class Backend:
         return found
 
     def compute(self, graph) -> None:
+        """Run `graph`; on CUDA it may still be running on return (streams.py)."""
+        if streams.enabled and self.info.kind in streams.ASYNCHRONOUS_KINDS:
+            streams.queue(self, self.handle, graph)
+            return
         status = G.ggml_backend_graph_compute(self.handle, graph)
         if status != 0:
             raise RuntimeError(f"ggml graph compute failed on {self.name} (status {status})")
 
     def free(self) -> None:
         if self.handle:
+            streams.forget(self)
             G.ggml_backend_free(self.handle)
             self.handle = None
 

@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 from ggml import ggml as G
 
-from . import quants, transfers
+from . import quants, streams, transfers
 from .backend import ggml_library
 from .critical import lock
 
@@ -122,6 +122,8 @@ class Handle:
         else:
             with lock:
                 block = pool.alloc(G.ggml_backend_buft_get_alloc_size(pool.backend.buft, tensor))
+                if G.ggml_is_quantized(tensor.contents.type):
+                    streams.settle()  # ggml-cuda clears the padding outside the stream: not under a running graph
                 G.ggml_backend_tensor_alloc(block.chunk.buffer, tensor, ctypes.c_void_p(block.addr))
             self._block = block
         self._tensor = tensor

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from ggml import ggml as G
 
+from . import streams
+
 MiB = 1 << 20
 
 
@@ -43,6 +45,7 @@ class Chunk:
 
     def free(self) -> None:
         if self.buffer:
+            streams.settle()
             G.ggml_backend_buffer_free(self.buffer)
             self.buffer = None
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 from ggml import ggml as G
 
+from . import streams
+
 
 @dataclass
 class Counters:
@@ -80,6 +82,7 @@ class count_transfers:
 
 def upload(tensor, array: np.ndarray, host_memory: bool) -> None:
     """Copy a C-contiguous `array` into the ggml `tensor`'s backend buffer."""
+    streams.settle()  # a queued graph may still read the old values
     G.ggml_backend_tensor_set(tensor, array.ctypes.data, 0, array.nbytes)  # the address: data_as costs 2 us
     if not host_memory:
         _totals.uploads += 1
@@ -89,6 +92,7 @@ def upload(tensor, array: np.ndarray, host_memory: bool) -> None:
 def download(tensor, shape: tuple, dtype: np.dtype, host_memory: bool) -> np.ndarray:
     """A fresh host array holding the ggml `tensor`'s data."""
     out = np.empty(shape, dtype=dtype)
+    streams.settle()
     G.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
     if not host_memory:
         _totals.downloads += 1

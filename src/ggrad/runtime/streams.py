@@ -1,0 +1,45 @@
+"""Device work the host has not waited for yet.
+
+ggml-cuda's graph compute returns once its work is queued on the backend's stream (a CUDA
+graph launched), so the host records and uploads the next step while the GPU runs this
+one, as PyTorch's CUDA streams let it. Whatever touches device memory from the host waits
+here first (`settle`): the counted transfers, a buffer freed, a quantized tensor bound (its
+padding is cleared outside the stream), an NCCL collective, `ggrad.synchronize()`. Other
+backends compute to the end before returning (ggml-vulkan waits for its fence; the CPU
+computes in the caller's thread).
+"""
+
+from __future__ import annotations
+
+from ggml import ggml as G
+
+# the backend kinds whose graphs are left running; `enabled` False waits for every graph
+# (bench/train_step.py --synchronous times both in one process)
+ASYNCHRONOUS_KINDS = frozenset({"cuda"})
+enabled = True
+
+_queued: dict[int, object] = {}  # id(backend) -> its ggml backend handle, while work may run
+
+
+def queue(owner, handle, graph) -> None:
+    """Start `graph` on the backend `handle` (owned by `owner`, one per started device),
+    returning once it is queued."""
+    status = G.ggml_backend_graph_compute_async(handle, graph)
+    _queued[id(owner)] = handle
+    if status != 0:
+        settle()
+        raise RuntimeError(f"ggml graph compute failed (status {status})")
+
+
+def settle() -> None:
+    """Wait until every queued graph has finished."""
+    while _queued:
+        _, handle = _queued.popitem()
+        G.ggml_backend_synchronize(handle)
+
+
+def forget(owner) -> None:
+    """Wait for `owner`'s work, before its backend is freed."""
+    handle = _queued.pop(id(owner), None)
+    if handle is not None:
+        G.ggml_backend_synchronize(handle)
