@@ -9,7 +9,9 @@ cheap (CPU) and larger where each launch costs (GPU: one node per dispatch here)
 
 Prints the compute-node count, the replay's time beside its graphs' time run alone (the
 difference is ggrad's replay: uploads, checks, Python), the count per op, and the ops by
-total time. Running
+total time. `--kernels` (CUDA) also lists the GPU kernels of 20 whole replays as CUPTI
+sees them (torch.profiler): their count and device time per step beside the step's time
+says whether the step waits on the GPU or on the host. Running
 nodes alone rewrites weights and optimizer state (AdamW runs too): the step's results
 after a profile are not meant to be read.
 """
@@ -26,6 +28,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import train_step as T  # noqa: E402
 
+if "--kernels" in sys.argv:
+    import torch  # noqa: F401,E402  (before ggml's CUDA: importing torch after it aborted)
 from ggml import ggml as G  # noqa: E402
 
 def captured_graphs(compiled) -> list:
@@ -55,6 +59,24 @@ def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
     return times
 
 
+def cuda_kernels(step, sync, steps: int = 20) -> None:
+    """The GPU kernels of `steps` replays, per step (CUPTI through torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    t0 = time.perf_counter()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(i)
+        sync()
+    wall = (time.perf_counter() - t0) / steps
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    busy = sum(e.device_time_total for e in events) / steps / 1e3
+    print(f"GPU kernels per step: {sum(e.count for e in events) / steps:.0f}, {busy:.3f} ms of device time; "
+          f"step {wall * 1e3:.3f} ms under the profiler")
+    print("| kernel | per step | ms per step |\n| --- | --- | --- |")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:15]:
+        print(f"| {e.key[:90]} | {e.count / steps:.0f} | {e.device_time_total / steps / 1e3:.4f} |")
+
+
 def op_label(node) -> str:
     """The op's name; a GGRAD node's names its kernel too (the kernel set is one ggml op)."""
     name = G.ggml_op_desc(node).decode()
@@ -74,6 +96,7 @@ def main() -> None:
     ap.add_argument("--block-seq", type=int, default=T.MODELS["block"][1][0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--amp", default="none", choices=["none", "bf16", "f16"])
+    ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
     args = ap.parse_args()
     import ggrad
     from ggrad import runtime
@@ -94,6 +117,8 @@ def main() -> None:
         step(i)
     sync()
     replay = (time.perf_counter() - t0) / 20
+    if args.kernels:
+        cuda_kernels(step, sync)
     backend = runtime.current().backend
     t0 = time.perf_counter()
     for _ in range(20):  # ggml alone: the step's graphs with none of ggrad's replay around them

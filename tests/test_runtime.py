@@ -253,9 +253,10 @@ def _adam_steps(x_batches, y_batches) -> tuple[list[float], list[np.ndarray]]:
 
 
 def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypatch):
-    """A graph left running (CUDA's, streams.py) is waited for by every upload, download and
-    synchronize: the same device asked to queue its graphs gives the synchronous answers bit
-    for bit, and nothing stays queued once a value is read."""
+    """A graph left running (CUDA's, streams.py) is waited for by every download and
+    synchronize, and the next batch is queued behind it: the same device asked to queue its
+    graphs gives the synchronous answers bit for bit, and nothing stays queued once a value
+    is read."""
     from ggrad.runtime import streams
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((5, 8)).astype(np.float32) for _ in range(4)]
@@ -267,8 +268,12 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     queued = []
     start = streams.queue
     monkeypatch.setattr(streams, "queue", lambda *a: (start(*a), queued.append(dict(streams._queued)))[0])
+    behind = []
+    queues_upload = streams.queues_upload
+    monkeypatch.setattr(streams, "queues_upload", lambda *a: behind.append(queues_upload(*a)) or behind[-1])
     left_running = _adam_steps(xs, ys)
     assert queued and all(queued), "no graph was left running"
+    assert any(behind), "no batch was queued behind a running graph"
     assert not streams._queued  # the weights' downloads waited
     assert left_running[0] == waited[0]
     for ours, theirs in zip(left_running[1], waited[1]):

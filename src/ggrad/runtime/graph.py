@@ -182,10 +182,10 @@ class Graph:
             for i, handle in enumerate(bindings):
                 if handle.location() != bound[i]:  # rebind's test, inlined: most slots stay put
                     self.rebind(i, handle)
-        host = self.dev.backend.host_memory
+        backend = self.dev.backend
         for tensor, array in self._uploads:
             if tensor.contents.buffer:  # an input no node reads is never allocated
-                transfers.upload(tensor, array, host)
+                transfers.upload(tensor, array, backend.host_memory, backend)
         self._uploads.clear()
         self.compute()
 

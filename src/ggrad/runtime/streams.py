@@ -11,6 +11,7 @@ computes in the caller's thread).
 
 from __future__ import annotations
 
+import numpy as np
 from ggml import ggml as G
 
 # the backend kinds whose graphs are left running; `enabled` False waits for every graph
@@ -29,6 +30,19 @@ def queue(owner, handle, graph) -> None:
     if status != 0:
         settle()
         raise RuntimeError(f"ggml graph compute failed (status {status})")
+
+
+def queues_upload(owner, array) -> bool:
+    """Whether an upload of `array` into `owner`'s memory may be queued on its stream behind
+    the running graphs: only from memory numpy allocated (pageable), which CUDA copies
+    aside before the call returns. Pinned memory would be read when the copy runs, after
+    the caller may have reused it: those uploads wait."""
+    if id(owner) not in _queued:
+        return False
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    return root.base is None and root.flags.owndata
 
 
 def settle() -> None:
