@@ -103,6 +103,8 @@ LARGE = [
     pytest.param(lambda: _gradients(lambda x, b: x + b, _huge(100_000, 8), _huge(100_000, 1)), id="sum-to-column"),
     pytest.param(lambda: _gradients(lambda x, b: x * b, _huge(4, 100_000, 8), _huge(4, 100_000, 1)),
                  id="sum-to-3d"),
+    pytest.param(lambda: _gradients(lambda x, b: x + b, _huge(128, 512, 2, 2), _huge(1, 512, 1, 1)),
+                 id="sum-to-channels-batch128"),  # a composed BatchNorm2d's bias gradient
 ]
 
 

@@ -330,10 +330,12 @@ def _sum_to(ctx, s, node):
             return reshape(ctx, x, node.shape)
         full = (1,) * inner + full[inner:]
         x = G.ggml_reshape_4d(ctx, x, *full)
-    if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS:
+    if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS and full[2] * full[3] <= launch.REPEAT_BACK_PLANES:
         return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
-    # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535):
-    # move the summed axes innermost and sum rows, which starts one block per row along x
+    # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535)
+    # and ggml-cuda refuses a source of more than 32,768 planes (a BatchNorm2d of 512
+    # channels over a batch of 128): move the summed axes innermost and sum rows, which
+    # starts one block per row along x
     summed = [d for d in range(MAX_DIMS) if kept[d] == 1 and full[d] > 1]
     order = summed + [d for d in range(MAX_DIMS) if d not in summed]
     moved = G.ggml_cont(ctx, G.ggml_permute(ctx, x, *[order.index(d) for d in range(MAX_DIMS)]))

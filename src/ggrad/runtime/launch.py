@@ -26,6 +26,7 @@ from ggml import ggml as G
 
 GRID_YZ = 65535        # blocks along y and z: CUDA's limit, Vulkan's guaranteed minimum
 VULKAN_GRID_X = 65535  # along x: Vulkan's guaranteed minimum (lavapipe's actual limit)
+REPEAT_BACK_PLANES = 1 << 15  # ggml-cuda runs REPEAT_BACK over a source of at most this ne[2] * ne[3]
 VULKAN_POOL_WORKGROUP = 512  # ggml-vulkan's pool2d pipeline: 512 outputs per workgroup
 VULKAN_MATMUL_TILE = 32  # the narrowest tile of ggml-vulkan's products (its pipelines: 32 to 256)
 
@@ -57,6 +58,9 @@ def _cuda(node) -> str | None:
     if op == G.GGML_OP_PAD:
         return _axes("PAD", y=ne[1], z=ne[2] * ne[3])
     if op == G.GGML_OP_REPEAT_BACK:
+        src = _ne(_src(node, 0))
+        if src[2] * src[3] > REPEAT_BACK_PLANES:  # refused by its supports_op, not a launch
+            return f"REPEAT_BACK of a source of {src[2] * src[3]:,} planes (at most {REPEAT_BACK_PLANES:,})"
         return _axes("REPEAT_BACK", y=ne[1], z=ne[2] * ne[3])
     if op == G.GGML_OP_GET_ROWS_BACK:
         return _axes("GET_ROWS_BACK", y=ne[1])
