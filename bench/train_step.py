@@ -18,7 +18,8 @@ noisy machine slows both alike); GPU work is synchronised at the end of each blo
 (`ggrad.autocast` and `torch.autocast`) with float32 weights and Adam; f16 adds a
 GradScaler on both sides (a step the scaler may undo runs ggrad's Adam kernel formula
 from elementwise ops; torch's fused Adam takes the scaler's inf check). `--precision` sets
-`set_float32_matmul_precision` on both sides (CUDA: "high" allows TF32). Each row says
+`set_float32_matmul_precision` on both sides (CUDA: "high" allows TF32) and PyTorch's
+`cudnn.allow_tf32` to match (cuDNN's default is TF32 at any matmul precision). Each row says
 which amp and precision it ran with. After the table, the ggml nodes a compiled step computes
 (per op), and the losses of the first three steps (same weights, same batches) of each ggrad runner and of PyTorch eager, and their largest
 relative difference: torch's autocast rounds each product to the low dtype where ggrad keeps it
@@ -292,12 +293,16 @@ def main() -> None:
         torch.set_num_threads(len(os.sched_getaffinity(0)))
     import ggrad
     torch.set_float32_matmul_precision(args.precision)
+    # cuDNN's convolutions take TF32 by default whatever the matmul precision says; ggrad's
+    # convolutions are products and follow it: both sides at the same precision
+    torch.backends.cudnn.allow_tf32 = args.precision != "highest"
     ggrad.set_float32_matmul_precision(args.precision)  # before a device starts (Vulkan fixes it then)
     amp_note = {"none": "float32", "bf16": "autocast bfloat16",
                 "f16": "autocast float16 + GradScaler"}
     print(f"train_step: ggrad {args.device} vs PyTorch {torch.__version__} {args.torch_device}; amp: "
           f"{amp_note[args.amp]}; float32 matmul precision: ggrad {ggrad.get_float32_matmul_precision()}, "
-          f"PyTorch {torch.get_float32_matmul_precision()}; Adam lr 1e-3\n")
+          f"PyTorch {torch.get_float32_matmul_precision()} (cudnn.allow_tf32 {torch.backends.cudnn.allow_tf32}); "
+          f"Adam lr 1e-3\n")
     print(f"| model | amp | precision | ggrad {args.device} | ms | PyTorch {args.torch_device} | ms | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     amp_column = "f16 + GradScaler" if args.amp == "f16" else args.amp

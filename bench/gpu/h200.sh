@@ -62,6 +62,8 @@ bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --p
 # issue 28's rows: the 2-conv cnn and the ResNet-18 layout, against PyTorch eager and its
 # CUDA graph (fp32 "highest"), then the ResNet in bf16 autocast
 bench cnn 100 bench/train_step.py --device "$mode" --torch-device cuda --models cnn resnet $graph --blocks 3 --steps 10 $without
+bench cnn-high 100 bench/train_step.py --device "$mode" --torch-device cuda --precision high --models cnn resnet \
+  $graph --blocks 3 --steps 10 $without
 bench resnet-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
   --models resnet $graph --blocks 3 --steps 10
 bench train-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision high --amp bf16 \
