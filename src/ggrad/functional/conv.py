@@ -369,6 +369,12 @@ def _finish(y: Tensor, bias, unbatched: bool, what: str) -> Tensor:
     return reshape(y, y.shape[1:]) if unbatched else y
 
 
+# where wide layers take a product per image (NCHW as made, no transposed copies of the
+# output or its gradient; the weight's gradient summed over the images); on CUDA the
+# product per image is cuBLAS's strided batch
+PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu", "cuda"})
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight
     (OC, C / groups, KH, KW); padding an int, a pair, "valid" or "same"."""
@@ -400,8 +406,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         return _finish(y, None if fused else bias, unbatched, "conv2d")
     backend = runtime.current().backend
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
-            backend.info.kind == "cpu" and kernels.supported(backend, kernels.GEMM):
-        # the CPU's GEMM (CUDA's has not been measured in this layout): each image's
+            backend.info.kind in PER_IMAGE_PRODUCT_KINDS and kernels.supported(backend, kernels.GEMM):
+        # the GEMM kernel (CPU, CUDA): each image's
         # channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a
