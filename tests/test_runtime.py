@@ -264,6 +264,7 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     monkeypatch.setattr(streams, "enabled", False)
     waited = _adam_steps(xs, ys)
     monkeypatch.setattr(streams, "enabled", True)
+    monkeypatch.setattr(streams, "QUEUED_UPLOADS", True)
     monkeypatch.setattr(streams, "ASYNCHRONOUS_KINDS", frozenset({rt.current().backend.info.kind}))
     queued = []
     start = streams.queue

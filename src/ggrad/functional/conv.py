@@ -370,9 +370,9 @@ def _finish(y: Tensor, bias, unbatched: bool, what: str) -> Tensor:
 
 
 # where wide layers take a product per image (NCHW as made, no transposed copies of the
-# output or its gradient; the weight's gradient summed over the images); on CUDA the
-# product per image is cuBLAS's strided batch
-PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu", "cuda"})
+# output or its gradient; the weight's gradient summed over the images). On CUDA it would
+# be cuBLAS's strided batch: not measured there yet, so CUDA keeps the rows layout below
+PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu"})
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
@@ -407,7 +407,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     backend = runtime.current().backend
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
             backend.info.kind in PER_IMAGE_PRODUCT_KINDS and kernels.supported(backend, kernels.GEMM):
-        # the GEMM kernel (CPU, CUDA): each image's
+        # the GEMM kernel: each image's
         # channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a

@@ -3,13 +3,15 @@
 ggml-cuda's graph compute returns once its work is queued on the backend's stream (a CUDA
 graph launched), so the host records and uploads the next step while the GPU runs this
 one, as PyTorch's CUDA streams let it. Whatever touches device memory from the host waits
-here first (`settle`): the counted transfers, a buffer freed, a quantized tensor bound (its
-padding is cleared outside the stream), an NCCL collective, `ggrad.synchronize()`. Other
-backends compute to the end before returning (ggml-vulkan waits for its fence; the CPU
-computes in the caller's thread).
+here first (`settle`): a download, an upload (one from pageable memory may instead be queued
+on the stream behind the graph: QUEUED_UPLOADS), a buffer freed, a quantized tensor bound
+(its padding is cleared outside the stream), an NCCL collective, `ggrad.cuda.synchronize()`.
+Other backends' graphs are waited for at the end of each compute, as before.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 from ggml import ggml as G
@@ -18,6 +20,9 @@ from ggml import ggml as G
 # (bench/train_step.py --synchronous times both in one process)
 ASYNCHRONOUS_KINDS = frozenset({"cuda"})
 enabled = True
+# uploads queued behind a running graph have not run on a GPU yet (waiting first has):
+# on where GGRAD_UNVERIFIED_KERNELS=1 (bench/gpu/h200.sh), as runtime/kernels.py's UNVERIFIED
+QUEUED_UPLOADS = os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
 
 _queued: dict[int, object] = {}  # id(backend) -> its ggml backend handle, while work may run
 
@@ -37,7 +42,7 @@ def queues_upload(owner, array) -> bool:
     the running graphs: only from memory numpy allocated (pageable), which CUDA copies
     aside before the call returns. Pinned memory would be read when the copy runs, after
     the caller may have reused it: those uploads wait."""
-    if id(owner) not in _queued:
+    if id(owner) not in _queued or not QUEUED_UPLOADS:
         return False
     root = array
     while isinstance(root.base, np.ndarray):
