@@ -53,7 +53,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 34
+KERNELS_VERSION = 35
 
 
 VULKAN_DISPATCH = """
@@ -74,6 +74,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel >= 20 && kernel <= 22) {
         return ggrad_bn_supported(op);  // ggrad_bn.h
+    }
+    if (kernel >= 26 && kernel <= 29) {
+        return ggrad_bn_split_supported(op);  // ggrad_bn.h
     }
     if (kernel == 25) {
         return ggrad_running_stat_supported(op);  // ggrad_bn.h
@@ -200,6 +203,33 @@ static void ggml_vk_ggrad_bn(ggml_backend_vk_context * ctx, vk_context& subctx, 
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], o_buf }, pc, elements);
 }
 
+// batch normalization with each channel split into parts (ggrad_bn_split.comp): a workgroup
+// per part, the statistics' join an invocation per channel
+static void ggml_vk_ggrad_bn_split(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, int kernel) {
+    const vk_device & device = ctx->device;
+    vk_pipeline pipeline = kernel == 26 ? device->pipeline_ggrad_bn_stats_parts_f32
+                         : kernel == 27 ? device->pipeline_ggrad_bn_stats_join_f32
+                         : kernel == 28 ? device->pipeline_ggrad_bn_back_parts_f32 : device->pipeline_ggrad_bn_back_apply_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    vk_subbuffer b[6];
+    uint32_t off[6];
+    for (int i = 0; i < 6; ++i) {  // an absent source binds src0 (never read)
+        const ggml_tensor * s = dst->src[i] ? dst->src[i] : dst->src[0];
+        b[i] = ggml_vk_tensor_subbuffer(ctx, s, true);
+        off[i] = ggml_vk_ggrad_misalign(b[i], s);
+    }
+    const ggrad_bn_dims d = ggrad_bn_dims_of(dst);
+    const uint32_t P = (uint32_t) ggrad_bn_parts_of(dst);
+    struct { uint32_t S, C, N, P, chunk; float eps; uint32_t has_w, off0, off1, off2, off3, off4, off5, off_d; } pc = {
+        (uint32_t) d.S, (uint32_t) d.C, (uint32_t) d.N, P, (uint32_t) ((d.S*d.N + P - 1)/P), d.eps,
+        dst->src[4] != nullptr, off[0], off[1], off[2], off[3], off[4], off[5], ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    const std::array<uint32_t, 3> elements = kernel == 27 ? ggml_vk_ggrad_elements((uint32_t) d.C)
+                                                          : ggml_vk_ggrad_rows((uint32_t) (d.C*P));
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], o_buf, b[5] }, pc, elements);
+}
+
 // torch's max pooling and its gradient (ggrad_pool.comp): an invocation per output, or per
 // input element (the gradient gathered)
 static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst, bool back) {
@@ -269,6 +299,10 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
     }
     if (kernel >= 20 && kernel <= 22) {
         ggml_vk_ggrad_bn(ctx, subctx, dst, kernel);
+        return;
+    }
+    if (kernel >= 26 && kernel <= 29) {
+        ggml_vk_ggrad_bn_split(ctx, subctx, dst, kernel);
         return;
     }
     if (kernel == 25) {
@@ -699,7 +733,7 @@ def patch(tree: Path) -> None:
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
-                 "ggrad_bn.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp"):
+                 "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -715,6 +749,10 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_bn_stats_f32", "ggrad_bn.comp", {{"STATS", "1"}});\n'
          '    string_to_spv("ggrad_bn_apply_f32", "ggrad_bn.comp", {{"APPLY", "1"}});\n'
          '    string_to_spv("ggrad_bn_back_f32", "ggrad_bn.comp", {{"BACK", "1"}});\n'
+         '    string_to_spv("ggrad_bn_stats_parts_f32", "ggrad_bn_split.comp", {{"STATS_PARTS", "1"}});\n'
+         '    string_to_spv("ggrad_bn_stats_join_f32", "ggrad_bn_split.comp", {{"STATS_JOIN", "1"}});\n'
+         '    string_to_spv("ggrad_bn_back_parts_f32", "ggrad_bn_split.comp", {{"BACK_PARTS", "1"}});\n'
+         '    string_to_spv("ggrad_bn_back_apply_f32", "ggrad_bn_split.comp", {{"BACK_APPLY", "1"}});\n'
          '    string_to_spv("ggrad_pool_f32", "ggrad_pool.comp", {});\n'
          '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'
@@ -743,6 +781,8 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_ce_f32, pipeline_ggrad_ce_back_f32, pipeline_ggrad_adam_hyper_f32;\n"
          "    vk_pipeline pipeline_ggrad_ln_back_f32, pipeline_ggrad_cell_f32, pipeline_ggrad_cell_back_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_stats_f32, pipeline_ggrad_bn_apply_f32, pipeline_ggrad_bn_back_f32;\n"
+         "    vk_pipeline pipeline_ggrad_bn_stats_parts_f32, pipeline_ggrad_bn_stats_join_f32;\n"
+         "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
          "    vk_pipeline pipeline_ggrad_running_f32;\n"),
         ("struct vk_op_push_constants {\n",
@@ -769,6 +809,14 @@ def patch(tree: Path) -> None:
          'ggrad_bn_apply_f32_len, ggrad_bn_apply_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_back_f32, "ggrad_bn_back_f32", '
          'ggrad_bn_back_f32_len, ggrad_bn_back_f32_data, "main", 6, 12 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_stats_parts_f32, "ggrad_bn_stats_parts_f32", '
+         'ggrad_bn_stats_parts_f32_len, ggrad_bn_stats_parts_f32_data, "main", 7, 14 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_stats_join_f32, "ggrad_bn_stats_join_f32", '
+         'ggrad_bn_stats_join_f32_len, ggrad_bn_stats_join_f32_data, "main", 7, 14 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_back_parts_f32, "ggrad_bn_back_parts_f32", '
+         'ggrad_bn_back_parts_f32_len, ggrad_bn_back_parts_f32_data, "main", 7, 14 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_bn_back_apply_f32, "ggrad_bn_back_apply_f32", '
+         'ggrad_bn_back_apply_f32_len, ggrad_bn_back_apply_f32_data, "main", 7, 14 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_f32, "ggrad_pool_f32", '
          'ggrad_pool_f32_len, ggrad_pool_f32_data, "main", 3, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_pool_back_f32, "ggrad_pool_back_f32", '

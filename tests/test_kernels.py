@@ -921,6 +921,25 @@ def test_batch_norm_kernels_equal_torch_and_the_composed_form(dev, monkeypatch, 
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"run {run}, result {k}")
 
 
+@needs_batch_norm_kernels
+def test_large_channels_split_their_batch_norm_sums_where_the_backend_can(dev, monkeypatch):
+    """A channel of more than 4096 values takes the split kernels where the backend has them
+    (Vulkan: the statistics and the gradient a node more each), the one-node kernels
+    elsewhere (CPU; CUDA splits inside them); the equality test above covers their values."""
+    model = nn.Sequential(nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 37 * 41, 3))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((7, 2, 37, 41)).astype(np.float32), rng.integers(0, 3, 7)
+    ggrad.manual_seed(0)
+    split = _compiled_step_nodes(model, x, y)["GGRAD"]
+    supported = kernels.supported
+    refused = {kernels.BATCH_STATS_PARTS, kernels.BATCH_NORM_BACK_PARTS}
+    monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in refused and supported(backend, k))
+    whole = _compiled_step_nodes(model, x, y)["GGRAD"]
+    backend = ggrad.runtime.current().backend
+    assert split - whole == (2 if supported(backend, kernels.BATCH_STATS_PARTS) else 0)
+    assert supported(backend, kernels.BATCH_STATS_PARTS) == (backend.info.kind == "vulkan" and kernels.version() >= 35)
+
+
 needs_running_stat_kernel = pytest.mark.skipif(kernels.version() < 34, reason="ggml built without ggrad's "
                                                "RUNNING_STAT kernel (kernel set 34)")
 

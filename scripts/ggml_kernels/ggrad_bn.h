@@ -42,6 +42,44 @@ static inline bool ggrad_bn_supported(const ggml_tensor * op) {
 }
 
 
+// kernels 26-29: BATCH_STATS and BATCH_NORM_BACK with each channel's S*N values split into P
+// parts (op_params[5]) of ceil(S*N/P), for backends that give a part a workgroup (Vulkan):
+// 26 x -> each part's mean, then each part's sum of squared deviations from it (C*P each,
+//    part q of channel c at c*P + q); 27 those -> the channel's mean and biased variance (2C,
+//    as BATCH_STATS); 28 x, g, mean, var -> each part's sum(g), then sum(g xhat) (C*P each);
+//    29 x, g, mean, var, [weight], the parts' sums -> what BATCH_NORM_BACK computes.
+static inline int64_t ggrad_bn_parts_of(const ggml_tensor * op) {
+    return ((const int32_t *) op->op_params)[5];
+}
+
+static inline bool ggrad_bn_split_supported(const ggml_tensor * op) {
+    const int kernel = ((const int32_t *) op->op_params)[0];
+    const ggrad_bn_dims d = ggrad_bn_dims_of(op);
+    const int64_t P = ggrad_bn_parts_of(op);
+    if (kernel < 26 || kernel > 29 || d.S < 1 || d.C < 1 || d.N < 1 || P < 1 || P > d.S*d.N ||
+        d.S*d.C*d.N > INT32_MAX || d.C*P > INT32_MAX || op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op)) {
+        return false;
+    }
+    const int64_t n = d.S*d.C*d.N, parts = 2*d.C*P;
+    const int64_t size = kernel == 27 ? 2*d.C : kernel == 29 ? n + 2*d.C : parts;
+    // the elements of src0..src5: 0 for none, negative for one that may be absent
+    const int64_t want[4][6] = {
+        { n, 0, 0, 0, 0, 0 }, { parts, 0, 0, 0, 0, 0 }, { n, n, d.C, d.C, 0, 0 }, { n, n, d.C, d.C, -d.C, parts },
+    };
+    if (ggml_nelements(op) != size) {
+        return false;
+    }
+    for (int i = 0; i < 6; ++i) {
+        const int64_t k = want[kernel - 26][i];
+        const ggml_tensor * x = op->src[i];
+        if (x == NULL ? k > 0 : k == 0 || x->type != GGML_TYPE_F32 || !ggml_is_contiguous(x) ||
+                                 ggml_nelements(x) != (k < 0 ? -k : k)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // kernel 25: a running statistic moved toward the batch's. src0 the running buffer (C
 // floats), src1 the statistics (BATCH_STATS' 2C: the means, then the variances); dst (C) =
 // src0[c]*keep + src1[offset + c]*take, each product and the sum rounded to float32 apart:

@@ -177,11 +177,25 @@ def _batch_norm_rule(ctx, g):
         ((d_weight,) if has_weight else ()) + ((d_bias,) if has_bias else ())
 
 
+def _parts(spatial: int, channels: int, batch: int, kernel: int) -> int:
+    """How many parts of at least 4096 values each channel's sums are split into, for about
+    2048 workgroups in all, on a backend with the split kernels (1: one kernel a channel)."""
+    if not kernels.supported(runtime.current().backend, kernel):
+        return 1
+    return max(1, min(-(-spatial * batch // 4096), -(-2048 // channels), 256))
+
+
 @compute("batch_stats")
 def _batch_stats(ctx, s, node):
     spatial, channels, batch = node.arg
-    stats = kernels.op(ctx, kernels.BATCH_STATS, (2 * channels, 1), [contiguous(ctx, s[0])],
-                       [spatial, channels, batch, 0.0])
+    x = contiguous(ctx, s[0])
+    parts = _parts(spatial, channels, batch, kernels.BATCH_STATS_PARTS)
+    if parts > 1:
+        shape = [spatial, channels, batch, 0.0, parts]
+        sums = kernels.op(ctx, kernels.BATCH_STATS_PARTS, (2 * channels * parts, 1), [x], shape)
+        stats = kernels.op(ctx, kernels.BATCH_STATS_JOIN, (2 * channels, 1), [sums], shape)
+    else:
+        stats = kernels.op(ctx, kernels.BATCH_STATS, (2 * channels, 1), [x], [spatial, channels, batch, 0.0])
     return ggml_reshape(ctx, stats, node.shape)
 
 
@@ -200,7 +214,13 @@ def _batch_norm(ctx, s, node):
 def _batch_norm_back(ctx, s, node):
     spatial, channels, batch, eps, has_weight, _ = node.arg
     srcs = [contiguous(ctx, t) for t in s]
-    return kernels.op(ctx, kernels.BATCH_NORM_BACK, (node.shape[0], 1), srcs[:4] + [srcs[4] if has_weight else None],
+    weight = srcs[4] if has_weight else None
+    parts = _parts(spatial, channels, batch, kernels.BATCH_NORM_BACK_PARTS)
+    if parts > 1:
+        shape = [spatial, channels, batch, eps, parts]
+        sums = kernels.op(ctx, kernels.BATCH_NORM_BACK_PARTS, (2 * channels * parts, 1), srcs[:4], shape)
+        return kernels.op(ctx, kernels.BATCH_NORM_BACK_JOIN, (node.shape[0], 1), srcs[:4] + [weight, sums], shape)
+    return kernels.op(ctx, kernels.BATCH_NORM_BACK, (node.shape[0], 1), srcs[:4] + [weight],
                       [spatial, channels, batch, eps])
 
 

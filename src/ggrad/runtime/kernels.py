@@ -46,12 +46,19 @@ BATCH_NORM_BACK = 22          # x, g, mean, var, [weight]; as BATCH_NORM -> dx, 
 FOLD = 23                     # columns (C*KH*KW, OW, OH, N); kh, kw, sh, sw, ph, pw, dh, dw, W, H, C -> the image (vulkan, cuda)
 QROWS = 24                    # a quantized table (row length, rows), row indices i32 (T) -> the rows in f32 (cuda)
 RUNNING_STAT = 25             # a running buffer (C), statistics (2C); offset, keep, take -> the buffer moved (C)
+# BATCH_STATS and BATCH_NORM_BACK with each channel split into P parts, a node to sum the parts
+# and one to join them (vulkan: a workgroup per part; CUDA splits inside its own kernels)
+BATCH_STATS_PARTS = 26        # x; S, C, N, eps, P -> each part's mean, then its squared deviations (2*C*P)
+BATCH_STATS_JOIN = 27         # those; as BATCH_STATS_PARTS -> BATCH_STATS' statistics (2C)
+BATCH_NORM_BACK_PARTS = 28    # x, g, mean, var; as BATCH_STATS_PARTS -> each part's sum(g), then sum(g xhat)
+BATCH_NORM_BACK_JOIN = 29     # x, g, mean, var, [weight], those; as BATCH_STATS_PARTS -> BATCH_NORM_BACK's
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
          CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
-         FOLD: 30, QROWS: 30, RUNNING_STAT: 34}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
+         BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 @functools.cache
@@ -231,6 +238,12 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 1), [vec(8)], shape) if kernel == BATCH_STATS else \
                 op(ctx, kernel, (8, 1), [vec(8), vec(2), vec(2), None, None], shape) if kernel == BATCH_NORM else \
                 op(ctx, kernel, (12, 1), [vec(8), vec(8), vec(2), vec(2), None], shape)
+        elif kernel in (BATCH_STATS_PARTS, BATCH_STATS_JOIN, BATCH_NORM_BACK_PARTS, BATCH_NORM_BACK_JOIN):
+            shape = [2, 2, 2, 1e-5, 2]  # as above, each channel in 2 parts
+            node = op(ctx, kernel, (8, 1), [vec(8)], shape) if kernel == BATCH_STATS_PARTS else \
+                op(ctx, kernel, (4, 1), [vec(8)], shape) if kernel == BATCH_STATS_JOIN else \
+                op(ctx, kernel, (8, 1), [vec(8), vec(8), vec(2), vec(2)], shape) if kernel == BATCH_NORM_BACK_PARTS else \
+                op(ctx, kernel, (12, 1), [vec(8), vec(8), vec(2), vec(2), None, vec(8)], shape)
         elif kernel == FOLD:  # 1x2 taps over one 4x2 plane: columns (2, 3, 2, 1)
             node = op(ctx, kernel, (8, 1), [G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 2, 3, 2, 1)],
                       [1, 2, 1, 1, 0, 0, 1, 1, 4, 2, 1])
