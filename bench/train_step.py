@@ -162,40 +162,38 @@ def ggrad_step_fn(name, data, device, fused, compiled=True, amp="none", resident
     return step, ggrad.cuda.synchronize  # runs what is recorded, then waits for the device
 
 
-def without_kernels(names: list[str], runner):
-    """`runner` (step, sync) whose every call builds with ggrad's kernels `names` refused
-    (the composed forms instead); a compiled step's replays never ask again."""
-    from ggrad.runtime import kernels
-    refused = {getattr(kernels, name) for name in names}
+def _with_setting(runner, module, name: str, value):
+    """`runner` (step, sync) whose every call runs with `module.name` set to `value`, for an
+    A/B in one process."""
     step, sync = runner
-    supported = kernels.supported
 
-    def refusing(i):
-        kernels.supported = lambda backend, kernel: kernel not in refused and supported(backend, kernel)
+    def setting(i):
+        kept = getattr(module, name)
+        setattr(module, name, value)
         try:
             return step(i)
         finally:
-            kernels.supported = supported
+            setattr(module, name, kept)
 
-    refusing.compiled = step.compiled
-    return refusing, sync
+    setting.compiled = step.compiled
+    return setting, sync
+
+
+def without_kernels(names: list[str], runner):
+    """`runner` whose every call builds with ggrad's kernels `names` refused (the composed
+    forms instead); a compiled step's replays never ask again."""
+    from ggrad.runtime import kernels
+    refused = {getattr(kernels, name) for name in names}
+    supported = kernels.supported
+    return _with_setting(runner, kernels, "supported",
+                         lambda backend, kernel: kernel not in refused and supported(backend, kernel))
 
 
 def waiting_for_each_graph(runner):
-    """`runner` (step, sync) whose graph computes wait for the device before returning (as
-    before runtime/streams.py), for an A/B in one process."""
+    """`runner` whose graph computes wait for the device before returning (as before
+    runtime/streams.py)."""
     from ggrad.runtime import streams
-    step, sync = runner
-
-    def waiting(i):
-        streams.enabled = False
-        try:
-            return step(i)
-        finally:
-            streams.enabled = True
-
-    waiting.compiled = step.compiled
-    return waiting, sync
+    return _with_setting(runner, streams, "enabled", False)
 
 
 def node_note(label: str, step) -> str:

@@ -110,6 +110,17 @@ static uint32_t ggml_vk_ggrad_misalign(const vk_subbuffer & sb, const ggml_tenso
     return (uint32_t) ((sb.size - ggml_nbytes(tensor)) / ggml_type_size(tensor->type));
 }
 
+// the subbuffers and misalignments of dst's first `count` sources; an absent one binds src0
+// (the shader never reads it)
+static void ggml_vk_ggrad_sources(ggml_backend_vk_context * ctx, const ggml_tensor * dst, int count, vk_subbuffer * b,
+                                  uint32_t * off) {
+    for (int i = 0; i < count; ++i) {
+        const ggml_tensor * s = dst->src[i] ? dst->src[i] : dst->src[0];
+        b[i] = ggml_vk_tensor_subbuffer(ctx, s, true);
+        off[i] = ggml_vk_ggrad_misalign(b[i], s);
+    }
+}
+
 // dispatch sizes for shaders that take one workgroup per row, row z*262144 + y*512 + x
 // (devices cap the workgroups along each axis at 65535)
 static std::array<uint32_t, 3> ggml_vk_ggrad_rows(uint32_t R) {
@@ -187,11 +198,7 @@ static void ggml_vk_ggrad_bn(ggml_backend_vk_context * ctx, vk_context& subctx, 
     vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
     vk_subbuffer b[5];
     uint32_t off[5];
-    for (int i = 0; i < 5; ++i) {  // an absent source binds src0 (never read)
-        const ggml_tensor * s = dst->src[i] ? dst->src[i] : dst->src[0];
-        b[i] = ggml_vk_tensor_subbuffer(ctx, s, true);
-        off[i] = ggml_vk_ggrad_misalign(b[i], s);
-    }
+    ggml_vk_ggrad_sources(ctx, dst, 5, b, off);
     const ggrad_bn_dims d = ggrad_bn_dims_of(dst);
     struct { uint32_t S, C, N; float eps; uint32_t has_w, has_b, off0, off1, off2, off3, off4, off_d; } pc = {
         (uint32_t) d.S, (uint32_t) d.C, (uint32_t) d.N, d.eps,
@@ -214,11 +221,7 @@ static void ggml_vk_ggrad_bn_split(ggml_backend_vk_context * ctx, vk_context& su
     vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
     vk_subbuffer b[6];
     uint32_t off[6];
-    for (int i = 0; i < 6; ++i) {  // an absent source binds src0 (never read)
-        const ggml_tensor * s = dst->src[i] ? dst->src[i] : dst->src[0];
-        b[i] = ggml_vk_tensor_subbuffer(ctx, s, true);
-        off[i] = ggml_vk_ggrad_misalign(b[i], s);
-    }
+    ggml_vk_ggrad_sources(ctx, dst, 6, b, off);
     const ggrad_bn_dims d = ggrad_bn_dims_of(dst);
     const uint32_t P = (uint32_t) ggrad_bn_parts_of(dst);
     struct { uint32_t S, C, N, P, chunk; float eps; uint32_t has_w, off0, off1, off2, off3, off4, off5, off_d; } pc = {
