@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--amp", default="none", choices=["none", "bf16", "f16"])
     ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
     args = ap.parse_args()
+    if args.kernels and not args.device.startswith("cuda"):
+        ap.error("--kernels lists CUDA kernels (CUPTI): use it with --device cuda")
     import ggrad
     from ggrad import runtime
 
