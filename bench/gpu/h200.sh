@@ -4,7 +4,7 @@
 #   bash bench/gpu/h200.sh cuda     # build the CUDA wheel (scripts/build_cuda.sh), tests + benchmarks
 #   (a second argument `tests-only` stops after the tests, `bench-only` skips them)
 # Expects, carried: .wheels/ (the sdist; a GGML_NATIVE=OFF Vulkan wheel built on Debian 12),
-# .whl/ (pytest's wheels), .gl/ (Vulkan loader debs: the device tool's README).
+# .whl/ (pytest's wheels), .gl/ (Vulkan loader debs): bench/gpu/carry.sh [vulkan] makes them.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
