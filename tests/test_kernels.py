@@ -546,8 +546,12 @@ def test_node_budget_of_a_compiled_step_with_batch_norm(dev):
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 10))
     rng = np.random.default_rng(0)
     counts = _compiled_step_nodes(model, rng.standard_normal((4, 3, 8, 8)).astype(np.float32), rng.integers(0, 10, 4))
+    backend = ggrad.runtime.current().backend
+    served = all(kernels.supported(backend, k) for k in (kernels.BATCH_STATS, kernels.BATCH_NORM, kernels.BATCH_NORM_BACK))
+    assert ("SQRT" not in counts) == served, counts
+    if not served:
+        pytest.skip(f"the batch-norm kernels do not all serve {backend.name} (kernels.UNVERIFIED): composed")
     assert sum(counts.values()) <= _budget("batch_norm"), counts
-    assert ("SQRT" not in counts) == kernels.supported(ggrad.runtime.current().backend, kernels.BATCH_NORM), counts
 
 
 needs_gelu_kernel = pytest.mark.skipif(kernels.version() < 12, reason="ggml built without ggrad's GELU gradient kernel")

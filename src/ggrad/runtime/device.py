@@ -18,7 +18,7 @@ from collections import OrderedDict
 import numpy as np
 from ggml import ggml as G
 
-from . import backend as _backend
+from . import backend as _backend, streams
 from .critical import critical
 from .handle import Handle
 from .pools import PassPool, PersistentPool
@@ -94,6 +94,7 @@ class ActiveDevice:
         for graph in [*self.graphs.values(), *self.held]:
             graph.free()
         self.graphs.clear()
+        streams.settle()
         G.ggml_gallocr_free(self.galloc)
         self.galloc = None
         for pool in self._passes.values():

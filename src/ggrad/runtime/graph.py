@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 from ggml import ggml as G
 
-from . import transfers
+from . import streams, transfers
 from .critical import critical
 from .device import ActiveDevice, current
 from .handle import DTYPES, GGML_TO_NUMPY, HOST_ALIGNMENT, MAX_DIMS, Handle, ggml_ne, logical_shape, new_tensor
@@ -174,6 +174,7 @@ class Graph:
                 src = handle.tensor.contents
                 G.ggml_backend_tensor_alloc(src.buffer, slot, src.data)
                 self._bound.append((src.buffer, src.data))
+            streams.settle()  # the allocator may free and regrow scratch a queued graph uses
             if not G.ggml_gallocr_alloc_graph(self.galloc, self.graph):
                 raise MemoryError(f"{self.dev.name}: could not allocate the graph's scratch memory")
             self._views = self._views_of_slots()
@@ -213,6 +214,7 @@ class Graph:
             G.ggml_free(self.ctx)
             self.ctx = None
         if self._owns_allocator and self.galloc:
+            streams.settle()
             G.ggml_gallocr_free(self.galloc)
         self.galloc = None
         self._uploads.clear()

@@ -51,10 +51,11 @@ def queues_upload(owner, array) -> bool:
 
 
 def settle() -> None:
-    """Wait until every queued graph has finished."""
-    while _queued:
-        _, handle = _queued.popitem()
+    """Wait until every queued graph has finished (an entry leaves only once waited for, so
+    another thread settling meanwhile waits too)."""
+    for key, handle in list(_queued.items()):
         G.ggml_backend_synchronize(handle)
+        _queued.pop(key, None)
 
 
 def forget(owner) -> None:
