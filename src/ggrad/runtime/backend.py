@@ -132,7 +132,7 @@ class Backend:
     def compute(self, graph) -> None:
         """Run `graph`; on CUDA it may still be running on return (streams.py)."""
         if streams.enabled and self.info.kind in streams.ASYNCHRONOUS_KINDS:
-            streams.queue(self, self.handle, graph)
+            streams.queue(self, graph)
             return
         status = G.ggml_backend_graph_compute(self.handle, graph)
         if status != 0:
@@ -140,7 +140,7 @@ class Backend:
 
     def free(self) -> None:
         if self.handle:
-            streams.forget(self)
+            streams.settle()
             G.ggml_backend_free(self.handle)
             self.handle = None
 

@@ -183,10 +183,9 @@ class Graph:
             for i, handle in enumerate(bindings):
                 if handle.location() != bound[i]:  # rebind's test, inlined: most slots stay put
                     self.rebind(i, handle)
-        backend = self.dev.backend
         for tensor, array in self._uploads:
             if tensor.contents.buffer:  # an input no node reads is never allocated
-                transfers.upload(tensor, array, backend.host_memory, backend)
+                transfers.upload(tensor, array, self.dev.backend)
         self._uploads.clear()
         self.compute()
 

@@ -194,7 +194,7 @@ class Handle:
         """Upload a host array of this handle's shape and dtype into its buffer."""
         with lock:
             self.check_live()
-            transfers.upload(self._tensor, array, self._host_memory, self._pool.backend)
+            transfers.upload(self._tensor, array, self._pool.backend)
 
     def evict(self) -> None:
         """Keep the values on the host; called just before the device is released."""

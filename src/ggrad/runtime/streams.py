@@ -27,22 +27,21 @@ QUEUED_UPLOADS = os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
 _queued: dict[int, object] = {}  # id(backend) -> its ggml backend handle, while work may run
 
 
-def queue(owner, handle, graph) -> None:
-    """Start `graph` on the backend `handle` (owned by `owner`, one per started device),
-    returning once it is queued."""
-    status = G.ggml_backend_graph_compute_async(handle, graph)
-    _queued[id(owner)] = handle
+def queue(backend, graph) -> None:
+    """Start `graph` on the started `backend` (runtime/backend.py), returning once queued."""
+    status = G.ggml_backend_graph_compute_async(backend.handle, graph)
+    _queued[id(backend)] = backend.handle
     if status != 0:
         settle()
         raise RuntimeError(f"ggml graph compute failed (status {status})")
 
 
-def queues_upload(owner, array) -> bool:
-    """Whether an upload of `array` into `owner`'s memory may be queued on its stream behind
+def queues_upload(backend, array) -> bool:
+    """Whether an upload of `array` into `backend`'s memory may be queued on its stream behind
     the running graphs: only from memory numpy allocated (pageable), which CUDA copies
     aside before the call returns. Pinned memory would be read when the copy runs, after
     the caller may have reused it: those uploads wait."""
-    if id(owner) not in _queued or not QUEUED_UPLOADS:
+    if id(backend) not in _queued or not QUEUED_UPLOADS:
         return False
     root = array
     while isinstance(root.base, np.ndarray):
@@ -56,10 +55,3 @@ def settle() -> None:
     for key, handle in list(_queued.items()):
         G.ggml_backend_synchronize(handle)
         _queued.pop(key, None)
-
-
-def forget(owner) -> None:
-    """Wait for `owner`'s work, before its backend is freed."""
-    handle = _queued.pop(id(owner), None)
-    if handle is not None:
-        G.ggml_backend_synchronize(handle)

@@ -80,16 +80,16 @@ class count_transfers:
         return f"count_transfers({self.as_dict()})"
 
 
-def upload(tensor, array: np.ndarray, host_memory: bool, backend=None) -> None:
-    """Copy a C-contiguous `array` into the ggml `tensor`'s backend buffer (of the started
-    `backend`, where known): queued behind its running graphs where they may still read
-    the old values (streams.py), else once they have finished."""
-    if backend is not None and streams.queues_upload(backend, array):
+def upload(tensor, array: np.ndarray, backend) -> None:
+    """Copy a C-contiguous `array` into the ggml `tensor`'s buffer on the started `backend`:
+    queued behind its running graphs where they may still read the old values (streams.py),
+    else once they have finished."""
+    if streams.queues_upload(backend, array):
         G.ggml_backend_tensor_set_async(backend.handle, tensor, array.ctypes.data, 0, array.nbytes)
     else:
         streams.settle()
         G.ggml_backend_tensor_set(tensor, array.ctypes.data, 0, array.nbytes)  # the address: data_as costs 2 us
-    if not host_memory:
+    if not backend.host_memory:
         _totals.uploads += 1
         _totals.bytes_up += array.nbytes
 
