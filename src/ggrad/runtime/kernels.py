@@ -160,10 +160,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # GGRAD_UNVERIFIED_KERNELS=1, which bench/gpu/h200.sh sets so that its test run tries them.
 # A kernel leaves this table once the suite has passed with it on such a device.
 # (2026-12-05, H100: the suite passed with sets 22-30's CUDA kernels, which left it; H200, later:
-# QROWS, GEMM, ADAMW_GROUP and RUNNING_STAT passed their tests on cuda:0 and left it too.)
-# ggrad.cu now splits the batch statistics and their gradient over several blocks a channel
-# (compile-checked; not yet run on a GPU).
-UNVERIFIED: dict[str, set[int]] = {"cuda": {BATCH_STATS, BATCH_NORM_BACK}}
+# QROWS, GEMM, ADAMW_GROUP and RUNNING_STAT passed their tests on cuda:0 and left it too;
+# H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
+UNVERIFIED: dict[str, set[int]] = {}
 
 
 def supported(dev_backend, kernel: int) -> bool:
