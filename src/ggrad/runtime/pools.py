@@ -33,9 +33,9 @@ class Chunk:
     """One backend buffer."""
 
     def __init__(self, backend, size: int) -> None:
-        if size > backend.max_buffer:
-            raise MemoryError(
-                f"{size} bytes is more than one {backend.name} buffer can hold ({backend.max_buffer})")
+        if size > backend.max_buffer:  # a size no retry serves: not a MemoryError (lazy.py keeps those pending)
+            raise RuntimeError(
+                f"{size:,} bytes is more than one {backend.name} buffer can hold ({backend.max_buffer:,} bytes)")
         buffer = G.ggml_backend_buft_alloc_buffer(backend.buft, size)
         if not buffer:
             raise MemoryError(f"{backend.name}: could not allocate a buffer of {size} bytes")
