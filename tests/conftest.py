@@ -93,6 +93,15 @@ def tf32(dev: str) -> bool:
     return dev.startswith("cuda") and ggrad.get_float32_matmul_precision() != "highest"
 
 
+def rounds_quantized_activations(dev: str) -> bool:
+    """Whether ggml rounds the activations of a product with a quantized weight to 8-bit
+    blocks on `dev`, as llama.cpp does: the CPU and CUDA always, Vulkan where the device
+    has integer dot products (the H100 has; lavapipe multiplies by the dequantized
+    values, exactly)."""
+    from ggrad.runtime.backend import vulkan_traits
+    return not dev.startswith("vulkan") or vulkan_traits(dev).get("int dot") != "0"
+
+
 def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e-5, err_msg: str = "") -> None:
     """np.testing.assert_allclose; where products run in TF32 (`tf32`: ~1e-3 of the
     operands' size, not of each result), within 5e-3 of the largest |desired|."""

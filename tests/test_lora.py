@@ -15,7 +15,7 @@ from ggrad import nn
 from ggrad.functional import quantized
 from ggrad.models import Llama, LlamaConfig
 from ggrad.nn import lora
-from conftest import assert_resident_training
+from conftest import assert_resident_training, rounds_quantized_activations
 
 CONFIG = LlamaConfig(vocab_size=260, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=32)
 
@@ -156,8 +156,9 @@ def test_adapters_over_quantized_weights_get_the_dequantized_models_gradients(tm
     for m in (q, reference):
         with ggrad.grad_tape():
             F.cross_entropy(F.reshape(m(x), (-1, config.vocab_size)), y).backward()
-    # the CPU and CUDA round activations to 8-bit blocks, as llama.cpp (CUDA: 2e-3 here)
-    tolerance = 1e-4 if dev.startswith("vulkan") else 3e-2
+    # the CPU, CUDA and a Vulkan GPU with integer dot products round activations to 8-bit
+    # blocks, as llama.cpp (CUDA: 2e-3 here, the H100's Vulkan device 7e-3)
+    tolerance = 3e-2 if rounds_quantized_activations(dev) else 1e-4
     for (name, a), b in zip(lora.lora_layers(q).items(), lora.lora_layers(reference).values()):
         for got, want in ((a.lora_A.grad, b.lora_A.grad), (a.lora_B.grad, b.lora_B.grad)):
             want = want.numpy()
