@@ -35,6 +35,11 @@
   CUDA); torch's max pooling and its gradient on Vulkan and CUDA too (ggrad_pool.h; the
   gradient gathered per input element, no atomics), and there the adjoint of IM2COL (a
   convolution's input gradient, which they lack) as one node.
+- On Vulkan (set 36): relu and its gradients test a float's sign and class on its bits, and
+  DIV and SQRT are corrected to IEEE's results (a driver may assume no NaN and divide or
+  take roots through approximations: NVIDIA's did); Adam over one or two parameters in one
+  dispatch (ADAMW_GROUP, ggrad_adamw_group.comp), its in-place writes to its sources
+  ordered by ggml_vk_build_graph's synchronization.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -53,10 +58,56 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 35
+KERNELS_VERSION = 36
 
+
+# Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
+# shader asks otherwise (SPV_KHR_float_controls), and NVIDIA's does: `x < 0 ? 0 : x` ran as
+# max(x, 0), relu(NaN) came out 0 on the H100. ggrad's tests on a float's sign and class
+# read its bits, which no float assumption touches. VK_NEGATIVE: the bits (a uint
+# expression) are a negative number (-0 and NaN are not).
+VK_NEGATIVE = "({0} > 0x80000000u && {0} <= 0xff800000u)"
+# Float32 division as IEEE's (numpy's, torch's): NVIDIA's driver computes `a / b` through a
+# reciprocal, a third of quotients one ulp off. Where the operands and the quotient are far
+# from underflow and overflow the quotient is corrected from its exact remainder (the
+# refinement of CUDA's div.rn: a Newton step on the reciprocal, then two on the quotient);
+# elsewhere (NaN, inf, zero, the extremes) the driver's quotient stands.
+VK_DIVIDE = f"""// {MARK}: correctly rounded division
+float ggrad_divide(const float a, const float b) {{
+    precise float q = a / b;
+    const uint ab = floatBitsToUint(a) & 0x7fffffffu, bb = floatBitsToUint(b) & 0x7fffffffu;
+    const uint qb = floatBitsToUint(q) & 0x7fffffffu;
+    if (ab - 0x17800000u > 0x67000000u || bb - 0x01000000u > 0x7d000000u || qb - 0x0d800000u > 0x70800000u) {{
+        return q;  // |a| outside [2^-80, 2^126], |b| outside [2^-125, 2^125], |q| outside [2^-100, 2^125]
+    }}
+    precise float y = 1.0f / b;
+    precise float e = fma(-b, y, 1.0f);
+    y = fma(y, e, y);
+    precise float r = fma(-b, q, a);
+    q = fma(r, y, q);
+    r = fma(-b, q, a);
+    return fma(r, y, q);
+}}
+"""
+
+# Float32 square roots as IEEE's, for the same reason (the driver's is 1 ulp off in half the
+# cases): corrected twice from the exact residual x - s*s where x is in [2^-100, 2^126].
+VK_SQRT = f"""// {MARK}: correctly rounded square root
+float ggrad_sqrt(const float x) {{
+    precise float s = sqrt(x);
+    if (floatBitsToUint(x) - 0x0d800000u > 0x71000000u) {{
+        return s;  // x outside [2^-100, 2^126]: negative, NaN, inf, zero, the extremes
+    }}
+    precise float h = 0.5f / s;
+    precise float r = fma(-s, s, x);
+    s = fma(r, h, s);
+    r = fma(-s, s, x);
+    return fma(r, h, s);
+}}
+"""
 
 VULKAN_DISPATCH = """
+#include "ggrad_adamw.h"
 #include "ggrad_bn.h"
 #include "ggrad_cell.h"
 #include "ggrad_pool.h"
@@ -80,6 +131,10 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 25) {
         return ggrad_running_stat_supported(op);  // ggrad_bn.h
+    }
+    if (kernel == 9) {  // ggrad_adamw.h; the shader indexes the two parameters' elements in uint32
+        return ggrad_adamw_group_supported(op) && ggml_nelements(op->src[1]) +
+               (ggml_get_op_params_i32(op, 1) > 1 ? ggml_nelements(op->src[5]) : 0) < UINT32_MAX;
     }
     if (kernel == 23) {  // ggrad_pool.h
         return ggrad_fold_supported(op);
@@ -290,8 +345,39 @@ static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { c_buf, o_buf }, pc, elements);
 }
 
+// Adam over one or two parameters (ggrad_adamw_group.comp): an invocation per element of
+// both, p, m and v written in place (ggml_vk_build_graph syncs around those writes too)
+static void ggml_vk_ggrad_adamw_group(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_adamw_group_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const bool two = ggml_get_op_params_i32(dst, 1) > 1;
+    vk_subbuffer b[9];
+    uint32_t off[9];
+    for (int i = 0; i < 9; ++i) {
+        const ggml_tensor * t = dst->src[i < 5 || two ? i : i - 4];  // one parameter: the second binds the first
+        b[i] = ggml_vk_tensor_subbuffer(ctx, t, true);
+        off[i] = ggml_vk_ggrad_misalign(b[i], t);
+    }
+    const uint32_t n1 = (uint32_t) ggml_nelements(dst->src[1]), n2 = two ? (uint32_t) ggml_nelements(dst->src[5]) : 0u;
+    const std::array<uint32_t, 11> pc = { n1, n2, off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7], off[8] };
+    if (n1 + n2 == 0) {
+        return;
+    }
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8] }, pc,
+                              ggml_vk_ggrad_elements(n1 + n2));
+}
+
+// the sources a node writes in place besides its own memory: ADAMW_GROUP's p, m and v
+static bool ggml_vk_ggrad_writes_source(const ggml_tensor * node, int j) {
+    return node->op == GGML_OP_GGRAD && ggml_get_op_params_i32(node, 0) == 9 && j >= 1 && (j - 1) % 4 != 1;
+}
+
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
+    if (kernel == 9) {
+        ggml_vk_ggrad_adamw_group(ctx, subctx, dst);
+        return;
+    }
     if (kernel == 23) {
         ggml_vk_ggrad_fold(ctx, subctx, dst);
         return;
@@ -736,9 +822,10 @@ def patch(tree: Path) -> None:
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
-                 "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp"):
+                 "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
+                 "ggrad_adamw_group.comp"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
-    for name in ("ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
+    for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
@@ -759,20 +846,32 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_pool_f32", "ggrad_pool.comp", {});\n'
          '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'
-         '    string_to_spv("ggrad_running_f32", "ggrad_running.comp", {});\n'),
+         '    string_to_spv("ggrad_running_f32", "ggrad_running.comp", {});\n'
+         '    string_to_spv("ggrad_adamw_group_f32", "ggrad_adamw_group.comp", {});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
-         f"float op_relu(float x) {{ // {MARK}\n    return x < 0.0f ? 0.0f : x;"),
+         f"float op_relu(float x) {{ // {MARK}\n    return " + VK_NEGATIVE.format("floatBitsToUint(x)") + " ? 0.0f : x;"),
         ("    return max(x, 0.0f) + min(x, 0.0f) * p.param1;", "    return x > 0.0f ? x : x * p.param1;"),
+        ("float op_sqrt(float x) {\n    return sqrt(x);", VK_SQRT + "\nfloat op_sqrt(float x) {\n    return ggrad_sqrt(x);"),
     ])
     _patch_file(vk / "vulkan-shaders" / "silu_back.comp", [
         ("    const float xi = float(data_x[i]);",
          f"    const float xi = float(data_x[i]);  // {MARK}: modes in p.param1\n"
+         "    const uint xbits = floatBitsToUint(xi);\n"
          f"    if (p.param1 == {RELU_BACK}.0f) {{\n"
-         "        data_d[i] = D_TYPE(xi <= 0.0f ? 0.0f : float(data_g[i]));\n        return;\n    }\n"
+         "        data_d[i] = D_TYPE((xbits & 0x7fffffffu) == 0u || " + VK_NEGATIVE.format("xbits") + " ? 0.0f : float(data_g[i]));\n"
+         "        return;\n    }\n"
          f"    if (p.param1 == {LEAKY_RELU_BACK}.0f) {{\n"
-         "        data_d[i] = D_TYPE(xi > 0.0f ? float(data_g[i]) : float(data_g[i]) * p.param2);\n        return;\n    }"),
+         "        data_d[i] = D_TYPE(xbits - 1u < 0x7f800000u ? float(data_g[i]) : float(data_g[i]) * p.param2);\n"
+         "        return;\n    }"),
+    ])
+    _patch_file(vk / "vulkan-shaders" / "div.comp", [
+        ("void main() {\n", VK_DIVIDE + "\nvoid main() {\n"),
+        ("D_TYPE(FLOAT_TYPE(data_a[get_aoffset() + src0_idx(i00, i01, i02, i03)]) / "
+         "FLOAT_TYPE(data_b[get_boffset() + src1_idx(i00, i01, i02, i03)]))",
+         "D_TYPE(ggrad_divide(FLOAT_TYPE(data_a[get_aoffset() + src0_idx(i00, i01, i02, i03)]), "
+         "FLOAT_TYPE(data_b[get_boffset() + src1_idx(i00, i01, i02, i03)])))"),
     ])
     _patch_file(vk / "ggml-vulkan.cpp", [
         ("GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0, 0.0f, 0.0f, 0.0f, 0.0f });\n}\n",
@@ -787,7 +886,7 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_bn_stats_parts_f32, pipeline_ggrad_bn_stats_join_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
-         "    vk_pipeline pipeline_ggrad_running_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -827,13 +926,32 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_fold_f32, "ggrad_fold_f32", '
          'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_running_f32, "ggrad_running_f32", '
-         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 3, 7 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 3, 7 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adamw_group_f32, "ggrad_adamw_group_f32", '
+         'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),
         ("        case GGML_OP_SILU_BACK:\n        case GGML_OP_RMS_NORM_BACK:\n",
          "        case GGML_OP_GGRAD:\n            return ggml_vk_ggrad_supported(op);\n"
          "        case GGML_OP_SILU_BACK:\n        case GGML_OP_RMS_NORM_BACK:\n"),
+        # a source written in place is checked and recorded as a write, so that the nodes
+        # before it still reading it, and any after it that read it, are synchronized with
+        # it (ggrad's graphs read no target of an in-place write after it: the lazy engine
+        # runs the write first; this keeps ggml-vulkan's ordering right by itself)
+        ("            for (uint32_t j = 0; j < GGML_MAX_SRC; ++j) {\n                if (!cur_node->src[j]) {\n"
+         "                    continue;\n                }\n"
+         "                if (overlaps_unsynced(cur_node->src[j], ctx->unsynced_nodes_written)) {\n",
+         "            for (uint32_t j = 0; j < GGML_MAX_SRC; ++j) {\n                if (!cur_node->src[j]) {\n"
+         "                    continue;\n                }\n"
+         f"                if (ggml_vk_ggrad_writes_source(cur_node, j) && /* {MARK} */\n"
+         "                    overlaps_unsynced(cur_node->src[j], ctx->unsynced_nodes_read)) {\n"
+         "                    need_sync = true;\n                    break;\n                }\n"
+         "                if (overlaps_unsynced(cur_node->src[j], ctx->unsynced_nodes_written)) {\n"),
+        ("                ctx->unsynced_nodes_read.push_back(cur_node->src[j]);\n",
+         "                ctx->unsynced_nodes_read.push_back(cur_node->src[j]);\n"
+         f"                if (ggml_vk_ggrad_writes_source(cur_node, j)) {{  /* {MARK} */\n"
+         "                    ctx->unsynced_nodes_written.push_back(cur_node->src[j]);\n                }\n"),
     ])
 
 

@@ -26,6 +26,13 @@ float sigmoid(float x) {
     return 1.0f / (1.0f + exp(-x));
 }
 
+// relu's tests read the float's bits: a driver may compile float compares assuming no
+// NaN or signed zero (NVIDIA's did: relu(NaN) came out 0). Negative: not -0, not NaN.
+bool negative_(float x) {
+    const uint b = floatBitsToUint(x);
+    return b > 0x80000000u && b <= 0xff800000u;
+}
+
 float tanh_(float x) {
     return 1.0f - 2.0f / (exp(2.0f*x) + 1.0f);
 }
@@ -77,7 +84,7 @@ void main() {
         out_[rec + 4*plane + at] = hk[2];
     } else {
         precise float pre = in1[x] + hk[0];
-        out_[rec + at] = p.mode == 2 ? tanh_(pre) : pre < 0.0f ? 0.0f : pre;
+        out_[rec + at] = p.mode == 2 ? tanh_(pre) : negative_(pre) ? 0.0f : pre;
     }
 #else
     // in1 the record, in2 its gradient, in3 dh through the step after's product (H, B); out_
@@ -120,7 +127,7 @@ void main() {
         out_[acc] = zdh;
     } else {
         const float h = in1[rec + at];
-        out_[d] = p.mode == 2 ? dh*(1.0f - h*h) : h <= 0.0f ? 0.0f : dh;
+        out_[d] = p.mode == 2 ? dh*(1.0f - h*h) : (floatBitsToUint(h) & 0x7fffffffu) == 0u || negative_(h) ? 0.0f : dh;
     }
 #endif
 }

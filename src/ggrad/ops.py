@@ -583,9 +583,10 @@ ADAMW_ROW = 4096
 
 @builder("adamw")
 def _adamw(ctx, s, effect):
-    """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`): on the CPU
-    and CUDA with the exact form's 9 constants, two parameters a node (ggrad's ADAMW_GROUP
-    kernel: the same update, element for element), else one OPT_STEP_ADAMW per parameter."""
+    """ggml's fused AdamW over each (p, g, m, v) of `s` (then the params `hyper`): with the
+    exact form's 9 constants, two parameters a node where the backend has ggrad's ADAMW_GROUP
+    kernel (the CPU, CUDA, Vulkan: the same update, element for element), else one
+    OPT_STEP_ADAMW per parameter."""
     *quads, hyper = s
     quads = [quads[i:i + 4] for i in range(0, len(quads), 4)]
     if hyper.contents.ne[0] == 9 and all(G.ggml_is_contiguous(t) for quad in quads for t in quad):
