@@ -70,8 +70,9 @@ VK_NEGATIVE = "({0} > 0x80000000u && {0} <= 0xff800000u)"
 # Float32 division as IEEE's (numpy's, torch's): NVIDIA's driver computes `a / b` through a
 # reciprocal, a third of quotients one ulp off. Where the operands and the quotient are far
 # from underflow and overflow the quotient is corrected from its exact remainder (the
-# refinement of CUDA's div.rn: a Newton step on the reciprocal, then two on the quotient);
-# elsewhere (NaN, inf, zero, the extremes) the driver's quotient stands.
+# refinement of CUDA's div.rn: a Newton step on the reciprocal, then two on the quotient;
+# then the neighbour nearest a / b by its exact residual); elsewhere (NaN, inf, zero, the
+# extremes) the driver's quotient stands.
 VK_DIVIDE = f"""// {MARK}: correctly rounded division
 float ggrad_divide(const float a, const float b) {{
     precise float q = a / b;
@@ -86,12 +87,20 @@ float ggrad_divide(const float a, const float b) {{
     precise float r = fma(-b, q, a);
     q = fma(r, y, q);
     r = fma(-b, q, a);
-    return fma(r, y, q);
+    q = fma(r, y, q);
+    // the nearest of q and its neighbours: |a - b c| is |b| times c's distance to a / b (the
+    // corrections can round back onto q at a tie where the reciprocal is off)
+    const uint bits = floatBitsToUint(q);
+    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
+    precise float off = abs(fma(-b, q, a)), off_below = abs(fma(-b, below, a)), off_above = abs(fma(-b, above, a));
+    return off_below < off ? below : off_above < off ? above : q;
 }}
 """
 
 # Float32 square roots as IEEE's, for the same reason (the driver's is 1 ulp off in half the
-# cases): corrected twice from the exact residual x - s*s where x is in [2^-100, 2^126].
+# cases): corrected twice from the exact residual x - s*s where x is in [2^-100, 2^126], then
+# the neighbour with the smallest residual kept (a float32 simulation over every x in [1, 4),
+# the driver's root 1 ulp either side: all IEEE's).
 VK_SQRT = f"""// {MARK}: correctly rounded square root
 float ggrad_sqrt(const float x) {{
     precise float s = sqrt(x);
@@ -102,7 +111,13 @@ float ggrad_sqrt(const float x) {{
     precise float r = fma(-s, s, x);
     s = fma(r, h, s);
     r = fma(-s, s, x);
-    return fma(r, h, s);
+    s = fma(r, h, s);
+    // the neighbour with the smaller exact residual x - c c where one has (a root one ulp
+    // high can be rounded back onto itself at a tie; every x in [1, 4) checked)
+    const uint bits = floatBitsToUint(s);
+    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
+    precise float off = abs(fma(-s, s, x)), off_below = abs(fma(-below, below, x)), off_above = abs(fma(-above, above, x));
+    return off_below < off ? below : off_above < off ? above : s;
 }}
 """
 
@@ -132,9 +147,13 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 25) {
         return ggrad_running_stat_supported(op);  // ggrad_bn.h
     }
-    if (kernel == 9) {  // ggrad_adamw.h; the shader indexes the two parameters' elements in uint32
-        return ggrad_adamw_group_supported(op) && ggml_nelements(op->src[1]) +
-               (ggml_get_op_params_i32(op, 1) > 1 ? ggml_nelements(op->src[5]) : 0) < UINT32_MAX;
+    if (kernel == 9) {  // ggrad_adamw.h; the shader indexes the two parameters' elements in uint32,
+        // and binds each (an empty one would be a descriptor range of 0 bytes)
+        if (!ggrad_adamw_group_supported(op)) {
+            return false;
+        }
+        const int64_t n1 = ggml_nelements(op->src[1]), n2 = ggml_get_op_params_i32(op, 1) > 1 ? ggml_nelements(op->src[5]) : 1;
+        return n1 > 0 && n2 > 0 && n1 + n2 <= (int64_t) UINT32_MAX - 131072;
     }
     if (kernel == 23) {  // ggrad_pool.h
         return ggrad_fold_supported(op);
@@ -360,9 +379,6 @@ static void ggml_vk_ggrad_adamw_group(ggml_backend_vk_context * ctx, vk_context&
     }
     const uint32_t n1 = (uint32_t) ggml_nelements(dst->src[1]), n2 = two ? (uint32_t) ggml_nelements(dst->src[5]) : 0u;
     const std::array<uint32_t, 11> pc = { n1, n2, off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7], off[8] };
-    if (n1 + n2 == 0) {
-        return;
-    }
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8] }, pc,
                               ggml_vk_ggrad_elements(n1 + n2));
 }
