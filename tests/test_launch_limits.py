@@ -140,18 +140,19 @@ def test_an_unlaunchable_node_raises_before_running(dev, monkeypatch):
 
 @pytest.mark.skipif("vulkan:0" not in AVAILABLE, reason="no Vulkan device")
 def test_vulkan_tensor_limit_is_found_and_named():
-    """The most bytes one tensor may hold: the storage-buffer range or one buffer's size,
-    whichever is less (the H100's Vulkan device indexes 4 GiB, its buffers hold 1 GiB).
-    A tensor computed past it is refused by name; the device switches and runs after."""
+    """The most bytes one tensor may hold (the storage-buffer range: lavapipe's 128 MiB, the
+    H100's 4 GiB). A tensor computed past it is refused by name, or, where ggrad's buffers
+    hold less (the H100's hold 1 GiB), as a value to keep; the device switches and runs
+    after (the refused value is not tried again)."""
     previous = ggrad.set_device("vulkan:0")
     try:
-        backend = current().backend
-        limit = backend.max_tensor_bytes
-        assert 1 << 20 <= limit <= backend.max_buffer
+        limit = current().backend.max_tensor_bytes
+        if limit is None:
+            pytest.skip("this Vulkan device indexes any tensor")
+        assert limit >= 1 << 20
         x = ggrad.tensor(np.ones((limit // 4 + 1024,), np.float32)[:8])  # a small tensor runs
         assert float(x.sum().item()) == 8.0
         big = F.pad(x, (0, limit // 4 + 1024 - 8)) + 1  # made on the device: nothing uploaded
-        # refused as a kernel's operand, or (where one buffer is the limit) as a value to keep
         with pytest.raises(RuntimeError, match="bytes per tensor|buffer can hold"):
             big.sum().item()
     finally:
@@ -166,6 +167,8 @@ def test_a_convolution_past_the_tensor_limit_splits_its_batch():
     previous = ggrad.set_device("vulkan:0")
     try:
         limit = current().backend.max_tensor_bytes
+        if limit is None:
+            pytest.skip("this Vulkan device indexes any tensor")
         rng = np.random.default_rng(0)
         per_sample = 26 * 26 * 9 * 4  # a 3x3 kernel over one 28x28 channel: the columns' bytes
         n = limit // per_sample + 3

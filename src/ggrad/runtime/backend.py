@@ -109,11 +109,7 @@ class Backend:
         # lavapipe crashed inside its driver running a graph of ~65,000 nodes (40,000 ran):
         # larger graphs are split (lazy.py)
         self.max_graph_nodes = VULKAN_MAX_GRAPH_NODES if info.kind == "vulkan" else None
-        # ggml-vulkan refuses operands past the storage-buffer range, and no tensor outgrows
-        # one buffer (1 GiB on the H100's Vulkan device, which indexes 4 GiB): whichever is
-        # less, so that the graph allocator never meets a tensor it cannot place (it aborts)
-        self.max_tensor_bytes = min(_largest_supported_tensor(handle) or self.max_buffer, self.max_buffer) \
-            if info.kind == "vulkan" else None
+        self.max_tensor_bytes = _largest_supported_tensor(handle) if info.kind == "vulkan" else None
 
     def supports(self, node) -> bool:
         """Whether the backend runs `node` and can launch its kernel at its sizes."""
@@ -130,8 +126,7 @@ class Backend:
             for tensor in (node, *(node.contents.src[i] for i in range(G.GGML_MAX_SRC))):
                 if tensor and G.ggml_nbytes(tensor) > self.max_tensor_bytes:
                     return (f"a tensor of {G.ggml_nbytes(tensor):,} bytes passes this device's limit of "
-                            f"{self.max_tensor_bytes:,} bytes per tensor (Vulkan's storage-buffer range, "
-                            f"or one buffer's size)")
+                            f"{self.max_tensor_bytes:,} bytes per tensor (Vulkan's storage-buffer range)")
         return found
 
     def compute(self, graph) -> None:
