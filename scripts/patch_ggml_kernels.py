@@ -36,10 +36,11 @@
   gradient gathered per input element, no atomics), and there the adjoint of IM2COL (a
   convolution's input gradient, which they lack) as one node.
 - On Vulkan (set 36): relu and its gradients test a float's sign and class on its bits, and
-  DIV and SQRT are corrected to IEEE's results (a driver may assume no NaN and divide or
-  take roots through approximations: NVIDIA's did); Adam over one or two parameters in one
-  dispatch (ADAMW_GROUP, ggrad_adamw_group.comp), its in-place writes to its sources
-  ordered by ggml_vk_build_graph's synchronization.
+  DIV, SQRT and the exact AdamW's division and root are corrected to IEEE's results
+  (ggrad_ieee.glsl: a driver may assume no NaN and divide or take roots through
+  approximations: NVIDIA's did); Adam over one or two parameters in one dispatch
+  (ADAMW_GROUP, ggrad_adamw_group.comp), its in-place writes to its sources ordered by
+  ggml_vk_build_graph's synchronization.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -67,59 +68,16 @@ KERNELS_VERSION = 36
 # read its bits, which no float assumption touches. VK_NEGATIVE: the bits (a uint
 # expression) are a negative number (-0 and NaN are not).
 VK_NEGATIVE = "({0} > 0x80000000u && {0} <= 0xff800000u)"
-# Float32 division as IEEE's (numpy's, torch's): NVIDIA's driver computes `a / b` through a
-# reciprocal, a third of quotients one ulp off. Where the operands and the quotient are far
-# from underflow and overflow the quotient is corrected from its exact remainder (the
-# refinement of CUDA's div.rn: a Newton step on the reciprocal, then two on the quotient;
-# then the neighbour nearest a / b by its exact residual); elsewhere (NaN, inf, zero, the
-# extremes) the driver's quotient stands.
-VK_DIVIDE = f"""// {MARK}: correctly rounded division
-float ggrad_divide(const float a, const float b) {{
-    precise float q = a / b;
-    const uint ab = floatBitsToUint(a) & 0x7fffffffu, bb = floatBitsToUint(b) & 0x7fffffffu;
-    const uint qb = floatBitsToUint(q) & 0x7fffffffu;
-    if (ab - 0x17800000u > 0x67000000u || bb - 0x01000000u > 0x7d000000u || qb - 0x0d800000u > 0x70800000u) {{
-        return q;  // |a| outside [2^-80, 2^126], |b| outside [2^-125, 2^125], |q| outside [2^-100, 2^125]
-    }}
-    precise float y = 1.0f / b;
-    precise float e = fma(-b, y, 1.0f);
-    y = fma(y, e, y);
-    precise float r = fma(-b, q, a);
-    q = fma(r, y, q);
-    r = fma(-b, q, a);
-    q = fma(r, y, q);
-    // the nearest of q and its neighbours: |a - b c| is |b| times c's distance to a / b (the
-    // corrections can round back onto q at a tie where the reciprocal is off)
-    const uint bits = floatBitsToUint(q);
-    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
-    precise float off = abs(fma(-b, q, a)), off_below = abs(fma(-b, below, a)), off_above = abs(fma(-b, above, a));
-    return off_below < off ? below : off_above < off ? above : q;
-}}
-"""
+# Float32 division and square roots as IEEE's (numpy's, torch's): NVIDIA's driver computes
+# `a / b` through a reciprocal (a third of quotients one ulp off) and roots likewise (half
+# of them). ggml_kernels/ggrad_ieee.glsl corrects both from their exact residuals where the
+# operands and results are far from underflow and overflow (for division the refinement of
+# CUDA's div.rn), then keeps the neighbour with the smallest residual (float32 simulations:
+# every root of x in [1, 4) and quotients across the range, from results 1 ulp either side:
+# all IEEE's); elsewhere (NaN, inf, zero, the extremes) the driver's result stands. DIV,
+# SQRT and the exact AdamW shaders (OPT_STEP_ADAMW's, ADAMW_GROUP's) include it.
+IEEE_INCLUDE = '#include "ggrad_ieee.glsl"  // ' + MARK + "\n"
 
-# Float32 square roots as IEEE's, for the same reason (the driver's is 1 ulp off in half the
-# cases): corrected twice from the exact residual x - s*s where x is in [2^-100, 2^126], then
-# the neighbour with the smallest residual kept (a float32 simulation over every x in [1, 4),
-# the driver's root 1 ulp either side: all IEEE's).
-VK_SQRT = f"""// {MARK}: correctly rounded square root
-float ggrad_sqrt(const float x) {{
-    precise float s = sqrt(x);
-    if (floatBitsToUint(x) - 0x0d800000u > 0x71000000u) {{
-        return s;  // x outside [2^-100, 2^126]: negative, NaN, inf, zero, the extremes
-    }}
-    precise float h = 0.5f / s;
-    precise float r = fma(-s, s, x);
-    s = fma(r, h, s);
-    r = fma(-s, s, x);
-    s = fma(r, h, s);
-    // the neighbour with the smaller exact residual x - c c where one has (a root one ulp
-    // high can be rounded back onto itself at a tie; every x in [1, 4) checked)
-    const uint bits = floatBitsToUint(s);
-    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
-    precise float off = abs(fma(-s, s, x)), off_below = abs(fma(-below, below, x)), off_above = abs(fma(-above, above, x));
-    return off_below < off ? below : off_above < off ? above : s;
-}}
-"""
 
 VULKAN_DISPATCH = """
 #include "ggrad_adamw.h"
@@ -839,7 +797,7 @@ def patch(tree: Path) -> None:
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
                  "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
-                 "ggrad_adamw_group.comp"):
+                 "ggrad_adamw_group.comp", "ggrad_ieee.glsl"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -869,7 +827,8 @@ def patch(tree: Path) -> None:
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
          f"float op_relu(float x) {{ // {MARK}\n    return " + VK_NEGATIVE.format("floatBitsToUint(x)") + " ? 0.0f : x;"),
         ("    return max(x, 0.0f) + min(x, 0.0f) * p.param1;", "    return x > 0.0f ? x : x * p.param1;"),
-        ("float op_sqrt(float x) {\n    return sqrt(x);", VK_SQRT + "\nfloat op_sqrt(float x) {\n    return ggrad_sqrt(x);"),
+        ('#include "generic_unary_head.glsl"\n', '#include "generic_unary_head.glsl"\n' + IEEE_INCLUDE),
+        ("float op_sqrt(float x) {\n    return sqrt(x);", "float op_sqrt(float x) {\n    return ggrad_sqrt(x);"),
     ])
     _patch_file(vk / "vulkan-shaders" / "silu_back.comp", [
         ("    const float xi = float(data_x[i]);",
@@ -882,8 +841,13 @@ def patch(tree: Path) -> None:
          "        data_d[i] = D_TYPE(xbits - 1u < 0x7f800000u ? float(data_g[i]) : float(data_g[i]) * p.param2);\n"
          "        return;\n    }"),
     ])
+    _patch_file(vk / "vulkan-shaders" / "opt_step_adamw.comp", [  # its exact form (patch_ggml_adamw.py)
+        ('#include "types.glsl"\n', '#include "types.glsl"\n' + IEEE_INCLUDE),
+        ("        x_i = x_i - params[5]*(m_i/(sqrt(v_i)/params[6] + params[3]));\n",
+         "        x_i = x_i - params[5]*ggrad_divide(m_i, ggrad_divide(ggrad_sqrt(v_i), params[6]) + params[3]);\n"),
+    ])
     _patch_file(vk / "vulkan-shaders" / "div.comp", [
-        ("void main() {\n", VK_DIVIDE + "\nvoid main() {\n"),
+        ('#include "generic_binary_head.glsl"\n', '#include "generic_binary_head.glsl"\n' + IEEE_INCLUDE),
         ("D_TYPE(FLOAT_TYPE(data_a[get_aoffset() + src0_idx(i00, i01, i02, i03)]) / "
          "FLOAT_TYPE(data_b[get_boffset() + src1_idx(i00, i01, i02, i03)]))",
          "D_TYPE(ggrad_divide(FLOAT_TYPE(data_a[get_aoffset() + src0_idx(i00, i01, i02, i03)]), "

@@ -2,8 +2,11 @@
 // Adam's update of one or two parameters in one dispatch (GGML_OP_GGRAD kernel 9,
 // ADAMW_GROUP; ggrad_cpu.inc says what it computes): an invocation per element of the two,
 // element z*131072 + y*256 + x; p, m and v written in place. The update is the statements
-// of ggml's OPT_STEP_ADAMW shader in its exact form (patch_ggml_adamw.py), so a grouped step
-// is an ungrouped one bit for bit.
+// of ggml's OPT_STEP_ADAMW shader in its exact form (patch_ggml_adamw.py, with the IEEE
+// division and root of patch_ggml_kernels.py), so a grouped step is an ungrouped one bit for
+// bit.
+
+#include "ggrad_ieee.glsl"
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
@@ -30,7 +33,7 @@ void update(inout float x_i, inout float m_i, inout float v_i, const float g_i) 
     m_i = w1 < 0.5f ? m_i + w1*(g_i - m_i) : g_i - (g_i - m_i)*(1.0f - w1);
     v_i = v_i*params[h + 2] + params[h + 8]*g_i*g_i;
     x_i = x_i*(1.0f - params[h + 0]*params[h + 4]);
-    x_i = x_i - params[h + 5]*(m_i/(sqrt(v_i)/params[h + 6] + params[h + 3]));
+    x_i = x_i - params[h + 5]*ggrad_divide(m_i, ggrad_divide(ggrad_sqrt(v_i), params[h + 6]) + params[h + 3]);
 }
 
 void main() {
