@@ -3,6 +3,17 @@
 #ifndef GGRAD_IEEE_GLSL
 #define GGRAD_IEEE_GLSL
 
+// Of c and its two neighbours, the one with the smallest exact residual |v - u c|: u the
+// divisor (a quotient's), or with `root` the candidate itself (a square root's, v - c c).
+float ggrad_nearest(const float c, const float u, const float v, const bool root) {
+    const uint bits = floatBitsToUint(c);
+    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
+    precise float off = abs(fma(-(root ? c : u), c, v));
+    precise float off_below = abs(fma(-(root ? below : u), below, v));
+    precise float off_above = abs(fma(-(root ? above : u), above, v));
+    return off_below < off ? below : off_above < off ? above : c;
+}
+
 // ggrad: kernels: correctly rounded division
 float ggrad_divide(const float a, const float b) {
     precise float q = a / b;
@@ -18,12 +29,9 @@ float ggrad_divide(const float a, const float b) {
     q = fma(r, y, q);
     r = fma(-b, q, a);
     q = fma(r, y, q);
-    // the nearest of q and its neighbours: |a - b c| is |b| times c's distance to a / b (the
-    // corrections can round back onto q at a tie where the reciprocal is off)
-    const uint bits = floatBitsToUint(q);
-    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
-    precise float off = abs(fma(-b, q, a)), off_below = abs(fma(-b, below, a)), off_above = abs(fma(-b, above, a));
-    return off_below < off ? below : off_above < off ? above : q;
+    // |a - b c| is |b| times c's distance to a / b (the corrections can round back onto q at
+    // a tie where the reciprocal is off)
+    return ggrad_nearest(q, b, a, false);
 }
 
 // ggrad: kernels: correctly rounded square root
@@ -37,12 +45,8 @@ float ggrad_sqrt(const float x) {
     s = fma(r, h, s);
     r = fma(-s, s, x);
     s = fma(r, h, s);
-    // the neighbour with the smaller exact residual x - c c where one has (a root one ulp
-    // high can be rounded back onto itself at a tie; every x in [1, 4) checked)
-    const uint bits = floatBitsToUint(s);
-    precise float below = uintBitsToFloat(bits - 1u), above = uintBitsToFloat(bits + 1u);
-    precise float off = abs(fma(-s, s, x)), off_below = abs(fma(-below, below, x)), off_above = abs(fma(-above, above, x));
-    return off_below < off ? below : off_above < off ? above : s;
+    // a root one ulp high can be rounded back onto itself at a tie (every x in [1, 4) checked)
+    return ggrad_nearest(s, 0.0f, x, true);
 }
 
 #endif
