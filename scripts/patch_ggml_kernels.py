@@ -65,9 +65,8 @@ KERNELS_VERSION = 36
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
 # shader asks otherwise (SPV_KHR_float_controls), and NVIDIA's does: `x < 0 ? 0 : x` ran as
 # max(x, 0), relu(NaN) came out 0 on the H100. ggrad's tests on a float's sign and class
-# read its bits, which no float assumption touches. VK_NEGATIVE: the bits (a uint
-# expression) are a negative number (-0 and NaN are not).
-VK_NEGATIVE = "({0} > 0x80000000u && {0} <= 0xff800000u)"
+# read its bits, which no float assumption touches (ggml_kernels/ggrad_ieee.glsl:
+# ggrad_negative, ggrad_at_most_zero, ggrad_positive).
 # Float32 division and square roots as IEEE's (numpy's, torch's): NVIDIA's driver computes
 # `a / b` through a reciprocal (a third of quotients one ulp off) and roots likewise (half
 # of them). ggml_kernels/ggrad_ieee.glsl corrects both from their exact residuals where the
@@ -330,11 +329,7 @@ static void ggml_vk_ggrad_adamw_group(ggml_backend_vk_context * ctx, vk_context&
     const bool two = ggml_get_op_params_i32(dst, 1) > 1;
     vk_subbuffer b[9];
     uint32_t off[9];
-    for (int i = 0; i < 9; ++i) {
-        const ggml_tensor * t = dst->src[i < 5 || two ? i : i - 4];  // one parameter: the second binds the first
-        b[i] = ggml_vk_tensor_subbuffer(ctx, t, true);
-        off[i] = ggml_vk_ggrad_misalign(b[i], t);
-    }
+    ggml_vk_ggrad_sources(ctx, dst, 9, b, off);  // one parameter: the second's bindings hold the constants, unread
     const uint32_t n1 = (uint32_t) ggml_nelements(dst->src[1]), n2 = two ? (uint32_t) ggml_nelements(dst->src[5]) : 0u;
     const std::array<uint32_t, 11> pc = { n1, n2, off[0], off[1], off[2], off[3], off[4], off[5], off[6], off[7], off[8] };
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8] }, pc,
@@ -825,20 +820,19 @@ def patch(tree: Path) -> None:
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
-         f"float op_relu(float x) {{ // {MARK}\n    return " + VK_NEGATIVE.format("floatBitsToUint(x)") + " ? 0.0f : x;"),
+         f"float op_relu(float x) {{ // {MARK}\n    return ggrad_negative(x) ? 0.0f : x;"),
         ("    return max(x, 0.0f) + min(x, 0.0f) * p.param1;", "    return x > 0.0f ? x : x * p.param1;"),
         ('#include "generic_unary_head.glsl"\n', '#include "generic_unary_head.glsl"\n' + IEEE_INCLUDE),
         ("float op_sqrt(float x) {\n    return sqrt(x);", "float op_sqrt(float x) {\n    return ggrad_sqrt(x);"),
     ])
     _patch_file(vk / "vulkan-shaders" / "silu_back.comp", [
+        ('#include "types.glsl"\n', '#include "types.glsl"\n' + IEEE_INCLUDE),
         ("    const float xi = float(data_x[i]);",
-         f"    const float xi = float(data_x[i]);  // {MARK}: modes in p.param1\n"
-         "    const uint xbits = floatBitsToUint(xi);\n"
+         "    const float xi = float(data_x[i]);  // modes in p.param1\n"
          f"    if (p.param1 == {RELU_BACK}.0f) {{\n"
-         "        data_d[i] = D_TYPE((xbits & 0x7fffffffu) == 0u || " + VK_NEGATIVE.format("xbits") + " ? 0.0f : float(data_g[i]));\n"
-         "        return;\n    }\n"
+         "        data_d[i] = D_TYPE(ggrad_at_most_zero(xi) ? 0.0f : float(data_g[i]));\n        return;\n    }\n"
          f"    if (p.param1 == {LEAKY_RELU_BACK}.0f) {{\n"
-         "        data_d[i] = D_TYPE(xbits - 1u < 0x7f800000u ? float(data_g[i]) : float(data_g[i]) * p.param2);\n"
+         "        data_d[i] = D_TYPE(ggrad_positive(xi) ? float(data_g[i]) : float(data_g[i]) * p.param2);\n"
          "        return;\n    }"),
     ])
     _patch_file(vk / "vulkan-shaders" / "opt_step_adamw.comp", [  # its exact form (patch_ggml_adamw.py)

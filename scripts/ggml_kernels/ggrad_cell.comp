@@ -3,7 +3,10 @@
 // (kernel 19) on Vulkan, one invocation per state element; the CPU's ggrad_cpu.inc says what
 // each computes (cells: 0 LSTM, 1 GRU, 2 RNN tanh, 3 RNN relu); element z*131072 + y*256 + x
 // (devices cap the workgroups along x at 65535). sigmoid and tanh as
-// ggml-vulkan's unary shaders compute them (the composed cell's values).
+// ggml-vulkan's unary shaders compute them (the composed cell's values); relu's sign tests
+// on the float's bits (ggrad_ieee.glsl).
+
+#include "ggrad_ieee.glsl"
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
@@ -24,13 +27,6 @@ layout(binding = 4) readonly buffer S0 {float s0[];};
 
 float sigmoid(float x) {
     return 1.0f / (1.0f + exp(-x));
-}
-
-// relu's tests read the float's bits: a driver may compile float compares assuming no
-// NaN or signed zero (NVIDIA's did: relu(NaN) came out 0). Negative: not -0, not NaN.
-bool negative_(float x) {
-    const uint b = floatBitsToUint(x);
-    return b > 0x80000000u && b <= 0xff800000u;
 }
 
 float tanh_(float x) {
@@ -84,7 +80,7 @@ void main() {
         out_[rec + 4*plane + at] = hk[2];
     } else {
         precise float pre = in1[x] + hk[0];
-        out_[rec + at] = p.mode == 2 ? tanh_(pre) : negative_(pre) ? 0.0f : pre;
+        out_[rec + at] = p.mode == 2 ? tanh_(pre) : ggrad_negative(pre) ? 0.0f : pre;
     }
 #else
     // in1 the record, in2 its gradient, in3 dh through the step after's product (H, B); out_
@@ -127,7 +123,7 @@ void main() {
         out_[acc] = zdh;
     } else {
         const float h = in1[rec + at];
-        out_[d] = p.mode == 2 ? dh*(1.0f - h*h) : (floatBitsToUint(h) & 0x7fffffffu) == 0u || negative_(h) ? 0.0f : dh;
+        out_[d] = p.mode == 2 ? dh*(1.0f - h*h) : ggrad_at_most_zero(h) ? 0.0f : dh;
     }
 #endif
 }

@@ -1,7 +1,25 @@
-// ggrad's IEEE float32 division and square root for Vulkan shaders (scripts/patch_ggml_kernels.py
-// says why): included by DIV, SQRT, and the exact AdamW shaders.
+// IEEE float32 semantics for Vulkan shaders whose driver may assume otherwise
+// (scripts/patch_ggml_kernels.py says why): a float's sign and class read from its bits, and
+// correctly rounded division and square root. Included by RELU, SILU_BACK (relu's and
+// leaky_relu's gradients), DIV, SQRT, the exact AdamW shaders and the recurrent cell.
 #ifndef GGRAD_IEEE_GLSL
 #define GGRAD_IEEE_GLSL
+
+// below zero: -0 and NaN are not
+bool ggrad_negative(const float x) {
+    const uint b = floatBitsToUint(x);
+    return b > 0x80000000u && b <= 0xff800000u;
+}
+
+// +0, -0 or below zero (NaN is not: relu's gradient passes g where its output is NaN)
+bool ggrad_at_most_zero(const float x) {
+    return (floatBitsToUint(x) & 0x7fffffffu) == 0u || ggrad_negative(x);
+}
+
+// above zero, +inf included (NaN is not)
+bool ggrad_positive(const float x) {
+    return floatBitsToUint(x) - 1u < 0x7f800000u;
+}
 
 // Of c and its two neighbours, the one with the smallest exact residual |v - u c|: u the
 // divisor (a quotient's), or with `root` the candidate itself (a square root's, v - c c).
