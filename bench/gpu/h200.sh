@@ -82,5 +82,5 @@ if [ "$mode" = vulkan ]; then
   GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 bench vk-perf-block 90 bench/train_step.py --device vulkan \
     --torch-device cuda --precision high --amp bf16 --models block --blocks 1 --steps 20 --warmup 2
 fi
-bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-mnist mlp-large \
+bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
   --eager $graph $blocks

@@ -52,8 +52,8 @@ float ggrad_divide(const float a, const float b) {
     return ggrad_nearest(q, b, a, false);
 }
 
-// ggrad: kernels: correctly rounded square root
-float ggrad_sqrt(const float x) {
+// sqrt(x) for x of any class but a subnormal
+float ggrad_sqrt_normal(const float x) {
     precise float s = sqrt(x);
     if (floatBitsToUint(x) - 0x0d800000u > 0x71000000u) {
         return s;  // x outside [2^-100, 2^126]: negative, NaN, inf, zero, the extremes
@@ -65,6 +65,21 @@ float ggrad_sqrt(const float x) {
     s = fma(r, h, s);
     // a root one ulp high can be rounded back onto itself at a tie (every x in [1, 4) checked)
     return ggrad_nearest(s, 0.0f, x, true);
+}
+
+// ggrad: kernels: correctly rounded square root
+float ggrad_sqrt(const float x) {
+    // a subnormal, which a driver may flush to zero (NVIDIA's did): a positive one is 2m 2^-150
+    // for its mantissa m, so sqrt(x) = sqrt(2m) 2^-75, scaled exactly by a power of two; a
+    // negative one's root is NaN
+    const uint xb = floatBitsToUint(x);
+    if (xb - 1u < 0x007fffffu) {
+        return ggrad_sqrt_normal(float(2u * xb)) * uintBitsToFloat(0x1a000000u);
+    }
+    if (xb - 0x80000001u < 0x007fffffu) {
+        return uintBitsToFloat(0x7fc00000u);
+    }
+    return ggrad_sqrt_normal(x);
 }
 
 #endif
