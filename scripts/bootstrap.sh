@@ -81,18 +81,21 @@ private_deb() {
 }
 
 # Debian 12's Vulkan headers (1.3.239) lack VK_EXT_layer_settings, which ggml 0.15.3
-# uses; take libvulkan-dev's headers from Debian 13 into a private folder.
+# uses; take libvulkan-dev's headers from Debian 13 into a private folder (with
+# GGRAD_GLSLC_SUITE=forky, Debian 14's: VK_KHR_shader_bfloat16 came after Debian 13's 1.4.309,
+# and ggml-vulkan looks for bfloat16 matrix cores only where the headers name it).
 vulkan_include_dir() {
   local major
   major="$(cut -d. -f1 /etc/debian_version 2>/dev/null || echo 0)"
-  if [ "$major" -ge 13 ] 2>/dev/null || grep -q VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h 2>/dev/null; then
+  if [ "$GLSLC_SUITE" = trixie ] && { [ "$major" -ge 13 ] 2>/dev/null || grep -q VK_EXT_layer_settings /usr/include/vulkan/vulkan_core.h 2>/dev/null; }; then
     echo /usr/include; return
   fi
-  local dir="$CACHE/vulkan-headers"
+  local dir="$CACHE/vulkan-headers" suite="$GLSLC_SUITE"
+  [ "$suite" = trixie ] || dir="$dir-$suite"
   if [ ! -f "$dir/usr/include/vulkan/vulkan_core.h" ]; then
-    log "fetching Debian 13 Vulkan headers into $dir"
+    log "fetching Debian's $suite Vulkan headers into $dir"
     rm -rf "$dir"
-    private_deb trixie "$dir" libvulkan-dev
+    private_deb "$suite" "$dir" libvulkan-dev
   fi
   echo "$dir/usr/include"
 }
@@ -120,31 +123,36 @@ private_lavapipe() {
 # 2023.2) does not, and then every GPU reports "matrix cores: none" (issue 29). Debian 13's
 # glslc (2025.2) does, but needs glibc 2.38: it runs here under its own C library, unpacked
 # into a private folder with its libraries and called through that library's loader.
-# Prints the glslc to build with.
+# GGRAD_GLSLC_SUITE=forky takes Debian 14's (shaderc 2026.4, glibc 2.43), which also knows
+# GL_EXT_bfloat16: ggml then builds its bfloat16 matrix-core shaders, which a driver with
+# VK_KHR_shader_bfloat16 runs (NVIDIA's R580); the default stays Debian 13's, a stable
+# release (forky's packages move). Prints the glslc to build with.
+GLSLC_SUITE="${GGRAD_GLSLC_SUITE:-trixie}"
 coopmat_glslc() {
-  local probe="$CACHE/coopmat-probe.comp"
-  printf '#version 460\n#extension GL_KHR_cooperative_matrix : require\n#extension GL_NV_cooperative_matrix2 : require\nvoid main() {}\n' >"$probe"
-  if glslc -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" 2>/dev/null; then
+  local probe="$CACHE/coopmat-probe-$GLSLC_SUITE.comp" bf16=""
+  [ "$GLSLC_SUITE" = trixie ] || bf16='#extension GL_EXT_bfloat16 : require\n'
+  printf "#version 460\n#extension GL_KHR_cooperative_matrix : require\n#extension GL_NV_cooperative_matrix2 : require\n${bf16}void main() {}\n" >"$probe"
+  if [ "$GLSLC_SUITE" = trixie ] && glslc -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" 2>/dev/null; then
     command -v glslc; return
   fi
-  local dir="$CACHE/glslc-trixie"
+  local dir="$CACHE/glslc-$GLSLC_SUITE"
   if [ ! -x "$dir/glslc" ]; then
-    log "fetching Debian 13's glslc (cooperative-matrix shaders) into $dir"
+    log "fetching Debian's $GLSLC_SUITE glslc (cooperative-matrix shaders) into $dir"
     rm -rf "$dir.tmp"
-    private_deb trixie "$dir.tmp/root" glslc libshaderc1 libc6 libstdc++6 libgcc-s1
+    private_deb "$GLSLC_SUITE" "$dir.tmp/root" glslc libshaderc1 libc6 libstdc++6 libgcc-s1
     local loader libs
     loader="$(find "$dir.tmp/root/usr/lib" -name 'ld-linux*.so.*' | head -1)"
     libs="$(dirname "$loader")"
     cat >"$dir.tmp/glslc" <<WRAPPER
 #!/bin/sh
-# Debian 13's glslc under its own C library (bootstrap.sh: coopmat_glslc)
+# Debian's $GLSLC_SUITE glslc under its own C library (bootstrap.sh: coopmat_glslc)
 exec "$dir${loader#"$dir.tmp"}" --library-path "$dir${libs#"$dir.tmp"}" "$dir/root/usr/bin/glslc" "\$@"
 WRAPPER
     chmod +x "$dir.tmp/glslc"
     rm -rf "$dir"; mv "$dir.tmp" "$dir"
   fi
   if ! "$dir/glslc" -o /dev/null -fshader-stage=compute --target-env=vulkan1.3 "$probe" >&2; then
-    log "Debian 13's glslc in $dir does not compile cooperative-matrix shaders"; exit 1
+    log "Debian's $GLSLC_SUITE glslc in $dir does not compile the shaders' extensions"; exit 1
   fi
   echo "$dir/glslc"
 }
@@ -237,7 +245,7 @@ case "$BACKEND" in
     inc="$(vulkan_include_dir)"
     private_lavapipe
     glslc="$(coopmat_glslc)"
-    flavor="vulkan-$TARGET-coopmat-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
+    flavor="vulkan-$TARGET-coopmat$([ "$GLSLC_SUITE" = trixie ] || echo "-$GLSLC_SUITE")-$FLAVOR_SUFFIX-$PATCH_SUFFIX"
     wheels="$(build_wheel "$flavor" "-DGGML_VULKAN=ON;-DVulkan_INCLUDE_DIR=$inc;-DVulkan_GLSLC_EXECUTABLE=$glslc;$CPU_ARGS")"
     ;;
   cpu)

@@ -15,6 +15,8 @@ from ggrad.amp import GradScaler, autocast
 from ggrad.optim import SGD, Adam
 from ggrad.runtime import backend
 
+from conftest import run_in_child
+
 LOW = {"bfloat16": (ggrad.bfloat16, ml_dtypes.bfloat16), "float16": (ggrad.float16, np.float16)}
 rng = np.random.default_rng(13)
 
@@ -101,6 +103,61 @@ def test_vulkan_float16_paths_follow_the_precision_at_start(monkeypatch, precisi
     monkeypatch.setenv("GGML_VK_DISABLE_COOPMAT2", "1")
     backend._set_vulkan_float16("vulkan:9")
     assert os.environ["GGML_VK_DISABLE_COOPMAT2"] == "1" and "GGML_VK_DISABLE_COOPMAT" not in os.environ
+
+
+def test_vulkan_multiplies_autocast_operands_on_matrix_cores_only_where_they_keep_them(monkeypatch):
+    """Under autocast a Vulkan product takes the matrix cores only where they are on (the
+    device started at "medium") and know the type (bfloat16: the driver's type and the
+    build's shaders); elsewhere the rounded operands are multiplied in float32."""
+    from ggrad import ops
+    from ggrad.runtime import precision
+    traits = {"matrix cores": "NV_coopmat2", "fp16": "1", "bf16": "1"}
+    monkeypatch.setattr(backend, "vulkan_traits", lambda name: dict(traits))
+    monkeypatch.setattr(backend, "vulkan_shader_features", lambda: ["NV_coopmat2", "bf16 coopmat"])
+    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    bf16, f16 = ops.G.GGML_TYPE_BF16, ops.G.GGML_TYPE_F16
+    assert ops._vulkan_matrix_cores_take(bf16) and ops._vulkan_matrix_cores_take(f16)
+    monkeypatch.setattr(backend, "vulkan_shader_features", lambda: ["NV_coopmat2"])
+    assert not ops._vulkan_matrix_cores_take(bf16) and ops._vulkan_matrix_cores_take(f16)
+    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: False)  # "high": cores off
+    assert not ops._vulkan_matrix_cores_take(bf16) and not ops._vulkan_matrix_cores_take(f16)
+    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    traits["matrix cores"] = "none"
+    assert not ops._vulkan_matrix_cores_take(f16)
+
+
+MATRIX_CORES = [name for name in ("vulkan:0",) if backend.vulkan_traits(name).get("matrix cores", "none") != "none"]
+
+
+@pytest.mark.skipif(not MATRIX_CORES, reason="no Vulkan device with matrix cores (lavapipe has none)")
+@pytest.mark.parametrize("low", LOW)
+def test_autocast_products_on_vulkan_matrix_cores_round_both_operands(low):
+    """At "medium" a Vulkan GPU's matrix cores multiply autocast operands (ggrad hands them
+    a low-type src0 and a float32 src1, which ggml-vulkan rounds): the products are still
+    those of the rounded operands with float32 sums. A child process: the precision is
+    fixed when a Vulkan device starts."""
+    out = run_in_child("""
+        import sys
+        import ml_dtypes, numpy as np
+        import ggrad
+        from ggrad.amp import autocast
+        ggrad.set_float32_matmul_precision("medium")
+        ggrad.set_device(sys.argv[1])
+        dtype, host = (ggrad.bfloat16, ml_dtypes.bfloat16) if sys.argv[2] == "bfloat16" else (ggrad.float16, np.float16)
+        rng = np.random.default_rng(3)
+        x_np, w_np = rng.standard_normal((64, 96)).astype(np.float32), rng.standard_normal((32, 96)).astype(np.float32)
+        c_np = rng.standard_normal((64, 32)).astype(np.float32)
+        x, w = ggrad.tensor(x_np, requires_grad=True), ggrad.tensor(w_np, requires_grad=True)
+        with autocast(dtype=dtype):
+            with ggrad.grad_tape():
+                y = x @ w.T
+                (y * ggrad.tensor(c_np)).sum().backward()
+        r = lambda a: a.astype(host).astype(np.float64)
+        rel = lambda a, b: float(np.abs(a - b).max() / np.abs(b).max())
+        print(rel(y.numpy(), r(x_np) @ r(w_np).T), rel(x.grad.numpy(), r(c_np) @ r(w_np)),
+              rel(w.grad.numpy(), r(c_np).T @ r(x_np)))
+    """, MATRIX_CORES[0], low)
+    assert all(float(e) < 1e-5 for e in out.split()), out
 
 
 # ---- autocast -----------------------------------------------------------------------------

@@ -208,12 +208,34 @@ def _product(ctx, src0, src1, arg):
         src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
         # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
         # lavapipe for a src1 of 5 to 8 columns (bf16 and f16; supports_op says yes to
-        # both): Vulkan takes the rounded operands in float32
-        fast = None if backend_kind() == "vulkan" else _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
+        # both): Vulkan takes the rounded operands in float32, unless its matrix cores do
+        # (they round a float32 src1 to src0's type themselves)
+        if backend_kind() != "vulkan":
+            fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
+        elif _vulkan_matrix_cores_take(DTYPES[low]):
+            fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, as_type(ctx, src1, F32))))
+        else:
+            fast = None
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
+
+
+def _vulkan_matrix_cores_take(low: int) -> bool:
+    """Whether this Vulkan device multiplies operands of the ggml type `low` on its
+    matrix cores: they are on (the device started at matmul precision "medium") and, for
+    bfloat16, the driver has the type (VK_KHR_shader_bfloat16) and the build its shaders
+    (a glslc with GL_EXT_bfloat16: GGRAD_GLSLC_SUITE=forky)."""
+    from . import runtime
+    from .runtime import backend, precision
+    name = runtime.current().backend.info.name
+    traits = backend.vulkan_traits(name)
+    if traits.get("matrix cores", "none") == "none" or not precision.vulkan_float16_on(name):
+        return False
+    if low == G.GGML_TYPE_BF16:
+        return traits.get("bf16") == "1" and "bf16 coopmat" in (backend.vulkan_shader_features() or ())
+    return traits.get("fp16") == "1"
 
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):

@@ -278,7 +278,7 @@ def vulkan_traits(name: str) -> dict[str, str]:
 # A shader the Vulkan build carries for each optional feature (ggml-vulkan compiles each
 # variant only where the glslc it was built with knows the extension)
 SHADER_FEATURES = {"KHR_coopmat": "matmul_f32_f32_cm1_data", "NV_coopmat2": "matmul_f16_cm2_data",
-                    "integer dot": "matmul_q4_0_q8_1_data"}
+                    "integer dot": "matmul_q4_0_q8_1_data", "bf16 coopmat": "matmul_bf16_cm1_data"}
 
 
 def vulkan_shader_features() -> list[str] | None:

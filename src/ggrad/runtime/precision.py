@@ -53,6 +53,11 @@ def vulkan_started(name: str, float16: bool) -> None:
     _vulkan_started[name] = float16
 
 
+def vulkan_float16_on(name: str) -> bool:
+    """Whether the Vulkan device `name` started with its float16 paths (shaders, matrix cores) on."""
+    return _vulkan_started.get(name, False)
+
+
 def _warn_started_vulkan() -> None:
     for name, float16 in _vulkan_started.items():
         if float16 != vulkan_float16_allowed():
