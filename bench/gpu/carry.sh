@@ -7,6 +7,8 @@
 #   bash bench/gpu/carry.sh          # ~1 min
 #   bash bench/gpu/carry.sh vulkan   # also a GGML_NATIVE=OFF Vulkan wheel into .wheels (~7 min;
 #                                    # the native one is reinstalled after)
+#   GGRAD_GLSLC_SUITE=forky bash bench/gpu/carry.sh vulkan   # its shaders by Debian 14's glslc:
+#                                    # bfloat16 matrix cores (scripts/bootstrap.sh)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p .whl .wheels .gl /tmp/amd64/partial
@@ -21,7 +23,10 @@ if [ "${1:-}" = vulkan ]; then
   rm -f .wheels/ggml_python-*.whl
   GGRAD_PORTABLE=1 GGRAD_BACKEND=vulkan bash scripts/bootstrap.sh
   suffix=$(sed -n 's/^PATCH_SUFFIX="\(.*\)"/\1/p' scripts/bootstrap.sh)
-  cp "${GGRAD_CACHE:-$HOME/.cache/ggrad}"/wheels/vulkan-portable-*-"$suffix"/ggml_python-*.whl .wheels/
+  suite="${GGRAD_GLSLC_SUITE:-trixie}"
+  shaders="coopmat$([ "$suite" = trixie ] || echo "-$suite")"
+  flavor=$(sed -n 's/^FLAVOR_SUFFIX="\(.*\)"/\1/p' scripts/bootstrap.sh)
+  cp "${GGRAD_CACHE:-$HOME/.cache/ggrad}"/wheels/vulkan-portable-"$shaders-$flavor-$suffix"/ggml_python-*.whl .wheels/
   bash scripts/bootstrap.sh
 fi
 ls -la .whl .wheels .gl
