@@ -41,7 +41,7 @@
   approximations: NVIDIA's did); Adam over one or two parameters in one dispatch
   (ADAMW_GROUP, ggrad_adamw_group.comp), its in-place writes to its sources ordered by
   ggml_vk_build_graph's synchronization.
-- On Vulkan (set 37): REPEAT_BACK with up to 64 threads per output and a shared-memory sum
+- On Vulkan (set 37; 38: four sums per thread, loads in flight): REPEAT_BACK with up to 64 threads per output and a shared-memory sum
   (ggrad_repeat_back.comp; ggml's shader walked every repeat in one thread: 46% of a
   transformer block's step on an H100); split-k counts a batched product's batch among its
   tiles (it split each of 32 batches 8 ways: 11x slower); SQRT of a subnormal from its bits.
@@ -63,7 +63,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 37
+KERNELS_VERSION = 38
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -816,10 +816,9 @@ def patch(tree: Path) -> None:
         shutil.copy(SOURCES / name, vk / name)
     # REPEAT_BACK with threads per output: ggrad_repeat_back.comp replaces ggml's shader (set 37)
     repeat_back = vk / "vulkan-shaders" / "repeat_back.comp"
-    if MARK not in repeat_back.read_text():
-        if "    // Accumulate from sources\n" not in repeat_back.read_text():
-            raise SystemExit(f"{repeat_back.name}: not the shader ggrad_repeat_back.comp replaces")
-        shutil.copy(SOURCES / "ggrad_repeat_back.comp", repeat_back)
+    if MARK not in repeat_back.read_text() and "    // Accumulate from sources\n" not in repeat_back.read_text():
+        raise SystemExit(f"{repeat_back.name}: not the shader ggrad_repeat_back.comp replaces")
+    shutil.copy(SOURCES / "ggrad_repeat_back.comp", repeat_back)
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n',
          '    string_to_spv("silu_back_f32",  "silu_back.comp",   {{"A_TYPE", "float"}, {"B_TYPE", "float"}, {"D_TYPE", "float"}});\n'

@@ -122,6 +122,8 @@ def test_vulkan_multiplies_autocast_operands_on_matrix_cores_only_where_they_kee
     monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: False)  # "high": cores off
     assert not ops._vulkan_matrix_cores_take(bf16) and not ops._vulkan_matrix_cores_take(f16)
     monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    traits["fp16"] = "dot2"  # float16 with mixed-precision dot products (ggml's banner)
+    assert ops._vulkan_matrix_cores_take(f16)
     traits["matrix cores"] = "none"
     assert not ops._vulkan_matrix_cores_take(f16)
 

@@ -235,7 +235,7 @@ def _vulkan_matrix_cores_take(low: int) -> bool:
         return False
     if low == G.GGML_TYPE_BF16:
         return traits.get("bf16") == "1" and "bf16 coopmat" in (backend.vulkan_shader_features() or ())
-    return traits.get("fp16") == "1"
+    return traits.get("fp16", "0") != "0"  # "1", or "dot2" with mixed-precision dot products
 
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
