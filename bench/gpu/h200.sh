@@ -76,12 +76,14 @@ bench word-lm 60 bench/word_lm.py --device "$mode" --torch-device cuda --blocks 
 # reads rows with ggml's GET_ROWS instead, if it fails)
 bench lora 120 bench/lora_tokens.py --device "$mode" --torch-device cuda --blocks 5 --steps 3 --dtype "${LORA_DTYPE:-q4_k}"
 # ggml-vulkan's own GPU time per op (GGML_VK_PERF_LOGGER: timestamps around each node,
-# summed over 10 graph computes): where a Vulkan step's time goes, e.g. BENCHES="vk-perf-mlp vk-perf-block"
+# summed over 10 graph computes): where a Vulkan step's time goes, e.g. BENCHES="vk-perf-mlp vk-perf-block vk-perf-resnet"
 if [ "$mode" = vulkan ]; then
   GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 bench vk-perf-mlp 60 bench/train_step.py --device vulkan \
     --torch-device cuda --precision high --models mlp-large --blocks 1 --steps 20 --warmup 2
   GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 bench vk-perf-block 90 bench/train_step.py --device vulkan \
     --torch-device cuda --precision high --amp bf16 --models block --blocks 1 --steps 20 --warmup 2
+  GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 bench vk-perf-resnet 90 bench/train_step.py --device vulkan \
+    --torch-device cuda --models resnet --blocks 1 --steps 10 --warmup 1
 fi
 bench train-highest 80 bench/train_step.py --device "$mode" --torch-device cuda --models mlp-small mlp-mnist mlp-large \
   --eager $graph $blocks
