@@ -266,7 +266,6 @@ def test_binary_ops_with_one_value_per_row_are_exact(dev, op):
             np.testing.assert_array_equal(got, expected)
 
 
-
 def test_division_and_square_root_are_ieee_bit_for_bit(dev):
     """x / y and sqrt(x) are float32's correctly rounded results, as numpy's and torch's, on
     every device: the inputs where a driver's approximate quotient or root, corrected from

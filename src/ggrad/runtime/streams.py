@@ -11,7 +11,6 @@ Other backends' graphs are waited for at the end of each compute, as before.
 
 from __future__ import annotations
 
-
 import numpy as np
 from ggml import ggml as G
 
