@@ -205,20 +205,20 @@ def _product(ctx, src0, src1, arg):
     if gemm is not None:
         return gemm
     if low is not None:
-        src0, src1 = as_type(ctx, src0, DTYPES[low]), as_type(ctx, src1, DTYPES[low])
+        kind = DTYPES[low]
+        src0 = as_type(ctx, src0, kind)
         # ggml-vulkan's low-precision products assert on a BF16 src1 and never finish on
         # lavapipe for a src1 of 5 to 8 columns (bf16 and f16; supports_op says yes to
         # both): Vulkan takes the rounded operands in float32, unless its matrix cores do
-        # (they round a float32 src1 to src0's type themselves)
+        # (they round a float32 src1 to src0's type themselves: src1 goes as it is, widened)
+        fast = None
         if backend_kind() != "vulkan":
-            fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, src1)))
-        elif _vulkan_matrix_cores_take(DTYPES[low]):
+            fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, as_type(ctx, src1, kind))))
+        elif _vulkan_matrix_cores_take(kind):
             fast = _supported(_precise(G.ggml_mul_mat(ctx, src0, as_type(ctx, src1, F32))))
-        else:
-            fast = None
         if fast is not None:
             return fast
-        src0, src1 = as_type(ctx, src0, F32), as_type(ctx, src1, F32)
+        src0, src1 = as_type(ctx, src0, F32), as_type(ctx, as_type(ctx, src1, kind), F32)
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
 
 
