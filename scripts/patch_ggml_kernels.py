@@ -12,7 +12,8 @@
        x > 0 ? g : g * slope
 - REPEAT_BACK on CUDA sums each output over its repeats along the outer axes with up to
   32 threads per output and a shared-memory reduction (ggrad sums along the first axis
-  with SUM_ROWS); on the CPU its threads share the columns (it ran on one thread), each
+  with SUM_ROWS); where its outputs fill fewer than two blocks per multiprocessor, the
+  repeats split between blocks too (set 39), whose sums a second kernel adds in order; on the CPU its threads share the columns (it ran on one thread), each
   column summed in ggml's order (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
@@ -63,7 +64,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 38
+KERNELS_VERSION = 39
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -473,43 +474,80 @@ def _replace_all(path: Path, old: str, new: str, count: int) -> None:
 
 CUDA_REPEAT_BACK = """template <typename T>
 static __global__ void k_repeat_back_rows(
-    const T * __restrict__ src, T * __restrict__ dst, const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne03,
+    const T * __restrict__ src, T * __restrict__ dst, float * __restrict__ partial, const int splits,
+    const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t ne03,
     const size_t s00, const size_t s01, const size_t s02, const size_t s03,
     const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3) { /* """ + MARK + """ */
-    __shared__ float partial[32][33];
-    const int64_t tid0  = int64_t(blockIdx.x)*blockDim.x + threadIdx.x;
+    __shared__ float partial_y[32][33];
+    const int64_t xblocks = gridDim.x / splits;
+    const int     split = blockIdx.x / xblocks;
+    const int64_t tid0  = int64_t(blockIdx.x % xblocks)*blockDim.x + threadIdx.x;
     const int64_t tid1  = blockIdx.y;
     const int64_t tid23 = blockIdx.z;
     const int64_t tid2  = tid23 % ne2;
     const int64_t tid3  = tid23 / ne2;
-    // the repeats of one output: r0 along its row (inner loop), the rest split between threads
+    // the repeats of one output: r0 along its row (inner loop), the rest split between the
+    // grid's splits (a block each, in order) and then between a block's threads along y
     const int r0 = ne00/ne0, r1 = ne01/ne1, r2 = ne02/ne2;
-    const int outer = tid0 < ne0 ? r1*r2*int(ne03/ne3) : 0;
+    const int outer = r1*r2*int(ne03/ne3);
+    const int per_split = (outer + splits - 1)/splits;
+    const int begin = split*per_split;
+    const int end = tid0 < ne0 ? min(outer, begin + per_split) : begin;
     float sum = 0.0f;
     ggml_cuda_pdl_sync();
     if (outer == r1 && r0 == 1) {  // a bias's gradient: one strided column, unrolled so loads overlap
         const T * col = src + tid3*s03 + tid2*s02 + tid1*s01 + tid0*s00;
         const int64_t stride = ne1*s01;
 #pragma unroll 8
-        for (int o = threadIdx.y; o < outer; o += blockDim.y) {
+        for (int o = begin + threadIdx.y; o < end; o += blockDim.y) {
             sum += (float) col[o*stride];
         }
     } else
-    for (int o = threadIdx.y; o < outer; o += blockDim.y) {
+    for (int o = begin + threadIdx.y; o < end; o += blockDim.y) {
         const int k1 = o % r1, k2 = (o / r1) % r2, k3 = o / (r1*r2);
         const T * row = src + (tid3 + k3*ne3)*s03 + (tid2 + k2*ne2)*s02 + (tid1 + k1*ne1)*s01 + tid0*s00;
         for (int k0 = 0; k0 < r0; ++k0) {
             sum += (float) row[k0*ne0*s00];
         }
     }
-    partial[threadIdx.y][threadIdx.x] = sum;
+    partial_y[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.y == 0 && tid0 < ne0) {
         for (int y = 1; y < blockDim.y; ++y) {
-            sum += partial[y][threadIdx.x];
+            sum += partial_y[y][threadIdx.x];
         }
-        dst[tid3*ne2*ne1*ne0 + tid2*ne1*ne0 + tid1*ne0 + tid0] = (T) sum;
+        const int64_t i = tid3*ne2*ne1*ne0 + tid2*ne1*ne0 + tid1*ne0 + tid0;
+        if (splits == 1) {
+            dst[i] = (T) sum;
+        } else {
+            partial[split*ne0*ne1*ne2*ne3 + i] = sum;
+        }
     }
+}
+
+/* the splits' sums of each output, added in split order (the same result every run) */
+template <typename T>
+static __global__ void k_repeat_back_splits(const float * __restrict__ partial, T * __restrict__ dst,
+                                            const int64_t n, const int splits) {
+    const int64_t i = int64_t(blockIdx.x)*blockDim.x + threadIdx.x;
+    if (i >= n) {
+        return;
+    }
+    float sum = partial[i];
+    for (int s = 1; s < splits; ++s) {
+        sum += partial[s*n + i];
+    }
+    dst[i] = (T) sum;
+}
+
+/* splits of REPEAT_BACK's repeats across blocks: where its outputs fill fewer than two blocks
+   per multiprocessor (a 512-wide bias gradient gave 16 blocks of an H100's 132: 230 us where
+   the bandwidth allows ~10), up to enough to fill them, each split >= 256 repeats */
+static int ggrad_repeat_back_splits(const int64_t blocks, const int64_t outer, const int nsm) {
+    if (blocks >= 2*nsm || outer < 512) {
+        return 1;
+    }
+    return (int) std::min<int64_t>((2*nsm + blocks - 1)/blocks, outer/256);
 }
 
 template <typename T>
@@ -800,12 +838,28 @@ def patch(tree: Path) -> None:
     ])
     _patch_file(cuda / "binbcast.cu", [
         ("template <typename T>\nstatic void repeat_back_cuda(", CUDA_REPEAT_BACK),
-        ("    const dim3 block_dims(WARP_SIZE, 1, 1);\n    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
-         "    k_repeat_back<T><<<block_nums, block_dims, 0, stream>>>",
-         "    const int64_t outer = (ne01/ne1)*(ne02/ne2)*(ne03/ne3);  /* split between threads along y */\n"
-         "    const dim3 block_dims(WARP_SIZE, outer >= 256 ? 32 : outer >= 32 ? 8 : 1, 1);\n"
-         "    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
-         "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>"),
+        ("    const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3, cudaStream_t stream) {\n\n"
+         "    const dim3 block_dims(WARP_SIZE, 1, 1);\n    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
+         "    k_repeat_back<T><<<block_nums, block_dims, 0, stream>>>\n"
+         "        (src, dst, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3);\n",
+         "    const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3, ggml_backend_cuda_context & ctx) {\n\n"
+         "    cudaStream_t stream = ctx.stream();\n"
+         "    const int64_t outer = (ne01/ne1)*(ne02/ne2)*(ne03/ne3);  /* split between blocks, then threads along y */\n"
+         "    const int64_t xblocks = (ne0 + WARP_SIZE - 1) / WARP_SIZE;\n"
+         "    const int splits = ggrad_repeat_back_splits(xblocks*ne1*ne2*ne3, outer, ggml_cuda_info().devices[ctx.device].nsm);\n"
+         "    const int64_t n = ne0*ne1*ne2*ne3;\n"
+         "    ggml_cuda_pool_alloc<float> partial(ctx.pool());\n"
+         "    if (splits > 1) {\n        partial.alloc(splits*n);\n    }\n"
+         "    const int per_split = (outer + splits - 1) / splits;\n"
+         "    const dim3 block_dims(WARP_SIZE, per_split >= 256 ? 32 : per_split >= 32 ? 8 : 1, 1);\n"
+         "    const dim3 block_nums(xblocks*splits, ne1, ne2*ne3);\n"
+         "    k_repeat_back_rows<T><<<block_nums, block_dims, 0, stream>>>\n"
+         "        (src, dst, partial.get(), splits, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3);\n"
+         "    if (splits > 1) {\n"
+         "        k_repeat_back_splits<T><<<(n + 255) / 256, 256, 0, stream>>>(partial.get(), dst, n, splits);\n"
+         "    }\n"),
+        ("repeat_back_cuda(src0_d, dst_d, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3, stream);",
+         "repeat_back_cuda(src0_d, dst_d, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3, ctx);"),
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",

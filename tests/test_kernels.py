@@ -104,6 +104,8 @@ def test_activation_kernels_are_one_node_each(dev):
     ((3, 300, 40), (3, 1, 1)),      # rows of 12,000 summed, then nothing more
     ((200, 600), (1, 600)),         # Vulkan: 16 threads per column, a part-filled last workgroup
     ((64, 2048), (1, 1)),           # Vulkan: past 65,536 values, rows first, then their sums
+    ((8192, 512), (1, 512)),        # CUDA: a bias gradient's rows split between blocks, summed in order
+    ((2048, 3, 40), (1, 3, 40)),    # CUDA: split repeats along an outer axis
 ])
 def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
     """A broadcast operand's gradient (REPEAT_BACK; on CUDA and Vulkan ggrad's parallel
