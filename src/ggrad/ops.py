@@ -45,10 +45,17 @@ def contiguous(ctx, x):
 
 def as_type(ctx, x, ggml_type):
     """`x` in `ggml_type`: one cast per source and type in a graph, so a weight read by a
-    product forward and by its gradient's product is cast once."""
+    product forward and by its gradient's product is cast once. A contiguous copy of a
+    view (attention's permuted heads) is cast from the view: one pass over the values, and
+    the copy leaves the graph where nothing else reads it."""
     if x.contents.type == ggml_type:
         return x
-    return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), lambda: G.ggml_cast(ctx, x, ggml_type))
+
+    def cast():
+        view = _uncopied(x)
+        from_view = None if view is x else _supported(G.ggml_cast(ctx, view, ggml_type))
+        return G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view
+    return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
 def compute(name: str, keep_int: bool = False):
