@@ -13,7 +13,8 @@
 - REPEAT_BACK on CUDA sums each output over its repeats along the outer axes with up to
   32 threads per output and a shared-memory reduction (ggrad sums along the first axis
   with SUM_ROWS); where its outputs fill fewer than two blocks per multiprocessor, the
-  repeats split between blocks too (set 39), whose sums a second kernel adds in order; on the CPU its threads share the columns (it ran on one thread), each
+  repeats split between blocks too where the node's op_params[0] is 1 (set 39; ggml's
+  REPEAT_BACK leaves it 0), a second kernel adding the splits' sums in order; on the CPU its threads share the columns (it ran on one thread), each
   column summed in ggml's order (ggml's kernel walks every repeat in one thread: 72% of a
   transformer block's step on the H200). Its grid is ggml's, so the launch limits in
   ggrad/runtime/launch.py still hold.
@@ -842,11 +843,12 @@ def patch(tree: Path) -> None:
          "    const dim3 block_dims(WARP_SIZE, 1, 1);\n    const dim3 block_nums((ne0 + WARP_SIZE - 1) / WARP_SIZE, ne1, ne2*ne3);\n"
          "    k_repeat_back<T><<<block_nums, block_dims, 0, stream>>>\n"
          "        (src, dst, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3);\n",
-         "    const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3, ggml_backend_cuda_context & ctx) {\n\n"
+         "    const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3, ggml_backend_cuda_context & ctx,\n"
+         "    const bool may_split) {\n\n"
          "    cudaStream_t stream = ctx.stream();\n"
          "    const int64_t outer = (ne01/ne1)*(ne02/ne2)*(ne03/ne3);  /* split between blocks, then threads along y */\n"
          "    const int64_t xblocks = (ne0 + WARP_SIZE - 1) / WARP_SIZE;\n"
-         "    const int splits = ggrad_repeat_back_splits(xblocks*ne1*ne2*ne3, outer, ggml_cuda_info().devices[ctx.device].nsm);\n"
+         "    const int splits = may_split ? ggrad_repeat_back_splits(xblocks*ne1*ne2*ne3, outer, ggml_cuda_info().devices[ctx.device].nsm) : 1;\n"
          "    const int64_t n = ne0*ne1*ne2*ne3;\n"
          "    ggml_cuda_pool_alloc<float> partial(ctx.pool());\n"
          "    if (splits > 1) {\n        partial.alloc(splits*n);\n    }\n"
@@ -859,7 +861,8 @@ def patch(tree: Path) -> None:
          "        k_repeat_back_splits<T><<<(n + 255) / 256, 256, 0, stream>>>(partial.get(), dst, n, splits);\n"
          "    }\n"),
         ("repeat_back_cuda(src0_d, dst_d, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3, stream);",
-         "repeat_back_cuda(src0_d, dst_d, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3, ctx);"),
+         "repeat_back_cuda(src0_d, dst_d, ne00, ne01, ne02, ne03, s00, s01, s02, s03, ne0, ne1, ne2, ne3, ctx,\n"
+         "                             ggml_get_op_params_i32(dst, 0) == 1);"),
     ])
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",

@@ -125,6 +125,20 @@ def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
     assert np.all(np.abs(b.grad.numpy() - expected) <= bound + 1e-6)
 
 
+def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):
+    """A changed ggml op not yet run on a backend's device (CUDA's split REPEAT_BACK) is
+    asked for only under GGRAD_UNVERIFIED_KERNELS=1; other backends never ask."""
+    class Info:
+        kind = "cuda"
+
+    class Backend:
+        info = Info()
+    monkeypatch.delenv("GGRAD_UNVERIFIED_KERNELS", raising=False)
+    assert not kernels.variant(Backend(), "repeat_back_split")
+    monkeypatch.setenv("GGRAD_UNVERIFIED_KERNELS", "1")
+    assert kernels.variant(Backend(), "repeat_back_split") == (kernels.version() >= 39)
+
+
 needs_cross_entropy_kernel = pytest.mark.skipif(kernels.version() < 2, reason="ggml built without ggrad's op")
 
 # logits with NaN, infinities and huge values, some in rows whose target is ignored

@@ -375,7 +375,7 @@ def _sum_to(ctx, s, node):
         full = (1,) * inner + full[inner:]
         x = G.ggml_reshape_4d(ctx, x, *full)
     if kept[1] <= _ROWS and kept[2] * kept[3] <= _ROWS and full[2] * full[3] <= launch.REPEAT_BACK_PLANES:
-        return reshape(ctx, G.ggml_repeat_back(ctx, x, template(ctx, keep)), node.shape)
+        return reshape(ctx, _repeat_back(ctx, x, template(ctx, keep)), node.shape)
     # REPEAT_BACK starts a block per kept row along y and z (ggml-cuda aborts past 65,535)
     # and ggml-cuda refuses a source of more than 32,768 planes (a BatchNorm2d of 512
     # channels over a batch of 128): move the summed axes innermost and sum rows, which
@@ -718,6 +718,18 @@ def _class_cross_entropy(ctx, s, node):
     table = reshape(ctx, _log_softmax_rows(ctx, logits), (rows, cols, 1))
     picked = G.ggml_get_rows(ctx, table, reshape(ctx, index, (rows, 1)))
     return reshape(ctx, G.ggml_neg(ctx, picked), node.shape)
+
+
+def _repeat_back(ctx, x, like):
+    """ggml's REPEAT_BACK, asking CUDA to split the repeats between blocks where trusted
+    (kernels.OP_VARIANTS): a 512-wide bias gradient over 8192 rows otherwise runs on 16
+    of an H100's 132 multiprocessors."""
+    from . import runtime
+    node = G.ggml_repeat_back(ctx, x, like)
+    dev_backend = runtime.current().backend
+    if dev_backend.info.kind == "cuda" and kernels.variant(dev_backend, "repeat_back_split"):
+        node.contents.op_params[0] = 1
+    return node
 
 
 def _supported(node):

@@ -164,6 +164,20 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
 UNVERIFIED: dict[str, set[int]] = {}
 
+# Changes to ggml's own ops that a node asks for in its op_params (where ggml leaves them 0),
+# named here, trusted as UNVERIFIED's kernels are, and since the kernel set that added each.
+# repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
+# blocks where its outputs are few (set 39: compile-checked, not yet run on a GPU).
+OP_VARIANTS = {"repeat_back_split": 39}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"repeat_back_split"}}
+
+
+def variant(dev_backend, name: str) -> bool:
+    """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS)."""
+    trusted = name not in UNVERIFIED_VARIANTS.get(dev_backend.info.kind, ()) or \
+        os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
+    return trusted and version() >= OP_VARIANTS[name]
+
 
 def supported(dev_backend, kernel: int) -> bool:
     """Whether `dev_backend` (a started runtime Backend) runs ggrad's `kernel`: asked of
