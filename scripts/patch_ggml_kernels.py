@@ -47,6 +47,9 @@
   (ggrad_repeat_back.comp; ggml's shader walked every repeat in one thread: 46% of a
   transformer block's step on an H100); split-k counts a batched product's batch among its
   tiles (it split each of 32 batches 8 ways: 11x slower); SQRT of a subnormal from its bits.
+- On Vulkan (set 40): the GEMM kernel (6) as a shader, ggrad_gemm.comp: 64x64 tiles of C,
+  operands read through their strides (a transposed view in place: no copies before a
+  product's gradients), the bias added to C's rows.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -65,7 +68,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 39
+KERNELS_VERSION = 40
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -88,6 +91,7 @@ VULKAN_DISPATCH = """
 #include "ggrad_adamw.h"
 #include "ggrad_bn.h"
 #include "ggrad_cell.h"
+#include "ggrad_gemm.h"
 #include "ggrad_pool.h"
 
 /* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
@@ -120,6 +124,20 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 23) {  // ggrad_pool.h
         return ggrad_fold_supported(op);
+    }
+    if (kernel == 6) {  // ggrad_gemm.h; the shader indexes in uint32, a workgroup per 64x64 tile of C
+        ggrad_gemm_shape s;
+        if (!ggrad_gemm_plan(op, &s) || s.M <= 0 || s.N <= 0 || s.K <= 0) {
+            return false;
+        }
+        const int64_t limit = (int64_t) UINT32_MAX - 65536;
+        for (int i = 0; i < 3; ++i) {
+            if (op->src[i] != nullptr && (int64_t) (ggml_nbytes(op->src[i])/sizeof(float)) > limit) {
+                return false;
+            }
+        }
+        return ggml_nelements(op) <= limit && CEIL_DIV(s.N, 64) <= 65535 && CEIL_DIV(s.M, 64) <= 65535 &&
+               s.b2*s.b3 <= 65535;
     }
     if (kernel == 10 || kernel == 11) {  // ggrad_pool.h; the shader indexes in int32
         return ggrad_max_pool_supported(op) && ggml_nelements(op) < INT32_MAX &&
@@ -327,6 +345,33 @@ static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { c_buf, o_buf }, pc, elements);
 }
 
+// a float32 product (ggrad_gemm.comp, as the CPU's and CUDA's kernel 6): a workgroup per 64x64
+// tile of C and per batch
+static void ggml_vk_ggrad_gemm(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    ggrad_gemm_shape s;
+    GGML_ASSERT(ggrad_gemm_plan(dst, &s));
+    const ggml_tensor * A = dst->src[0];
+    const ggml_tensor * B = dst->src[1];
+    const ggml_tensor * bias = dst->src[2];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_gemm_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const auto misalign = ggml_vk_ggrad_misalign;
+    vk_subbuffer a_buf = ggml_vk_tensor_subbuffer(ctx, A, true);
+    vk_subbuffer b_buf = ggml_vk_tensor_subbuffer(ctx, B, true);
+    vk_subbuffer bias_buf = bias ? ggml_vk_tensor_subbuffer(ctx, bias, true) : a_buf;  // unread without one
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const uint32_t f = sizeof(float);
+    const std::array<uint32_t, 19> pc = {
+        (uint32_t) s.M, (uint32_t) s.N, (uint32_t) s.K, (uint32_t) s.a.ld, (uint32_t) s.b.ld,
+        (s.ta ? 1u : 0u) | (s.tb ? 2u : 0u) | (bias ? 4u : 0u), (uint32_t) s.b2,
+        (uint32_t) s.a_r2, (uint32_t) s.a_r3, (uint32_t) s.b_r2, (uint32_t) s.b_r3,
+        (uint32_t) (A->nb[2]/f), (uint32_t) (A->nb[3]/f), (uint32_t) (B->nb[2]/f), (uint32_t) (B->nb[3]/f),
+        misalign(a_buf, A), misalign(b_buf, B), misalign(o_buf, dst), bias ? misalign(bias_buf, bias) : 0u,
+    };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { a_buf, b_buf, bias_buf, o_buf }, pc,
+                              { (uint32_t) CEIL_DIV(s.N, 64), (uint32_t) CEIL_DIV(s.M, 64), (uint32_t) (s.b2*s.b3) });
+}
+
 // Adam over one or two parameters (ggrad_adamw_group.comp): an invocation per element of
 // both, p, m and v written in place (ggml_vk_build_graph syncs around those writes too)
 static void ggml_vk_ggrad_adamw_group(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
@@ -355,6 +400,10 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
     }
     if (kernel == 23) {
         ggml_vk_ggrad_fold(ctx, subctx, dst);
+        return;
+    }
+    if (kernel == 6) {
+        ggml_vk_ggrad_gemm(ctx, subctx, dst);
         return;
     }
     if (kernel == 10 || kernel == 11) {
@@ -867,9 +916,9 @@ def patch(tree: Path) -> None:
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
                  "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
-                 "ggrad_adamw_group.comp", "ggrad_ieee.glsl"):
+                 "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_ieee.glsl"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
-    for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_pool.h"):
+    for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
     # REPEAT_BACK with threads per output: ggrad_repeat_back.comp replaces ggml's shader (set 37)
     repeat_back = vk / "vulkan-shaders" / "repeat_back.comp"
@@ -896,7 +945,8 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_pool_back_f32", "ggrad_pool.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'
          '    string_to_spv("ggrad_running_f32", "ggrad_running.comp", {});\n'
-         '    string_to_spv("ggrad_adamw_group_f32", "ggrad_adamw_group.comp", {});\n'),
+         '    string_to_spv("ggrad_adamw_group_f32", "ggrad_adamw_group.comp", {});\n'
+         '    string_to_spv("ggrad_gemm_f32", "ggrad_gemm.comp", {});\n'),
     ])
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
@@ -940,7 +990,7 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_bn_stats_parts_f32, pipeline_ggrad_bn_stats_join_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
-         "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32, pipeline_ggrad_gemm_f32;\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -982,7 +1032,9 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_running_f32, "ggrad_running_f32", '
          'ggrad_running_f32_len, ggrad_running_f32_data, "main", 3, 7 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adamw_group_f32, "ggrad_adamw_group_f32", '
-         'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'),
+         'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_gemm_f32, "ggrad_gemm_f32", '
+         'ggrad_gemm_f32_len, ggrad_gemm_f32_data, "main", 4, 19 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

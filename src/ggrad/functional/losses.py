@@ -9,7 +9,7 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import autograd, checks, dtypes, replay, runtime
-from ..ops import backend_kind, compute, contiguous_rows, once_per_graph, template
+from ..ops import compute, contiguous_rows, once_per_graph, template
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .compare import eq, ne, where
@@ -423,12 +423,9 @@ def _class_total_build(ctx, s, node):
 
 
 def _weights_sum(ctx, sums):
-    """The second of the sums, copied where a view off the buffer's start is not read
-    (Vulkan: ops.slice)."""
-    view = G.ggml_view_1d(ctx, sums, 1, sums.contents.nb[1])
-    if backend_kind() != "vulkan":
-        return view
-    return once_per_graph(("weights sum", ctypes.addressof(sums.contents)), lambda: G.ggml_cont(ctx, view))
+    """The second of the sums, as a view: its readers are DIVs, which read a view off its
+    buffer's alignment on every backend (ggml-vulkan passes the offset to the shader)."""
+    return G.ggml_view_1d(ctx, sums, 1, sums.contents.nb[1])
 
 
 @compute("class_total_back")

@@ -85,6 +85,13 @@ def node_shape(node) -> tuple[int, int, int, int]:
 _NO_KERNEL = (G.GGML_OP_NONE, G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE)
 
 
+def _root(tensor):
+    """The tensor whose memory `tensor` views (itself where it is no view)."""
+    while tensor.contents.view_src:
+        tensor = tensor.contents.view_src
+    return tensor
+
+
 class Graph:
     """One ggml graph on a device: built once, then run once or many times.
 
@@ -152,11 +159,17 @@ class Graph:
     def computed(self, tensor):
         """`tensor` as a node of its own: a slot or a view of one is copied out (a later
         write into that buffer in this graph must not change it). A view of a computed
-        node (a reshape of a gradient) is copied by the write itself."""
-        root = tensor
-        while root.contents.view_src:
-            root = root.contents.view_src
-        return G.ggml_cont(self.ctx, tensor) if root.contents.op == G.GGML_OP_NONE else tensor
+        node (a reshape of a gradient) is copied by the write itself, and so is a float32
+        copy of one (a slice Vulkan copied, a permute): the write's CPY reads the view, one
+        node instead of two."""
+        if _root(tensor).contents.op == G.GGML_OP_NONE:
+            return G.ggml_cont(self.ctx, tensor)
+        c = tensor.contents
+        view = c.src[0]
+        if c.op == G.GGML_OP_CONT and c.type == G.GGML_TYPE_F32 and view.contents.type == G.GGML_TYPE_F32 \
+                and view.contents.view_src and _root(view).contents.op != G.GGML_OP_NONE:
+            return view
+        return tensor
 
     def expand(self, node) -> None:
         """Add `node` (and what it needs) to the graph: for ops that write in place."""
