@@ -49,7 +49,10 @@
   tiles (it split each of 32 batches 8 ways: 11x slower); SQRT of a subnormal from its bits.
 - On Vulkan (set 40): the GEMM kernel (6) as a shader, ggrad_gemm.comp: 64x64 tiles of C,
   operands read through their strides (a transposed view in place: no copies before a
-  product's gradients), the bias added to C's rows.
+  product's gradients), the bias added to C's rows. Set 41: a quantized product's gradient
+  g @ W (kernel 17) as a shader per block type (ggrad_qmatmul_back.comp, ggml's dequantize
+  functions): W read in its blocks, no float32 rows of it (16 MiB chunks through GET_ROWS
+  before).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -68,7 +71,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 40
+KERNELS_VERSION = 41
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -93,6 +96,36 @@ VULKAN_DISPATCH = """
 #include "ggrad_cell.h"
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
+
+/* the block types ggrad_qmatmul_back.comp is built for (vulkan-shaders-gen: legacy, K, IQ4_NL) */
+static bool ggml_vk_ggrad_qmatmul_back_type(ggml_type type) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ4_NL:
+            return true;
+        default:
+            return false;
+    }
+}
+
+/* g (n_out, T) @ W (n_in, n_out, whole blocks from its buffer's alignment: not a view); the
+   shader indexes in uint32 and takes a workgroup per 512 values of a row and 16 rows of g */
+static bool ggml_vk_ggrad_qmatmul_back_supported(const ggml_tensor * op) {
+    const ggml_tensor * w = op->src[0];
+    const ggml_tensor * g = op->src[1];
+    if (w == nullptr || g == nullptr || !ggml_vk_ggrad_qmatmul_back_type(w->type) || w->view_src != nullptr ||
+        !ggml_is_contiguous(w) || ggml_nrows(w) != w->ne[1] || g->type != GGML_TYPE_F32 || g->nb[0] != sizeof(float) ||
+        g->nb[1] % sizeof(float) != 0 || ggml_nrows(g) != g->ne[1] || op->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous(op) || ggml_nrows(op) != op->ne[1] || g->ne[0] != w->ne[1] || op->ne[0] != w->ne[0] ||
+        op->ne[1] != g->ne[1]) {
+        return false;
+    }
+    const int64_t limit = (int64_t) UINT32_MAX - 65536;
+    return ggml_nelements(op) < limit && (int64_t) (ggml_nbytes(g)/sizeof(float)) < limit &&
+           ggml_nrows(w)*(int64_t) (w->nb[1]/ggml_type_size(w->type)) < limit &&
+           CEIL_DIV(w->ne[0], 512) <= 65535 && CEIL_DIV(g->ne[1], 16) <= 65535;
+}
 
 /* """ + MARK + """: GGML_OP_GGRAD, one workgroup per row (scripts/ggml_kernels/ggrad_ce.comp) */
 static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
@@ -124,6 +157,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 23) {  // ggrad_pool.h
         return ggrad_fold_supported(op);
+    }
+    if (kernel == 17) {  // g @ W, W in its blocks (ggrad_qmatmul_back.comp, one shader per block type)
+        return ggml_vk_ggrad_qmatmul_back_supported(op);
     }
     if (kernel == 6) {  // ggrad_gemm.h; the shader indexes in uint32, a workgroup per 64x64 tile of C
         ggrad_gemm_shape s;
@@ -345,6 +381,24 @@ static void ggml_vk_ggrad_fold(ggml_backend_vk_context * ctx, vk_context& subctx
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { c_buf, o_buf }, pc, elements);
 }
 
+// a quantized product's gradient g @ W (ggrad_qmatmul_back.comp, as the CPU's and CUDA's
+// kernel 17): W read in its blocks by its type's pipeline
+static void ggml_vk_ggrad_qmatmul_back(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * g = dst->src[1];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_qmatmul_back[w->type];
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer w_buf = ggml_vk_tensor_subbuffer(ctx, w, false);
+    vk_subbuffer g_buf = ggml_vk_tensor_subbuffer(ctx, g, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const uint32_t n_in = (uint32_t) w->ne[0], T = (uint32_t) g->ne[1];
+    const std::array<uint32_t, 7> pc = {
+        n_in, (uint32_t) w->ne[1], T, (uint32_t) (w->nb[1]/ggml_type_size(w->type)), (uint32_t) (g->nb[1]/sizeof(float)),
+        ggml_vk_ggrad_misalign(g_buf, g), ggml_vk_ggrad_misalign(o_buf, dst),
+    };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { w_buf, g_buf, o_buf }, pc, { CEIL_DIV(n_in, 512), CEIL_DIV(T, 16), 1 });
+}
+
 // a float32 product (ggrad_gemm.comp, as the CPU's and CUDA's kernel 6): a workgroup per 64x64
 // tile of C and per batch
 static void ggml_vk_ggrad_gemm(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
@@ -404,6 +458,10 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
     }
     if (kernel == 6) {
         ggml_vk_ggrad_gemm(ctx, subctx, dst);
+        return;
+    }
+    if (kernel == 17) {
+        ggml_vk_ggrad_qmatmul_back(ctx, subctx, dst);
         return;
     }
     if (kernel == 10 || kernel == 11) {
@@ -474,6 +532,10 @@ def _patch_file(path: Path, edits: list[tuple[str, str]], mark: str = MARK) -> N
 
 # modes of SILU_BACK, shared with ggrad/functional/elementwise.py
 RELU_BACK, LEAKY_RELU_BACK = 1, 2
+
+# the block types of Vulkan's quantized backward (ggrad_qmatmul_back.comp, a shader each)
+QMATMUL_BACK_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
+QMATMUL_BACK_TEST = " || ".join(f'tname == "{name}"' for name in QMATMUL_BACK_TYPES)
 
 # the kernels' sources, copied into ggml's tree
 SOURCES = Path(__file__).parent / "ggml_kernels"
@@ -916,7 +978,7 @@ def patch(tree: Path) -> None:
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
                  "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
-                 "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_ieee.glsl"):
+                 "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_qmatmul_back.comp", "ggrad_ieee.glsl"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -948,6 +1010,15 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_adamw_group_f32", "ggrad_adamw_group.comp", {});\n'
          '    string_to_spv("ggrad_gemm_f32", "ggrad_gemm.comp", {});\n'),
     ])
+    _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
+        ('        string_to_spv("get_rows_" + tname + "_f32", shader, merge_maps(base_dict, {{"TEMP_TYPE", "FLOAT_TYPE"}, '
+         '{data_a_key, "1"}, {"B_TYPE", "int"}, {"D_TYPE", "float"}}));\n',
+         '        string_to_spv("get_rows_" + tname + "_f32", shader, merge_maps(base_dict, {{"TEMP_TYPE", "FLOAT_TYPE"}, '
+         '{data_a_key, "1"}, {"B_TYPE", "int"}, {"D_TYPE", "float"}}));\n'
+         f'        if ({QMATMUL_BACK_TEST}) {{  // {MARK}: quantized backward\n'
+         '            string_to_spv("ggrad_qmatmul_back_" + tname, "ggrad_qmatmul_back.comp", merge_maps(base_dict, {{data_a_key, "1"}}));\n'
+         '        }\n'),
+    ], mark=MARK + ": quantized backward")
     _patch_file(vk / "vulkan-shaders" / "unary.comp", [
         ("float op_relu(float x) {\n    return max(x, 0.0f);",
          f"float op_relu(float x) {{ // {MARK}\n    return ggrad_negative(x) ? 0.0f : x;"),
@@ -990,7 +1061,8 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_bn_stats_parts_f32, pipeline_ggrad_bn_stats_join_f32;\n"
          "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
-         "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32, pipeline_ggrad_gemm_f32;\n"),
+         "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32, pipeline_ggrad_gemm_f32;\n"
+         "    vk_pipeline pipeline_ggrad_qmatmul_back[GGML_TYPE_COUNT];\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
          "    uint32_t x_off, t_off, d_off, w_off, o_off;\n    int32_t ignore_index;\n    float keep, spread;\n"
@@ -1034,7 +1106,10 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adamw_group_f32, "ggrad_adamw_group_f32", '
          'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_gemm_f32, "ggrad_gemm_f32", '
-         'ggrad_gemm_f32_len, ggrad_gemm_f32_data, "main", 4, 19 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'),
+         'ggrad_gemm_f32_len, ggrad_gemm_f32_data, "main", 4, 19 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         + "".join(f'    ggml_vk_create_pipeline(device, device->pipeline_ggrad_qmatmul_back[GGML_TYPE_{name.upper()}], '
+                   f'"ggrad_qmatmul_back_{name}", ggrad_qmatmul_back_{name}_len, ggrad_qmatmul_back_{name}_data, '
+                   f'"main", 3, 7 * sizeof(uint32_t), {{1, 1, 1}}, {{}}, 1);\n' for name in QMATMUL_BACK_TYPES)),
         ("    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n",
          "    case GGML_OP_SILU_BACK:\n        ggml_vk_silu_back(ctx, compute_ctx, src0, src1, node);\n\n        break;\n"
          "    case GGML_OP_GGRAD:\n        ggml_vk_ggrad(ctx, compute_ctx, node);\n\n        break;\n"),

@@ -82,21 +82,55 @@ def test_the_vulkan_banner_is_read_into_each_devices_traits(monkeypatch):
     assert backend.vulkan_traits("vulkan:3") == {} and backend.vulkan_traits("cpu") == {}
 
 
+def _without_quantized_backward_kernel(monkeypatch):
+    from ggrad.runtime import kernels
+    supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda b, kernel: kernel != kernels.QMATMUL_BACK and supported(b, kernel))
+
+
+@pytest.mark.parametrize("path", ["kernel", "composed"])
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rows", [1, 37], ids=["one row", "37 rows"])
-def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev, kind, rows, monkeypatch):
-    """x @ W^T's gradient to x for a quantized W (the CPU's kernel from chunks of W, else
-    OUT_PROD or chunks of rows read to float32: 128 rows a chunk here) equals g @
-    dequantize(W) in float64, over more than one chunk of W's rows (300) and with the CPU's
-    threads sharing W's blocks of columns."""
+@pytest.mark.parametrize("rows,cols", [(1, 512), (37, 512), (20, 768)], ids=["one row", "37 rows", "768 columns"])
+def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev, kind, rows, cols, path, monkeypatch):
+    """x @ W^T's gradient to x for a quantized W (the kernels: the CPU's from chunks of W,
+    CUDA's, Vulkan's reading W's blocks in a shader; composed: OUT_PROD or chunks of rows
+    read to float32, 128 rows a chunk here) equals g @ dequantize(W) in float64, over more
+    than one chunk of W's rows (300), with the CPU's threads sharing W's blocks of columns,
+    and rows and columns that part-fill Vulkan's workgroups (16 rows, 512 columns)."""
     from ggrad import ops
-    monkeypatch.setattr(ops, "QUANT_BACK_CHUNK_BYTES", 128 * 512 * 4)
-    w = weights(rows=300, cols=512, seed=3)
+    monkeypatch.setattr(ops, "QUANT_BACK_CHUNK_BYTES", 128 * cols * 4)
+    if path == "composed":
+        _without_quantized_backward_kernel(monkeypatch)
+    w = weights(rows=300, cols=cols, seed=3)
     q = quantized.quantize(w, dtypes.QUANTIZED[kind])
     rng = np.random.default_rng(4)
-    x = ggrad.tensor(rng.standard_normal((rows, 512)).astype(np.float32), requires_grad=True)
+    x = ggrad.tensor(rng.standard_normal((rows, cols)).astype(np.float32), requires_grad=True)
     g = rng.standard_normal((rows, 300)).astype(np.float32)
     with ggrad.grad_tape():
         quantized.linear(x, q).backward(ggrad.tensor(g))
     expected = g.astype(np.float64) @ quantized.dequantize(q).astype(np.float64)
     np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k"])
+def test_the_quantized_backward_kernel_reads_the_blocks_without_float_rows(dev, kind):
+    """Where the backend has the kernel (CPU, CUDA, Vulkan from kernel set 41), a compiled
+    step's gradient through a quantized weight is one GGRAD node: no GET_ROWS of W's rows
+    in float32, no OUT_PROD."""
+    from ggrad.runtime import kernels
+    if not kernels.supported(ggrad.runtime.current().backend, kernels.QMATMUL_BACK):
+        pytest.skip(f"{dev}: no quantized backward kernel in this build")
+    q = quantized.quantize(weights(rows=64, cols=256, seed=5), dtypes.QUANTIZED[kind])
+    x = ggrad.tensor(weights(rows=8, cols=256, seed=6), requires_grad=True)
+
+    @ggrad.compile
+    def step(x):
+        with ggrad.grad_tape():
+            y = quantized.linear(x, q).sum()
+            y.backward()
+        return y
+
+    step(x)
+    step(x)
+    counts = step.op_counts()
+    assert counts.get("GGRAD") == 1 and not {"GET_ROWS", "OUT_PROD"} & set(counts), counts

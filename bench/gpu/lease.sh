@@ -5,7 +5,7 @@
 # then call, back to back (a machine idle for 30 s is given back, and the CUDA wheel with it):
 #   bash bench/gpu/lease.sh tests     carry [".wheels", ".whl", ".gl"]: Vulkan tests while
 #                                     the CUDA wheel builds, then CUDA's kernel tests
-#   bash bench/gpu/lease.sh vulkan    Vulkan benchmarks, quiet; ggrad's Vulkan GEMM A/B
+#   bash bench/gpu/lease.sh vulkan    Vulkan benchmarks, quiet; ggrad's Vulkan GEMM A/B, LoRA (set 41)
 #   bash bench/gpu/lease.sh cuda      CUDA benchmarks and kernel profiles (PDL off and on)
 set -uo pipefail
 phase="$1"
@@ -16,15 +16,15 @@ case "$phase" in
     h=$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8); w=/tmp/cudawheel-$h
     ( ls $w/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
         $w > "$R/build.log" 2>&1; echo "build rc $? at $(el) s" > "$R/build.done" ) &
-    OUT=$R/v1 TESTS="tests/test_amp.py tests/test_kernels.py" TEST_WORKERS=4 TEST_SECONDS=200 bash bench/gpu/h200.sh vulkan tests-only
+    OUT=$R/v1 TESTS="tests/test_amp.py tests/test_kernels.py tests/test_quantized.py" TEST_WORKERS=4 TEST_SECONDS=200 bash bench/gpu/h200.sh vulkan tests-only
     left=$(( 320 - $(el) )); [ $left -gt 60 ] && OUT=$R/v2 TEST_WORKERS=8 TEST_SECONDS=$left bash bench/gpu/h200.sh vulkan tests-only
     while [ ! -f "$R/build.done" ] && [ "$(el)" -lt 470 ]; do sleep 5; done
     cat "$R/build.done" 2>/dev/null || echo "CUDA build not done at $(el) s"
-    [ -f "$R/build.done" ] && OUT=$R/c1 TESTS="tests/test_kernels.py tests/test_amp.py" TEST_WORKERS=6 \
+    [ -f "$R/build.done" ] && OUT=$R/c1 TESTS="tests/test_kernels.py tests/test_amp.py tests/test_quantized.py" TEST_WORKERS=6 \
       TEST_SECONDS=$(( 560 - $(el) )) bash bench/gpu/h200.sh cuda tests-only ;;
   vulkan)
     OUT=$R/medium BLOCKS=5 BLOCK_PRECISION=medium BENCHES="block-bf16" timeout 90 bash bench/gpu/h200.sh vulkan bench-only
-    OUT=$R/rest BLOCKS=5 WITHOUT=GEMM BENCHES="train-high vk-perf-block adam cnn vk-perf-resnet" \
+    OUT=$R/rest BLOCKS=5 WITHOUT=GEMM BENCHES="train-high lora vk-perf-block adam cnn vk-perf-resnet" \
       timeout $(( 540 - $(el) )) bash bench/gpu/h200.sh vulkan bench-only ;;
   cuda)
     OUT=$R/bench BLOCKS=5 BENCHES="train-high block-bf16 cnn-high train-highest" timeout 330 bash bench/gpu/h200.sh cuda bench-only

@@ -1004,7 +1004,8 @@ def _matmul_q(ctx, s, node):
 
 
 # the float32 rows of a quantized matrix one backward reads at a time where no kernel reads
-# its blocks (Vulkan, CUDA): the scratch of g @ W stays this size however large W is
+# its blocks (a ggml without ggrad's kernel set 41 on Vulkan): the scratch of g @ W stays
+# this size however large W is
 QUANT_BACK_CHUNK_BYTES = 16 << 20
 
 
@@ -1013,9 +1014,10 @@ def _matmul_q_back(ctx, s, node):
     """The gradient g @ W of x @ W^T for a quantized W, W never held whole in float32:
     ggrad's kernel (the CPU's, kernel set 20: chunks of W converted in a thread's buffer,
     then the BLAS; CUDA's, kernel set 22: chunks dequantized into pool scratch, then
-    cuBLAS), else ggml's out_prod(W, g^T), which reads W's blocks; where the backend has no
-    OUT_PROD of a quantized W (Vulkan), chunks of W's rows (QUANT_BACK_CHUNK_BYTES of float32
-    each: scratch of this graph) are read with GET_ROWS and multiplied, their products added."""
+    cuBLAS; Vulkan's, kernel set 41: a shader reading W's blocks), else ggml's out_prod(W,
+    g^T), which reads W's blocks; where the backend has neither (Vulkan before set 41),
+    chunks of W's rows (QUANT_BACK_CHUNK_BYTES of float32 each: scratch of this graph) are
+    read with GET_ROWS and multiplied, their products added."""
     g, w = s
     rows = math.prod(node.shape[:-1])
     n_in, n_out = w.contents.ne[0], w.contents.ne[1]
