@@ -290,6 +290,13 @@ def _uncopied(t):
     return t
 
 
+def _storage_alignment() -> int:
+    """The current device's buffer alignment (Vulkan: minStorageBufferOffsetAlignment): a
+    view whose offset from its buffer's start is a multiple of it reads as a tensor of its own."""
+    from . import runtime
+    return runtime.current().backend.alignment
+
+
 def backend_kind() -> str:
     from . import runtime
     return runtime.current().backend.info.kind
@@ -514,8 +521,8 @@ def _slice(ctx, s, node):
     """Elements start, start + step, ... along one axis: a strided view, then a copy, unless
     the view is contiguous (a slice of the outermost axis, a row of a small result) and
     every kernel can read it where it starts: then the view itself, which ggml's allocator
-    keeps alive for its readers. On Vulkan only a view at its buffer's start (ggml-vulkan
-    asserts on storage offsets its device does not align; the fuzzer's attention case)."""
+    keeps alive for its readers. On Vulkan only a view at an offset its device aligns
+    storage to (ggml-vulkan asserts on others in most ops; the fuzzer's attention case)."""
     axis, start, step = node.arg
     x = s[0]
     nb = list(x.contents.nb)
@@ -527,7 +534,7 @@ def _slice(ctx, s, node):
         view = G.ggml_view_4d(ctx, x, 1, *ne[:3], nb[0], nb[1], nb[2], offset)
         return reshape(ctx, G.ggml_cont(ctx, view), node.shape)
     view = G.ggml_view_4d(ctx, x, *ne, nb[1], nb[2], nb[3], offset)
-    if not G.ggml_is_contiguous(view) or (offset and backend_kind() == "vulkan"):
+    if not G.ggml_is_contiguous(view) or (backend_kind() == "vulkan" and view.contents.view_offs % _storage_alignment()):
         return G.ggml_cont(ctx, view)
     # the same memory with the strides of a fresh tensor: ggml calls a view contiguous
     # whatever the strides of its axes of length 1, but some ops (SCALE) assert on them
