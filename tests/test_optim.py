@@ -105,6 +105,33 @@ def test_adam_moments_equal_formula_and_live_in_the_persistent_pool(dev, fused):
     assert state["m"].handle.scope == "persistent" and state["v"].handle.scope == "persistent"
 
 
+@pytest.mark.parametrize("graph", ["concat", "transpose"])
+def test_adam_steps_on_gradients_that_are_strided_copies(dev, graph):
+    """A gradient built as a copy of a strided view (a concat's slice, a transpose's
+    permute), kept as .grad and read by Adam's in-place update in the same graph: the update
+    reads the contiguous copy (a kept value's write may read the view itself; the update may
+    not: ggml asserts on a strided operand there, which killed the process)."""
+    import torch
+    rng = np.random.default_rng(7)
+    a0, b0 = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)
+    k = rng.standard_normal((3, 12) if graph == "concat" else (5, 3)).astype(np.float32)
+
+    def loss(module, a, b, k):
+        return (module.cat([a, b], 1) * k).sum() if graph == "concat" else (a.T * k).sum() + b.sum()
+    a, b = ggrad.param(a0), ggrad.param(b0)
+    opt = Adam([a, b], lr=0.1)
+    ta, tb = torch.tensor(a0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    topt = torch.optim.Adam([ta, tb], lr=0.1)
+    for _ in range(2):
+        with ggrad.grad_tape():
+            loss(F, a, b, ggrad.tensor(k)).backward()
+        opt.step()  # no zero_grad: .grad stays a kept value of the step's graph (gradients accumulate)
+        loss(torch, ta, tb, torch.tensor(k)).backward()
+        topt.step()
+    np.testing.assert_allclose(a.numpy(), ta.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), tb.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_parameter_groups_use_their_own_hyperparameters(dev):
     a, b = ggrad.param(P0), ggrad.param(P0 * 2)
     opt = Adam([{"params": [a]}, {"params": [b], "lr": 0.1, "weight_decay": 0.05}], lr=0.01)

@@ -153,23 +153,26 @@ class Graph:
         return tensor
 
     def write(self, node, dst) -> None:
-        """Copy `node`'s value into the slot `dst` when the graph runs."""
-        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, dst))
+        """Copy `node`'s value into the slot `dst` when the graph runs (from `written(node)`)."""
+        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, self.written(node), dst))
 
-    def computed(self, tensor):
-        """`tensor` as a node of its own: a slot or a view of one is copied out (a later
-        write into that buffer in this graph must not change it). A view of a computed
-        node (a reshape of a gradient) is copied by the write itself, and so is a float32
-        copy of one (a slice Vulkan copied, a permute): the write's CPY reads the view, one
-        node instead of two."""
-        if _root(tensor).contents.op == G.GGML_OP_NONE:
-            return G.ggml_cont(self.ctx, tensor)
-        c = tensor.contents
+    def written(self, node):
+        """What a write of `node` reads: a float32 copy of a view of a computed node (a
+        slice Vulkan copied, a permute) is read as the view, so the copy leaves the graph
+        where nothing else reads it; the view's memory is scratch no in-place write
+        targets, kept by the allocator until the write has read it."""
+        c = node.contents
         view = c.src[0]
         if c.op == G.GGML_OP_CONT and c.type == G.GGML_TYPE_F32 and view.contents.type == G.GGML_TYPE_F32 \
                 and view.contents.view_src and _root(view).contents.op != G.GGML_OP_NONE:
             return view
-        return tensor
+        return node
+
+    def computed(self, tensor):
+        """`tensor` as a node of its own: a slot or a view of one is copied out (a later
+        write into that buffer in this graph must not change it). A view of a computed
+        node (a reshape of a gradient) is copied by the write itself."""
+        return G.ggml_cont(self.ctx, tensor) if _root(tensor).contents.op == G.GGML_OP_NONE else tensor
 
     def expand(self, node) -> None:
         """Add `node` (and what it needs) to the graph: for ops that write in place."""
