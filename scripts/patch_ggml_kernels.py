@@ -50,9 +50,10 @@
 - On Vulkan (set 40): the GEMM kernel (6) as a shader, ggrad_gemm.comp: 64x64 tiles of C,
   operands read through their strides (a transposed view in place: no copies before a
   product's gradients), the bias added to C's rows. Set 41: a quantized product's gradient
-  g @ W (kernel 17) as a shader per block type (ggrad_qmatmul_back.comp, ggml's dequantize
-  functions): W read in its blocks, no float32 rows of it (16 MiB chunks through GET_ROWS
-  before).
+  g @ W (kernel 17) as a shader per block type ggrad loads (ggrad_qmatmul_back.comp, ggml's
+  dequantize functions): W read in its blocks, no float32 rows of it (16 MiB chunks through
+  GET_ROWS before). Set 42: the shader for those eight types only (41 built Q2_K, Q3_K and
+  IQ4_NL too, which ggrad never loads).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -71,7 +72,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 41
+KERNELS_VERSION = 42
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -97,12 +98,11 @@ VULKAN_DISPATCH = """
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
 
-/* the block types ggrad_qmatmul_back.comp is built for (vulkan-shaders-gen: legacy, K, IQ4_NL) */
+/* the block types ggrad_qmatmul_back.comp is built for (QMATMUL_BACK_TYPES) */
 static bool ggml_vk_ggrad_qmatmul_back_type(ggml_type type) {
     switch (type) {
         case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
-        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
-        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
             return true;
         default:
             return false;
@@ -533,8 +533,9 @@ def _patch_file(path: Path, edits: list[tuple[str, str]], mark: str = MARK) -> N
 # modes of SILU_BACK, shared with ggrad/functional/elementwise.py
 RELU_BACK, LEAKY_RELU_BACK = 1, 2
 
-# the block types of Vulkan's quantized backward (ggrad_qmatmul_back.comp, a shader each)
-QMATMUL_BACK_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl")
+# the block types of Vulkan's quantized backward (ggrad_qmatmul_back.comp, a shader each):
+# those ggrad loads (ggrad/runtime/quants.py)
+QMATMUL_BACK_TYPES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k")
 QMATMUL_BACK_TEST = " || ".join(f'tname == "{name}"' for name in QMATMUL_BACK_TYPES)
 
 # the kernels' sources, copied into ggml's tree
