@@ -109,8 +109,8 @@ def test_adam_moments_equal_formula_and_live_in_the_persistent_pool(dev, fused):
 def test_adam_steps_on_gradients_that_are_strided_copies(dev, graph):
     """A gradient built as a copy of a strided view (a concat's slice, a transpose's
     permute), kept as .grad and read by Adam's in-place update in the same graph: the update
-    reads the contiguous copy (a kept value's write may read the view itself; the update may
-    not: ggml asserts on a strided operand there, which killed the process)."""
+    must read the contiguous copy (ggml asserts on a strided operand there: a change that
+    handed it the view killed the process)."""
     import torch
     rng = np.random.default_rng(7)
     a0, b0 = rng.standard_normal((3, 5)).astype(np.float32), rng.standard_normal((3, 7)).astype(np.float32)

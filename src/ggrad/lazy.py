@@ -512,12 +512,8 @@ def _fill_nodes(graph: Graph, order: list[Node], outputs: list[Node], stores: li
         for node in tape:
             if id(node) in built:
                 graph.expand(built[id(node)])
-    # 1. every computation, reading the old buffers (a value as its write will read it; an
-    # effect's source as built: an in-place kernel needs the contiguous copy)
-    for node in values:
-        graph.expand(graph.written(built[id(node)]))
-    for node in (s for e in effects for s in e.srcs):
-        graph.expand(built[id(node)])
+    for node in [*values, *(s for e in effects for s in e.srcs)]:
+        graph.expand(built[id(node)])  # 1. every computation, reading the old buffers
     destinations = [graph.slot(node.shape, node.dtype.storage) for node in values]
     for effect in effects:  # 2. ops that write their targets in place
         room()

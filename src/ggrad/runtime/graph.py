@@ -85,13 +85,6 @@ def node_shape(node) -> tuple[int, int, int, int]:
 _NO_KERNEL = (G.GGML_OP_NONE, G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE)
 
 
-def _root(tensor):
-    """The tensor whose memory `tensor` views (itself where it is no view)."""
-    while tensor.contents.view_src:
-        tensor = tensor.contents.view_src
-    return tensor
-
-
 class Graph:
     """One ggml graph on a device: built once, then run once or many times.
 
@@ -153,26 +146,17 @@ class Graph:
         return tensor
 
     def write(self, node, dst) -> None:
-        """Copy `node`'s value into the slot `dst` when the graph runs (from `written(node)`)."""
-        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, self.written(node), dst))
-
-    def written(self, node):
-        """What a write of `node` reads: a float32 copy of a view of a computed node (a
-        slice Vulkan copied, a permute) is read as the view, so the copy leaves the graph
-        where nothing else reads it; the view's memory is scratch no in-place write
-        targets, kept by the allocator until the write has read it."""
-        c = node.contents
-        view = c.src[0]
-        if c.op == G.GGML_OP_CONT and c.type == G.GGML_TYPE_F32 and view.contents.type == G.GGML_TYPE_F32 \
-                and view.contents.view_src and _root(view).contents.op != G.GGML_OP_NONE:
-            return view
-        return node
+        """Copy `node`'s value into the slot `dst` when the graph runs."""
+        G.ggml_build_forward_expand(self.graph, G.ggml_cpy(self.ctx, node, dst))
 
     def computed(self, tensor):
         """`tensor` as a node of its own: a slot or a view of one is copied out (a later
         write into that buffer in this graph must not change it). A view of a computed
         node (a reshape of a gradient) is copied by the write itself."""
-        return G.ggml_cont(self.ctx, tensor) if _root(tensor).contents.op == G.GGML_OP_NONE else tensor
+        root = tensor
+        while root.contents.view_src:
+            root = root.contents.view_src
+        return G.ggml_cont(self.ctx, tensor) if root.contents.op == G.GGML_OP_NONE else tensor
 
     def expand(self, node) -> None:
         """Add `node` (and what it needs) to the graph: for ops that write in place."""
