@@ -204,6 +204,11 @@ def test_importing_and_starting_every_device_prints_nothing():
     assert done.stdout == "" and done.stderr == "", done.stderr
     shown = subprocess.run([sys.executable, "-m", "ggrad", "info"], capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0 and "devices:" in shown.stdout
+    # each device's line of ggrad's kernels it runs: the cross-entropy kernel everywhere (set 2)
+    from ggrad.runtime import kernels
+    listed = [line for line in shown.stdout.splitlines() if "ggrad's kernels:" in line]
+    assert len(listed) == len(ggrad.devices()), shown.stdout
+    assert kernels.version() < 2 or all("CLASS_CROSS_ENTROPY" in line for line in listed), shown.stdout
 
 
 def test_cpu_computes_a_large_tensor_where_its_copy_lies():

@@ -12,13 +12,15 @@ def info() -> None:
     import logging
 
     import ggrad
-    from ggrad.runtime import backend
+    from ggrad import runtime
+    from ggrad.runtime import backend, kernels
 
     logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")  # ggml's banner too
 
     print(f"ggrad {ggrad.__version__}")
     print(f"ggml-python {metadata.version('ggml-python')} (ggml 0.15.3)")
     print(f"python {sys.version.split()[0]}")
+    print(f"ggrad's kernel set: {kernels.version() or 'none (an unpatched ggml: ggml ops only)'}")
     print("devices:")
     for d in ggrad.devices():
         kind = "GPU" if d.is_gpu else ("CPU" if d.kind == "cpu" else "software")
@@ -29,6 +31,10 @@ def info() -> None:
             used = "" if cores == "none" else " (ggrad uses them at matmul precision 'medium': docs/precision.md)"
             print(f"             matrix cores: {cores}{used}; fp16: {traits.get('fp16', '?')}; "
                   f"bf16: {traits.get('bf16', '?')}; int dot: {traits.get('int dot', '?')}")
+        with ggrad.device(d.name):
+            usable = [name for number, name in sorted(kernels.names().items())
+                      if kernels.supported(runtime.current().backend, number)]
+        print(f"             ggrad's kernels: {', '.join(usable) or 'none'}")
     features = backend.vulkan_shader_features()
     if features is not None:
         print(f"Vulkan shaders built with: {', '.join(features) or 'no optional features'} "

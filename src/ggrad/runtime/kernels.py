@@ -61,6 +61,12 @@ SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAY
          BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
+def names() -> dict[int, str]:
+    """Each kernel's name, by its number (this module's constants)."""
+    return {value: name for name, value in globals().items()
+            if name.isupper() and isinstance(value, int) and value in SINCE}
+
+
 @functools.cache
 def version() -> int:
     """The kernel set's version in the loaded ggml, 0 without it."""
