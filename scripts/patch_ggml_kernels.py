@@ -448,49 +448,19 @@ static bool ggml_vk_ggrad_writes_source(const ggml_tensor * node, int j) {
 
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
-    if (kernel == 9) {
-        ggml_vk_ggrad_adamw_group(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 23) {
-        ggml_vk_ggrad_fold(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 6) {
-        ggml_vk_ggrad_gemm(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 17) {
-        ggml_vk_ggrad_qmatmul_back(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 10 || kernel == 11) {
-        ggml_vk_ggrad_pool(ctx, subctx, dst, kernel == 11);
-        return;
-    }
-    if (kernel >= 20 && kernel <= 22) {
-        ggml_vk_ggrad_bn(ctx, subctx, dst, kernel);
-        return;
-    }
-    if (kernel >= 26 && kernel <= 29) {
-        ggml_vk_ggrad_bn_split(ctx, subctx, dst, kernel);
-        return;
-    }
-    if (kernel == 25) {
-        ggml_vk_ggrad_running_stat(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 18 || kernel == 19) {
-        ggml_vk_ggrad_cell(ctx, subctx, dst, kernel == 19);
-        return;
-    }
-    if (kernel == 3) {
-        ggml_vk_ggrad_adam_hyper(ctx, subctx, dst);
-        return;
-    }
-    if (kernel == 4) {
-        ggml_vk_ggrad_layer_norm_back(ctx, subctx, dst);
-        return;
+    switch (kernel) {
+        case 3:  ggml_vk_ggrad_adam_hyper(ctx, subctx, dst); return;
+        case 4:  ggml_vk_ggrad_layer_norm_back(ctx, subctx, dst); return;
+        case 6:  ggml_vk_ggrad_gemm(ctx, subctx, dst); return;
+        case 9:  ggml_vk_ggrad_adamw_group(ctx, subctx, dst); return;
+        case 10: case 11: ggml_vk_ggrad_pool(ctx, subctx, dst, kernel == 11); return;
+        case 17: ggml_vk_ggrad_qmatmul_back(ctx, subctx, dst); return;
+        case 18: case 19: ggml_vk_ggrad_cell(ctx, subctx, dst, kernel == 19); return;
+        case 20: case 21: case 22: ggml_vk_ggrad_bn(ctx, subctx, dst, kernel); return;
+        case 23: ggml_vk_ggrad_fold(ctx, subctx, dst); return;
+        case 25: ggml_vk_ggrad_running_stat(ctx, subctx, dst); return;
+        case 26: case 27: case 28: case 29: ggml_vk_ggrad_bn_split(ctx, subctx, dst, kernel); return;
+        default: break;  // 1 and 2, the cross-entropy kernels: below
     }
     const bool back = kernel == 2;
     const ggml_tensor * x = dst->src[0];

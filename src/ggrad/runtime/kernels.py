@@ -178,11 +178,15 @@ OP_VARIANTS = {"repeat_back_split": 39}
 UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"repeat_back_split"}}
 
 
+def _trusted(unverified: dict, dev_backend, key) -> bool:
+    """Whether `key` (a kernel, a variant) may run on `dev_backend`: not listed as unverified
+    for its kind, or GGRAD_UNVERIFIED_KERNELS=1."""
+    return key not in unverified.get(dev_backend.info.kind, ()) or os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
+
+
 def variant(dev_backend, name: str) -> bool:
     """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS)."""
-    trusted = name not in UNVERIFIED_VARIANTS.get(dev_backend.info.kind, ()) or \
-        os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
-    return trusted and version() >= OP_VARIANTS[name]
+    return _trusted(UNVERIFIED_VARIANTS, dev_backend, name) and version() >= OP_VARIANTS[name]
 
 
 def supported(dev_backend, kernel: int) -> bool:
@@ -190,8 +194,7 @@ def supported(dev_backend, kernel: int) -> bool:
     ggml's supports_op once per device and kernel, over a small float32 example."""
     key = (dev_backend.name, kernel)  # the device's name: a released backend's id is reused
     if key not in _supported:
-        trusted = kernel not in UNVERIFIED.get(dev_backend.info.kind, ()) or \
-            os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
+        trusted = _trusted(UNVERIFIED, dev_backend, kernel)
         # the CPU's BLAS kernels need OpenBLAS loaded into ggml-cpu; other backends have their own
         blas = kernel not in (GEMM, CONV, CONV_BACK_INPUT, CONV_BACK_WEIGHT, QMATMUL_BACK) or \
             dev_backend.info.kind != "cpu" or blas_sgemm()
