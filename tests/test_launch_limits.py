@@ -138,6 +138,20 @@ def test_an_unlaunchable_node_raises_before_running(dev, monkeypatch):
     assert float((x + 1).sum().item()) == 24.0  # the next graph still runs
 
 
+def test_an_op_the_backend_lacks_raises_naming_its_types(dev, monkeypatch):
+    """A node the backend does not implement is a Python error naming the op, the sources'
+    types and the result's (ggml-cuda's GET_ROWS of a K-quant read "GET_ROWS on float32"),
+    and nothing runs."""
+    backend = type(current().backend)
+    has_op = backend.has_op
+    monkeypatch.setattr(backend, "has_op", lambda self, node: node.contents.op != G.GGML_OP_SQRT and has_op(self, node))
+    x = ggrad.tensor(np.ones((3, 4), np.float32))
+    with pytest.raises(NotImplementedError, match=r"does not support SQRT of f32 into f32 of ggml shape "
+                                                  r"\(4, 3, 1, 1\); nothing was run"):
+        F.sqrt(x).numpy()
+    assert float((x + 1).sum().item()) == 24.0
+
+
 @pytest.mark.skipif("vulkan:0" not in AVAILABLE, reason="no Vulkan device")
 def test_vulkan_tensor_limit_is_found_and_named():
     """The most bytes one tensor may hold (the storage-buffer range: lavapipe's 128 MiB, the

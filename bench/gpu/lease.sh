@@ -21,26 +21,33 @@ cuda_wheel() {
 case "$phase" in
   tests)
     cuda_wheel &
-    OUT=$R/v1 TESTS="tests/test_amp.py tests/test_kernels.py tests/test_quantized.py" TEST_WORKERS=4 TEST_SECONDS=200 bash bench/gpu/h200.sh vulkan tests-only
-    left=$(( 320 - $(el) )); [ $left -gt 60 ] && OUT=$R/v2 TEST_WORKERS=8 TEST_SECONDS=$left bash bench/gpu/h200.sh vulkan tests-only
-    while [ ! -f "$R/build.done" ] && [ "$(el)" -lt 470 ]; do sleep 5; done
+    OUT=$R/v1 TESTS="tests/test_amp.py tests/test_kernels.py tests/test_quantized.py" TEST_WORKERS=4 TEST_SECONDS=180 bash bench/gpu/h200.sh vulkan tests-only
+    left=$(( 330 - $(el) )); [ $left -gt 60 ] && OUT=$R/v2 TEST_WORKERS=8 TEST_SECONDS=$left bash bench/gpu/h200.sh vulkan tests-only
+    while [ ! -f "$R/build.done" ] && [ "$(el)" -lt 420 ]; do sleep 5; done
     cat "$R/build.done" 2>/dev/null || echo "CUDA build not done at $(el) s"
     [ -f "$R/build.done" ] && OUT=$R/c1 TESTS="tests/test_kernels.py tests/test_amp.py tests/test_quantized.py" TEST_WORKERS=6 \
-      TEST_SECONDS=$(( 560 - $(el) )) bash bench/gpu/h200.sh cuda tests-only ;;
+      TEST_SECONDS=$(( 500 - $(el) )) bash bench/gpu/h200.sh cuda tests-only ;;
   vulkan)
     OUT=$R/medium BLOCKS=5 BLOCK_PRECISION=medium BENCHES="block-bf16" timeout 90 bash bench/gpu/h200.sh vulkan bench-only
-    OUT=$R/rest BLOCKS=5 WITHOUT=GEMM BENCHES="train-high lora vk-perf-block adam cnn vk-perf-resnet" \
-      timeout $(( 540 - $(el) )) bash bench/gpu/h200.sh vulkan bench-only ;;
+    OUT=$R/rest BLOCKS=5 WITHOUT=GEMM BENCHES="train-high" timeout 110 bash bench/gpu/h200.sh vulkan bench-only
+    # the GEMM shader at every size (ops.VULKAN_GEMM_MAX_MACS lifted) against ggml's products, same process
+    PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
+      timeout 100 python3 -c "import runpy, sys; import ggrad.ops as o; o.VULKAN_GEMM_MAX_MACS = 1 << 40
+sys.argv[0] = 'bench/train_step.py'; runpy.run_path('bench/train_step.py', run_name='__main__')" \
+      --device vulkan --torch-device cuda --precision high --models mlp-mnist mlp-large --cuda-graph --blocks 5 \
+      --without GEMM > "$R/gemm-every-size.txt" 2>&1
+    OUT=$R/rest2 BLOCKS=5 BENCHES="lora cnn adam" \
+      timeout $(( 450 - $(el) )) bash bench/gpu/h200.sh vulkan bench-only ;;
   cuda)
     cuda_wheel  # at once where the tests phase built it on this machine; ~5 min on a fresh one
-    left=$(( 330 - $(el) )); [ $left -lt 60 ] && left=60  # the benchmarks shrink where the wheel was built here
+    left=$(( 270 - $(el) )); [ $left -lt 60 ] && left=60  # the benchmarks shrink where the wheel was built here
     OUT=$R/bench BLOCKS=5 BENCHES="train-high block-bf16 cnn-high train-highest" timeout $left bash bench/gpu/h200.sh cuda bench-only
     export PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src GGRAD_UNVERIFIED_KERNELS=1
     for pdl in 0 1; do
       GGML_CUDA_PDL=$pdl timeout 70 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
         --kernels > "$R/profile-block-pdl$pdl.txt" 2>&1
     done
-    left=$(( 570 - $(el) ))
+    left=$(( 450 - $(el) ))
     [ $left -gt 30 ] && timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > "$R/profile-resnet.txt" 2>&1 ;;
   *) echo "usage: bash bench/gpu/lease.sh tests|vulkan|cuda"; exit 2 ;;
 esac

@@ -241,9 +241,10 @@ class Graph:
             if not backend.has_op(node):
                 desc = G.ggml_op_desc(node).decode()
                 ne = tuple(node.contents.ne)
+                sources = ", ".join(G.ggml_type_name(src.contents.type).decode() for src in node.contents.src if src)
                 raise NotImplementedError(
                     f"ggml's {backend.info.kind} backend ({self.dev.name}) does not support "
-                    f"{desc} on {GGML_TO_NUMPY.get(node.contents.type, node.contents.type)} "
+                    f"{desc} of {sources} into {G.ggml_type_name(node.contents.type).decode()} "
                     f"of ggml shape {ne}; nothing was run")
 
 
