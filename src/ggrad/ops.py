@@ -245,20 +245,17 @@ def _vulkan_matrix_cores_take(low: int) -> bool:
     return traits.get("fp16", "0") != "0"  # "1", or "dot2" with mixed-precision dot products
 
 
-# Vulkan runs ggrad's GEMM shader (kernel set 40) for float32 products of at most this many
-# multiply-adds: a small step there is its dispatches, and the shader reads transposed views
-# where ggml's mul_mat needs them copied (mlp-small: 10 CONT nodes). Larger products keep
-# ggml's tuned shaders and matrix cores. Not yet timed on a GPU: the bound is to be measured.
-VULKAN_GEMM_MAX_MACS = 1 << 24
-
-
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
     plus `bias` on every row where given, as ggrad's GEMM kernel: float32 products through
-    the CPU's OpenBLAS, CUDA's cuBLAS or a Vulkan shader for small products (a transposed
-    view is read in place, no copy; on CUDA TF32 unless the precision is "highest"). None
-    where the kernel does not serve: autocast, layouts or batch shapes it cannot read."""
+    the CPU's OpenBLAS, CUDA's cuBLAS or a Vulkan shader (a transposed view is read in
+    place, no copy; on CUDA TF32 unless the precision is "highest"). None where the kernel
+    does not serve: autocast, layouts or batch shapes it cannot read, and a Vulkan device
+    started at "medium", whose float32 products ggml's matrix cores take (the shader has none:
+    on an H100 it equals ggml's float32 shaders on mlp-large's products and halves
+    mlp-mnist's step, docs/performance.md)."""
     from . import runtime
+    from .runtime import precision
     dev_backend = runtime.current().backend
     if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
             or not kernels.supported(dev_backend, kernels.GEMM):
@@ -266,8 +263,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    depth = ne_a[1] if trans_a else ne_a[0]
-    if dev_backend.info.kind == "vulkan" and m * n * depth * b2 * b3 > VULKAN_GEMM_MAX_MACS:
+    if dev_backend.info.kind == "vulkan" and precision.vulkan_float16_on(dev_backend.info.name):
         return None
     flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
     added = [] if bias is None else [bias]
