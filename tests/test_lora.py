@@ -128,10 +128,18 @@ K_CONFIG = LlamaConfig(vocab_size=260, dim=256, n_layers=1, n_heads=4, n_kv_head
 BASES = ["q8_0", "q4_0", "q5_1", "q4_k", "q6_k"]
 
 
+@pytest.mark.parametrize("path", ["kernel", "composed"])
 @pytest.mark.parametrize("kind", BASES)
-def test_adapters_over_quantized_weights_get_the_dequantized_models_gradients(tmp_path, dev, kind):
-    """Gradients flow through the quantized weights (read in their blocks) to the adapters
-    as through the float32 model that holds the dequantized values; the step is resident."""
+def test_adapters_over_quantized_weights_get_the_dequantized_models_gradients(tmp_path, dev, kind, path, monkeypatch):
+    """Gradients flow through the quantized weights (read in their blocks by ggrad's kernel,
+    or composed: chunks of rows read to float32) to the adapters as through the float32
+    model that holds the dequantized values; the step is resident."""
+    from ggrad.runtime import kernels
+    if path == "composed":
+        if dev.startswith("cuda") and kind.endswith("_k"):
+            pytest.skip("ggml-cuda's GET_ROWS reads no K-quant blocks: composed, the step is refused (test_quantized)")
+        supported = kernels.supported
+        monkeypatch.setattr(kernels, "supported", lambda b, kernel: kernel != kernels.QMATMUL_BACK and supported(b, kernel))
     config = K_CONFIG if kind.endswith("_k") else CONFIG
     ggrad.manual_seed(4)
     q = gg.load_model(gg.save_model(Llama(config), str(tmp_path / "q.gguf"), dtype=kind))
@@ -162,7 +170,8 @@ def test_adapters_over_quantized_weights_get_the_dequantized_models_gradients(tm
     for (name, a), b in zip(lora.lora_layers(q).items(), lora.lora_layers(reference).values()):
         for got, want in ((a.lora_A.grad, b.lora_A.grad), (a.lora_B.grad, b.lora_B.grad)):
             want = want.numpy()
-            assert np.abs(got.numpy() - want).max() <= tolerance * np.abs(want).max(), name
+            error = np.abs(got.numpy() - want).max() / np.abs(want).max()
+            assert error <= tolerance, f"{name}: {error:.1e} of the largest gradient, tolerance {tolerance:.0e}"
     adapters = [p for p in q.parameters() if p.requires_grad]
     assert_resident_training(lambda x: F.reshape(q(x), (-1, config.vocab_size)), adapters, x, y)
 
