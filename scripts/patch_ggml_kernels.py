@@ -72,7 +72,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 42
+KERNELS_VERSION = 43
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -555,6 +555,49 @@ def _replace_all(path: Path, old: str, new: str, count: int) -> None:
         raise SystemExit(f"{path.name}: expected {count} of {old!r}, found {text.count(old)}")
     path.write_text(text.replace(old, new))
 
+# set 43: contiguous casts between float32 and float16/bfloat16, four values a thread through
+# vector loads and stores, each value converted by ggml's own ggml_cuda_cast (the same bits as
+# its one-value-a-thread kernel, whose blocks of 64 moved an H100's autocast casts at ~0.5 TB/s:
+# 22 casts, 1.63 ms of the bf16 block's 7.5). A node asks with op_params[0] = 1 (ggml's CPY
+# leaves it 0), as ops.as_type does where kernels.variant trusts "cast_x4".
+CUDA_CAST_X4 = """/* """ + MARK + """: contiguous casts, four values a thread */
+template <typename src_t, typename dst_t>
+static __global__ void ggrad_cpy_contiguous_x4(const src_t * __restrict__ x, dst_t * __restrict__ dst, const int64_t ne) {
+    struct alignas(4*sizeof(src_t)) src4 { src_t v[4]; };
+    struct alignas(4*sizeof(dst_t)) dst4 { dst_t v[4]; };
+    const int64_t i = 4*((int64_t) blockDim.x*blockIdx.x + threadIdx.x);
+    if (i + 4 <= ne) {
+        const src4 a = *(const src4 *) (x + i);
+        dst4 b;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            b.v[k] = ggml_cuda_cast<dst_t>(a.v[k]);
+        }
+        *(dst4 *) (dst + i) = b;
+    } else {
+        for (int64_t k = i; k < ne; ++k) {
+            dst[k] = ggml_cuda_cast<dst_t>(x[k]);
+        }
+    }
+}
+
+/* ggml's one-value-a-thread kernel unless asked and both ends take 4-value vectors */
+template <typename src_t, typename dst_t>
+static void ggrad_cpy_contiguous_cuda(const char * cx, char * cdst, const int64_t ne, cudaStream_t stream,
+                                      const bool vectorized) {
+    if (!vectorized || (uintptr_t) cx % (4*sizeof(src_t)) != 0 || (uintptr_t) cdst % (4*sizeof(dst_t)) != 0) {
+        ggml_cpy_scalar_contiguous_cuda<src_t, dst_t>(cx, cdst, ne, stream);
+        return;
+    }
+    const int64_t blocks = ((ne + 3)/4 + 255)/256;
+    GGML_ASSERT(blocks <= INT_MAX);
+    ggrad_cpy_contiguous_x4<src_t, dst_t><<<(unsigned int) blocks, 256, 0, stream>>>((const src_t *) cx, (dst_t *) cdst, ne);
+}
+
+void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1, bool vectorized) {
+"""
+
+
 CUDA_REPEAT_BACK = """template <typename T>
 static __global__ void k_repeat_back_rows(
     const T * __restrict__ src, T * __restrict__ dst, float * __restrict__ partial, const int splits,
@@ -892,6 +935,8 @@ def patch(tree: Path) -> None:
         ("        case GGML_OP_OPT_STEP_SGD:\n            ggml_cuda_opt_step_sgd(ctx, dst);\n            break;\n",
          "        case GGML_OP_OPT_STEP_SGD:\n            ggml_cuda_opt_step_sgd(ctx, dst);\n            break;\n"
          "        case GGML_OP_GGRAD:\n            ggml_cuda_op_ggrad(ctx, dst);\n            break;\n"),
+        ("            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1]);\n",
+         "            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1], ggml_get_op_params_i32(dst, 0) == 1);\n"),
         ("        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n",
          "        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n"
          "        case GGML_OP_GGRAD:\n            return ggml_cuda_ggrad_supported(op);\n"),
@@ -919,6 +964,17 @@ def patch(tree: Path) -> None:
          "        silu_back_cuda((const float*)src0_d, (const float*)src1_d, (float *)dst_d, ggml_nelements(src0),\n"
          "                       ggml_get_op_params_i32(dst, 0), ggml_get_op_params_f32(dst, 1), stream);"),
     ])
+    _patch_file(cuda / "cpy.cuh", [
+        ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1);",
+         f"void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1,\n"
+         f"                   bool vectorized = false); /* {MARK}: contiguous casts four values a thread */"),
+    ])
+    _patch_file(cuda / "cpy.cu", [
+        ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1) {\n",
+         CUDA_CAST_X4),
+    ] + [(f"            ggml_cpy_scalar_contiguous_cuda<{a}, {b}>\n                (src0_ddc, src1_ddc, ne, main_stream);",
+          f"            ggrad_cpy_contiguous_cuda<{a}, {b}>(src0_ddc, src1_ddc, ne, main_stream, vectorized);")
+         for a, b in (("float", "nv_bfloat16"), ("float", "half"), ("half", "float"), ("nv_bfloat16", "float"))])
     _patch_file(cuda / "binbcast.cu", [
         ("template <typename T>\nstatic void repeat_back_cuda(", CUDA_REPEAT_BACK),
         ("    const int64_t ne0, const int64_t ne1, const int64_t ne2, const int64_t ne3, cudaStream_t stream) {\n\n"

@@ -125,6 +125,41 @@ def test_sums_over_broadcast_axes_equal_float64(dev, shape, kept):
     assert np.all(np.abs(b.grad.numpy() - expected) <= bound + 1e-6)
 
 
+def _cast_inputs(n: int, low: str) -> np.ndarray:
+    """n float32 values with each case a cast must round: ties (to even), values past the
+    low type's range, its subnormals, NaN, infinities and -0."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(np.float32)
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000], np.uint32).view(np.float32)  # bf16 ties
+    if low == "float16":
+        ties = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 2.0 ** -25, 3 * 2.0 ** -25], np.float32)
+    special = np.concatenate([ties, np.array([70000.0, -1e30, 1e-40, 5e-8, np.nan, np.inf, -np.inf, -0.0],
+                                             np.float32)])
+    x[:min(n, special.size)] = special[:n]
+    return x
+
+
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+@pytest.mark.parametrize("n", [1, 3, 4, 4099])
+def test_casts_between_float32_and_half_types_round_as_torchs(dev, low, n):
+    """float32 -> float16/bfloat16 rounds as torch's casts (to nearest even, past the range
+    to infinity, NaN kept), bit for bit, and back to float32 exactly: for sizes that fill
+    and part-fill CUDA's four-value vectors (kernel set 43) and from a value one place past
+    its buffer's start (CUDA's vectors then fall back to a value a thread)."""
+    x = _cast_inputs(n, low)
+    dtype, tdtype = getattr(ggrad, low), getattr(torch, low)
+    want = torch.from_numpy(x).to(tdtype).float().numpy()
+    whole = ggrad.tensor(np.concatenate([[1.0], x]).astype(np.float32))
+    for source in (ggrad.tensor(x), whole[1:]):
+        got = source.to(dtype).float().numpy()
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        finite = ~np.isnan(want)
+        np.testing.assert_array_equal(got[finite].view(np.uint32), want[finite].view(np.uint32))
+    rounded = want.copy()
+    back = ggrad.tensor(rounded).to(dtype).float().numpy()
+    np.testing.assert_array_equal(back[~np.isnan(rounded)].view(np.uint32), rounded[~np.isnan(rounded)].view(np.uint32))
+
+
 def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):
     """A changed ggml op not yet run on a backend's device (as CUDA's split REPEAT_BACK was
     until an H100 passed its tests) is asked for only under GGRAD_UNVERIFIED_KERNELS=1."""

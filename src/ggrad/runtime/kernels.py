@@ -174,8 +174,10 @@ UNVERIFIED: dict[str, set[int]] = {}
 # named here, trusted as UNVERIFIED's kernels are, and since the kernel set that added each.
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
-OP_VARIANTS = {"repeat_back_split": 39}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+# cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
+# four values a thread (set 43: compile-checked, not yet run on a GPU).
+OP_VARIANTS = {"repeat_back_split": 39, "cast_x4": 43}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
