@@ -592,6 +592,7 @@ static void ggrad_cpy_contiguous_cuda(const char * cx, char * cdst, const int64_
     const int64_t blocks = ((ne + 3)/4 + 255)/256;
     GGML_ASSERT(blocks <= INT_MAX);
     ggrad_cpy_contiguous_x4<src_t, dst_t><<<(unsigned int) blocks, 256, 0, stream>>>((const src_t *) cx, (dst_t *) cdst, ne);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1, bool vectorized) {
