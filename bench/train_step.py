@@ -181,10 +181,13 @@ def _with_setting(runner, module, name: str, value):
 
 def without_kernels(names: list[str], runner):
     """`runner` whose every call builds with ggrad's kernels `names` refused (the composed
-    forms instead); a compiled step's replays never ask again."""
+    forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
+    cast_x4) left unasked; a compiled step's replays never ask again."""
     from ggrad.runtime import kernels
-    refused = {getattr(kernels, name) for name in names}
-    supported = kernels.supported
+    refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
+    unasked = {name for name in names if name in kernels.OP_VARIANTS}
+    supported, variant = kernels.supported, kernels.variant
+    runner = _with_setting(runner, kernels, "variant", lambda backend, name: name not in unasked and variant(backend, name))
     return _with_setting(runner, kernels, "supported",
                          lambda backend, kernel: kernel not in refused and supported(backend, kernel))
 
@@ -277,7 +280,7 @@ def main() -> None:
                          "on the device, the others' from the host")
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
-                         "e.g. GEMM ADAMW_GROUP): an A/B in one process")
+                         "e.g. GEMM ADAMW_GROUP) or ggml op variants unasked (cast_x4): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")

@@ -59,7 +59,7 @@ bench train-high 100 bench/train_step.py --device "$mode" --torch-device cuda --
   --models mlp-small mlp-mnist mlp-large $graph $blocks $without
 # BLOCK_PRECISION=medium: the block with Vulkan's matrix cores on (ggrad turns them off below "medium")
 bench block-bf16 80 bench/train_step.py --device "$mode" --torch-device cuda --precision "${BLOCK_PRECISION:-high}" --amp bf16 \
-  --models block $graph $blocks
+  --models block $graph $blocks $without
 # issue 28's rows: the 2-conv cnn and the ResNet-18 layout, against PyTorch eager and its
 # CUDA graph (fp32 "highest"), then the ResNet in bf16 autocast
 bench cnn 100 bench/train_step.py --device "$mode" --torch-device cuda --models cnn resnet $graph --blocks 3 --steps 10 $without

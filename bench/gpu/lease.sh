@@ -6,7 +6,8 @@
 #   bash bench/gpu/lease.sh tests     carry [".wheels", ".whl", ".gl"]: Vulkan tests while
 #                                     the CUDA wheel builds, then CUDA's kernel tests
 #   bash bench/gpu/lease.sh vulkan    Vulkan benchmarks, quiet; ggrad's Vulkan GEMM A/B, LoRA (set 41)
-#   bash bench/gpu/lease.sh cuda      CUDA benchmarks and kernel profiles (PDL off and on)
+#   bash bench/gpu/lease.sh cuda      CUDA benchmarks (the bf16 block with and without set 43's casts)
+#                                     and kernel profiles
 set -uo pipefail
 phase="$1"
 R=/tmp/lease-$phase; mkdir -p "$R"; t0=$(date +%s)
@@ -40,13 +41,13 @@ sys.argv[0] = 'bench/train_step.py'; runpy.run_path('bench/train_step.py', run_n
       timeout $(( 450 - $(el) )) bash bench/gpu/h200.sh vulkan bench-only ;;
   cuda)
     cuda_wheel  # at once where the tests phase built it on this machine; ~5 min on a fresh one
-    left=$(( 270 - $(el) )); [ $left -lt 60 ] && left=60  # the benchmarks shrink where the wheel was built here
-    OUT=$R/bench BLOCKS=5 BENCHES="train-high block-bf16 cnn-high train-highest" timeout $left bash bench/gpu/h200.sh cuda bench-only
+    OUT=$R/block BLOCKS=5 BENCHES="block-bf16" WITHOUT=cast_x4 timeout 90 bash bench/gpu/h200.sh cuda bench-only
+    left=$(( 330 - $(el) )); [ $left -lt 60 ] && left=60  # the benchmarks shrink where the wheel was built here
+    OUT=$R/bench BLOCKS=5 BENCHES="train-high cnn-high train-highest" timeout $left bash bench/gpu/h200.sh cuda bench-only
     export PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src GGRAD_UNVERIFIED_KERNELS=1
-    for pdl in 0 1; do
-      GGML_CUDA_PDL=$pdl timeout 70 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
-        --kernels > "$R/profile-block-pdl$pdl.txt" 2>&1
-    done
+    # kernel by kernel (PDL on and off gave the same times at set 42: one run now)
+    timeout 70 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --kernels \
+      > "$R/profile-block.txt" 2>&1
     left=$(( 450 - $(el) ))
     [ $left -gt 30 ] && timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > "$R/profile-resnet.txt" 2>&1 ;;
   *) echo "usage: bash bench/gpu/lease.sh tests|vulkan|cuda"; exit 2 ;;
