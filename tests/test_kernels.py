@@ -479,15 +479,17 @@ def _gemm_loaded() -> bool:
     return kernels.supported(ggrad.runtime.current().backend, kernels.GEMM)
 
 
-def _product_step_counts() -> dict[str, int]:
-    """The compiled nodes of a linear layer's forward and both gradients."""
+def _product_step_counts(low=None) -> dict[str, int]:
+    """The compiled nodes of a linear layer's forward and both gradients (under autocast
+    to `low` where given)."""
     x = ggrad.tensor(np.ones((16, 24), np.float32), requires_grad=True)
     w = ggrad.tensor(np.ones((8, 24), np.float32), requires_grad=True)
 
     @ggrad.compile
     def step(x, w):
         with ggrad.grad_tape():
-            y = (x @ w.T).sum()
+            with ggrad.autocast(dtype=low or ggrad.bfloat16, enabled=low is not None):
+                y = (x @ w.T).sum()
             y.backward()
         return y
 
@@ -505,6 +507,18 @@ def test_products_are_gemm_nodes_without_transposed_copies(dev):
     counts = _product_step_counts()
     assert counts.get("GGRAD") == 3, counts
     assert not {"MUL_MAT", "OUT_PROD", "CONT", "TRANSPOSE"} & set(counts), counts
+
+
+def test_vulkan_autocast_products_without_matrix_cores_are_gemm_nodes_of_the_rounded_operands(dev):
+    """Where Vulkan has no low-precision product (no matrix cores, or below "medium"), an
+    autocast product multiplies its operands rounded to the low type in float32: through
+    ggrad's GEMM shader, a transposed operand rounded straight from its view (no MUL_MAT,
+    no transposed copy)."""
+    from ggrad import ops
+    if dev.split(":")[0] != "vulkan" or not _gemm_loaded() or ops._vulkan_matrix_cores_take(ops.G.GGML_TYPE_BF16):
+        pytest.skip(f"{dev}: not a Vulkan device with the GEMM kernel and its matrix cores off")
+    counts = _product_step_counts(ggrad.bfloat16)
+    assert counts.get("GGRAD") == 3 and not {"MUL_MAT", "CONT"} & set(counts), counts
 
 
 def test_vulkan_leaves_products_to_ggmls_matrix_cores_at_medium(dev, monkeypatch):

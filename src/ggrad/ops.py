@@ -46,13 +46,15 @@ def contiguous(ctx, x):
 def as_type(ctx, x, ggml_type):
     """`x` in `ggml_type`: one cast per source and type in a graph, so a weight read by a
     product forward and by its gradient's product is cast once. A contiguous copy of a
-    view (attention's permuted heads) is cast from the view: one pass over the values, and
-    the copy leaves the graph where nothing else reads it."""
+    view (attention's permuted heads, a transposed operand) is cast from the view: one
+    pass over the values, and the copy leaves the graph where nothing else reads it."""
     if x.contents.type == ggml_type:
         return x
 
     def cast():
-        view = _uncopied(x)
+        # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
+        # cast of such a view reads a value a thread across rows: there the copy stays
+        view = _uncopied(x, transposes=backend_kind() != "cuda")
         from_view = None if view is x else _supported(G.ggml_cast(ctx, view, ggml_type))
         return _vectorized(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view)
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
@@ -236,6 +238,9 @@ def _product(ctx, src0, src1, arg):
         if fast is not None:
             return fast
         src0, src1 = as_type(ctx, src0, F32), as_type(ctx, as_type(ctx, src1, kind), F32)
+        exact = _gemm(ctx, src1, src0, False, True, ("highest", None))  # the rounded operands, float32 sums
+        if exact is not None:
+            return exact
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
 
 
@@ -286,12 +291,14 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 
-def _uncopied(t):
-    """The view a CONT copies (attention's heads: a permute of the projections), else `t`:
-    the GEMM kernel reads a view's strided rows in place, and the copy, which no other
-    node may need, is then left out of the graph (it was 16% of char_lm's step)."""
+def _uncopied(t, transposes: bool = True):
+    """The view a CONT copies (attention's heads: a permute of the projections; a
+    transpose, unless `transposes` is False), else `t`: the GEMM kernel reads a view's
+    strided rows in place, and the copy, which no other node may need, is then left out
+    of the graph (it was 16% of char_lm's step)."""
     c = t.contents
-    if c.op == G.GGML_OP_CONT and c.src[0] and c.src[0].contents.op in (G.GGML_OP_PERMUTE, G.GGML_OP_VIEW):
+    views = (G.GGML_OP_PERMUTE, G.GGML_OP_VIEW) + ((G.GGML_OP_TRANSPOSE,) if transposes else ())
+    if c.op == G.GGML_OP_CONT and c.src[0] and c.src[0].contents.op in views:
         return c.src[0]
     return t
 
