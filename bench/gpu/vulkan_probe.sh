@@ -9,6 +9,8 @@
 #   conv-gemm.txt           cnn and ResNet with ggrad's GEMM shader for every float32 product
 #                           against ggml's mul_mat, same process
 #   block-gemm.txt          the same for the block at "high"
+#   block-bf16-high.txt     the bf16 block at "high" (matrix cores off): its products of rounded
+#                           operands through the GEMM shader since d34ca52 (set 36: 11.2 ms)
 #   conv-per-image.txt      convolutions in the per-image product layout (conv.PER_IMAGE_PRODUCT_KINDS)
 #   ops-lora.txt            test_ops then test_lora in one process: the failing worker's order
 set -uo pipefail
@@ -26,6 +28,8 @@ timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --mod
 echo "conv at $(( $(date +%s) - t0 )) s"
 timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision high --models block --cuda-graph \
   --blocks 3 --without GEMM > $OUT/block-gemm.txt 2>&1
+timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision high --amp bf16 --models block \
+  --cuda-graph --blocks 3 --without GEMM > $OUT/block-bf16-high.txt 2>&1
 timeout 70 python3 -c "import runpy, sys; import ggrad.functional.conv as c; c.PER_IMAGE_PRODUCT_KINDS = frozenset({'cpu', 'cuda', 'vulkan'})
 sys.argv[0] = 'bench/train_step.py'; runpy.run_path('bench/train_step.py', run_name='__main__')" \
   --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 --steps 6 > $OUT/conv-per-image.txt 2>&1
