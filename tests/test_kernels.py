@@ -509,6 +509,21 @@ def test_products_are_gemm_nodes_without_transposed_copies(dev):
     assert not {"MUL_MAT", "OUT_PROD", "CONT", "TRANSPOSE"} & set(counts), counts
 
 
+def test_broadcast_products_read_the_shared_operand_in_place(dev):
+    """x @ w with w's batch broadcast over x's: where the GEMM kernel is loaded, one node
+    reads w for every batch in place (ggml's mul_mat on Vulkan broadcasts no inner batch
+    dim, and w was repeated first); the values are float64's."""
+    rng = np.random.default_rng(3)
+    xv, wv = rng.standard_normal((4, 3, 16, 24)).astype(np.float32), rng.standard_normal((3, 24, 8)).astype(np.float32)
+    step = ggrad.compile(lambda x, w: x @ w)
+    step(xv, ggrad.tensor(wv))
+    got = step(xv, ggrad.tensor(wv)).numpy()
+    np.testing.assert_allclose(got, xv.astype(np.float64) @ wv.astype(np.float64), rtol=1e-5, atol=1e-5)
+    if _gemm_loaded():
+        counts = step.op_counts()
+        assert counts.get("GGRAD") == 1 and "REPEAT" not in counts and "MUL_MAT" not in counts, counts
+
+
 def test_vulkan_autocast_products_without_matrix_cores_are_gemm_nodes_of_the_rounded_operands(dev):
     """Where Vulkan has no low-precision product (no matrix cores, or below "medium"), an
     autocast product multiplies its operands rounded to the low type in float32: through

@@ -332,12 +332,17 @@ def _marked(product, arg):
 @compute("matmul_nt")
 def _matmul_nt(ctx, s, node):
     """a @ b^T, contracting the last axes: ggml's mul_mat(b, a) with no transposes. b's
-    batch dims may be smaller (broadcast); where the backend does not broadcast them
-    (Vulkan: not the outermost), b is repeated to a's batch first."""
+    batch dims may be smaller (broadcast): the GEMM kernel reads them in place; where it
+    does not serve and ggml's product does not broadcast them (Vulkan: not the
+    outermost), b is repeated to a's batch first."""
     a, b = s
     ne_a, ne_b = a.contents.ne, b.contents.ne
-    if tuple(ne_b[2:]) != tuple(ne_a[2:]) and _supported(G.ggml_mul_mat(ctx, b, a)) is None:
-        b = G.ggml_repeat_4d(ctx, b, ne_b[0], ne_b[1], ne_a[2], ne_a[3])
+    if tuple(ne_b[2:]) != tuple(ne_a[2:]):
+        broadcast = _gemm(ctx, a, b, False, True, node.arg)
+        if broadcast is not None:
+            return reshape(ctx, broadcast, node.shape)
+        if _supported(G.ggml_mul_mat(ctx, b, a)) is None:
+            b = G.ggml_repeat_4d(ctx, b, ne_b[0], ne_b[1], ne_a[2], ne_a[3])
     return reshape(ctx, _product(ctx, b, a, node.arg), node.shape)
 
 
