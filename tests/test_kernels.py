@@ -162,7 +162,8 @@ def test_casts_between_float32_and_half_types_round_as_torchs(dev, low, n):
 
 def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):
     """A changed ggml op not yet run on a backend's device (as CUDA's split REPEAT_BACK was
-    until an H100 passed its tests) is asked for only under GGRAD_UNVERIFIED_KERNELS=1."""
+    until an H100 passed its tests) is asked for only under GGRAD_UNVERIFIED_KERNELS=1;
+    other backends never ask."""
     class Info:
         kind = "cuda"
 
@@ -173,6 +174,8 @@ def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):
     assert not kernels.variant(Backend(), "repeat_back_split")
     monkeypatch.setenv("GGRAD_UNVERIFIED_KERNELS", "1")
     assert kernels.variant(Backend(), "repeat_back_split") == (kernels.version() >= 39)
+    Info.kind = "vulkan"  # a backend whose ggml has no such change never asks
+    assert not kernels.variant(Backend(), "repeat_back_split")
 
 
 needs_cross_entropy_kernel = pytest.mark.skipif(kernels.version() < 2, reason="ggml built without ggrad's op")

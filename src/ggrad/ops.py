@@ -56,18 +56,19 @@ def as_type(ctx, x, ggml_type):
         # cast of such a view reads a value a thread across rows: there the copy stays
         view = _uncopied(x, transposes=backend_kind() != "cuda")
         from_view = None if view is x else _supported(G.ggml_cast(ctx, view, ggml_type))
-        return _vectorized(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view)
+        # cast_x4: CUDA four values a thread (its one-value-a-thread kernel ran an H100's
+        # autocast casts at ~0.5 TB/s)
+        return _asking(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view, "cast_x4")
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
-def _vectorized(cast):
-    """`cast` asking CUDA to move four values a thread where trusted (kernels.OP_VARIANTS:
-    ggml's one-value-a-thread kernel ran an H100's autocast casts at ~0.5 TB/s)."""
+def _asking(node, name: str):
+    """`node` asking for ggml's changed op `name` (op_params[0] = 1) where the current
+    backend has it and trusts it (kernels.OP_VARIANTS)."""
     from . import runtime
-    dev_backend = runtime.current().backend
-    if dev_backend.info.kind == "cuda" and kernels.variant(dev_backend, "cast_x4"):
-        cast.contents.op_params[0] = 1
-    return cast
+    if kernels.variant(runtime.current().backend, name):
+        node.contents.op_params[0] = 1
+    return node
 
 
 def compute(name: str, keep_int: bool = False):
@@ -757,15 +758,10 @@ def _class_cross_entropy(ctx, s, node):
 
 
 def _repeat_back(ctx, x, like):
-    """ggml's REPEAT_BACK, asking CUDA to split the repeats between blocks where trusted
-    (kernels.OP_VARIANTS): a 512-wide bias gradient over 8192 rows otherwise runs on 16
-    of an H100's 132 multiprocessors."""
-    from . import runtime
-    node = G.ggml_repeat_back(ctx, x, like)
-    dev_backend = runtime.current().backend
-    if dev_backend.info.kind == "cuda" and kernels.variant(dev_backend, "repeat_back_split"):
-        node.contents.op_params[0] = 1
-    return node
+    """ggml's REPEAT_BACK, asking CUDA to split the repeats between blocks where trusted:
+    a 512-wide bias gradient over 8192 rows otherwise runs on 16 of an H100's 132
+    multiprocessors."""
+    return _asking(G.ggml_repeat_back(ctx, x, like), "repeat_back_split")
 
 
 def _supported(node):

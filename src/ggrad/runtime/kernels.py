@@ -171,12 +171,13 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for in its op_params (where ggml leaves them 0),
-# named here, trusted as UNVERIFIED's kernels are, and since the kernel set that added each.
+# named here with the backend kind that has each and the kernel set that added it, trusted
+# as UNVERIFIED's kernels are.
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
 # cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
 # four values a thread (set 43: compile-checked, not yet run on a GPU).
-OP_VARIANTS = {"repeat_back_split": 39, "cast_x4": 43}
+OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43)}
 UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4"}}
 
 
@@ -187,8 +188,10 @@ def _trusted(unverified: dict, dev_backend, key) -> bool:
 
 
 def variant(dev_backend, name: str) -> bool:
-    """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS)."""
-    return _trusted(UNVERIFIED_VARIANTS, dev_backend, name) and version() >= OP_VARIANTS[name]
+    """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS):
+    its kind has it, the loaded kernel set has it, and it is trusted there."""
+    kind, since = OP_VARIANTS[name]
+    return dev_backend.info.kind == kind and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
 
 
 def supported(dev_backend, kernel: int) -> bool:
