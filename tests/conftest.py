@@ -102,6 +102,14 @@ def rounds_quantized_activations(dev: str) -> bool:
     return not dev.startswith("vulkan") or vulkan_traits(dev).get("int dot") != "0"
 
 
+def without_quantized_backward_kernel(monkeypatch) -> None:
+    """ggrad's quantized-backward kernel refused for the test: the composed path (chunks of
+    W's rows read to float32), its oracle, runs instead."""
+    from ggrad.runtime import kernels
+    supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda b, kernel: kernel != kernels.QMATMUL_BACK and supported(b, kernel))
+
+
 def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e-5, err_msg: str = "") -> None:
     """np.testing.assert_allclose; where products run in TF32 (`tf32`: ~1e-3 of the
     operands' size, not of each result), within 5e-3 of the largest |desired|."""

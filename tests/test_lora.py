@@ -15,7 +15,7 @@ from ggrad import nn
 from ggrad.functional import quantized
 from ggrad.models import Llama, LlamaConfig
 from ggrad.nn import lora
-from conftest import assert_resident_training, rounds_quantized_activations
+from conftest import assert_resident_training, rounds_quantized_activations, without_quantized_backward_kernel
 
 CONFIG = LlamaConfig(vocab_size=260, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=32)
 
@@ -134,12 +134,10 @@ def test_adapters_over_quantized_weights_get_the_dequantized_models_gradients(tm
     """Gradients flow through the quantized weights (read in their blocks by ggrad's kernel,
     or composed: chunks of rows read to float32) to the adapters as through the float32
     model that holds the dequantized values; the step is resident."""
-    from ggrad.runtime import kernels
     if path == "composed":
         if dev.startswith("cuda") and kind.endswith("_k"):
             pytest.skip("ggml-cuda's GET_ROWS reads no K-quant blocks: composed, the step is refused (test_quantized)")
-        supported = kernels.supported
-        monkeypatch.setattr(kernels, "supported", lambda b, kernel: kernel != kernels.QMATMUL_BACK and supported(b, kernel))
+        without_quantized_backward_kernel(monkeypatch)
     config = K_CONFIG if kind.endswith("_k") else CONFIG
     ggrad.manual_seed(4)
     q = gg.load_model(gg.save_model(Llama(config), str(tmp_path / "q.gguf"), dtype=kind))

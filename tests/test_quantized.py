@@ -10,6 +10,7 @@ import ggrad
 from ggrad import dtypes
 from ggrad.functional import quantized
 from ggrad.runtime import backend, quants
+from conftest import without_quantized_backward_kernel
 
 KINDS = list(dtypes.QUANTIZED)
 # the largest error of a dequantized weight, relative to its row's largest magnitude:
@@ -82,12 +83,6 @@ def test_the_vulkan_banner_is_read_into_each_devices_traits(monkeypatch):
     assert backend.vulkan_traits("vulkan:3") == {} and backend.vulkan_traits("cpu") == {}
 
 
-def _without_quantized_backward_kernel(monkeypatch):
-    from ggrad.runtime import kernels
-    supported = kernels.supported
-    monkeypatch.setattr(kernels, "supported", lambda b, kernel: kernel != kernels.QMATMUL_BACK and supported(b, kernel))
-
-
 @pytest.mark.parametrize("path", ["kernel", "composed"])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("rows,cols", [(1, 512), (37, 512), (20, 768)], ids=["one row", "37 rows", "768 columns"])
@@ -100,7 +95,7 @@ def test_the_input_gradient_through_a_quantized_weight_is_g_times_its_values(dev
     from ggrad import ops
     monkeypatch.setattr(ops, "QUANT_BACK_CHUNK_BYTES", 128 * cols * 4)
     if path == "composed":
-        _without_quantized_backward_kernel(monkeypatch)
+        without_quantized_backward_kernel(monkeypatch)
     w = weights(rows=300, cols=cols, seed=3)
     q = quantized.quantize(w, dtypes.QUANTIZED[kind])
     rng = np.random.default_rng(4)

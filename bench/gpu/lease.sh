@@ -30,13 +30,8 @@ case "$phase" in
       TEST_SECONDS=$(( 500 - $(el) )) bash bench/gpu/h200.sh cuda tests-only ;;
   vulkan)
     OUT=$R/medium BLOCKS=5 BLOCK_PRECISION=medium BENCHES="block-bf16" timeout 90 bash bench/gpu/h200.sh vulkan bench-only
+    # the GEMM shader (every float32 product below "medium") against ggml's products, same process
     OUT=$R/rest BLOCKS=5 WITHOUT=GEMM BENCHES="train-high" timeout 110 bash bench/gpu/h200.sh vulkan bench-only
-    # the GEMM shader at every size (ops.VULKAN_GEMM_MAX_MACS lifted) against ggml's products, same process
-    PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json \
-      timeout 100 python3 -c "import runpy, sys; import ggrad.ops as o; o.VULKAN_GEMM_MAX_MACS = 1 << 40
-sys.argv[0] = 'bench/train_step.py'; runpy.run_path('bench/train_step.py', run_name='__main__')" \
-      --device vulkan --torch-device cuda --precision high --models mlp-mnist mlp-large --cuda-graph --blocks 5 \
-      --without GEMM > "$R/gemm-every-size.txt" 2>&1
     OUT=$R/rest2 BLOCKS=5 BENCHES="lora cnn adam" \
       timeout $(( 450 - $(el) )) bash bench/gpu/h200.sh vulkan bench-only ;;
   cuda)
