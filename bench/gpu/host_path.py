@@ -1,0 +1,65 @@
+"""Where a small compiled step's time goes on a GPU (issue 25's mlp-small at "high"): the
+step as timed by train_step.py (graphs left running), the same waiting for the device after
+each step, and the host's share alone (the graph computes replaced by nothing: ggrad's
+Python replay path, its uploads and bookkeeping).
+
+    python bench/gpu/host_path.py --device cuda --precision high --model mlp-small
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import train_step as T  # noqa: E402
+
+import ggrad  # noqa: E402
+from ggrad.runtime import backend  # noqa: E402
+
+
+def per_step(step, sync, steps: int, blocks: int, each: bool = False) -> float:
+    times = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step(i)
+            if each:
+                sync()
+        sync()
+        times.append((time.perf_counter() - t0) / steps)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="mlp-small", choices=list(T.MODELS))
+    ap.add_argument("--precision", default="high")
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--blocks", type=int, default=7)
+    args = ap.parse_args()
+    ggrad.set_float32_matmul_precision(args.precision)
+    _, sample, classes, batch = T.MODELS[args.model]
+    step, sync = T.ggrad_step_fn(args.model, T.batches(sample, classes, batch), args.device, fused=None)
+    for i in range(50):
+        step(i)
+    sync()
+    queued = per_step(step, sync, args.steps, args.blocks)
+    waited = per_step(step, sync, args.steps, args.blocks, each=True)
+    compute = backend.Backend.compute
+    backend.Backend.compute = lambda self, graph: None
+    try:
+        host = per_step(step, sync, args.steps, args.blocks)
+    finally:
+        backend.Backend.compute = compute
+    print(f"{args.model} on {args.device} at {args.precision!r}, us per step (medians of {args.blocks} blocks "
+          f"of {args.steps}): graphs left running {queued:.1f}; waiting after each step {waited:.1f}; "
+          f"host path alone {host:.1f}")
+
+
+if __name__ == "__main__":
+    main()
