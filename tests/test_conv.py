@@ -53,6 +53,10 @@ CASES = {
     "adaptive_avg_pool2d_uneven": (lambda m, x: m.adaptive_avg_pool2d(x, (4, 3)), [X4]),
     "max_pool1d": (lambda m, x: m.max_pool1d(x, 3, 2, 1), [X3]),
     "unfold": (lambda m, x: m.unfold(x, (2, 3), dilation=(2, 1), padding=1, stride=(1, 2)), [X4]),
+    # CUDA's im2col a block per output row (kernel set 44): channels in uneven chunks (13 of
+    # 45 fit its shared memory), and rows too wide for it (ggml's kernel then)
+    "unfold_channel_chunks": (lambda m, x: m.unfold(x, 3, padding=1), [f32(2, 45, 3, 300)]),
+    "unfold_rows_past_shared_memory": (lambda m, x: m.unfold(x, 3, padding=(0, 1), stride=(1, 2)), [f32(1, 2, 4, 5000)]),
     "fold": (lambda m, c: m.fold(c, (7, 8), (2, 3), dilation=(1, 2), padding=(1, 0), stride=2), [f32(2, 18, 8)]),
     "avg_pool1d": (lambda m, x: m.avg_pool1d(x, 4, 3, ceil_mode=True), [X3]),
 }

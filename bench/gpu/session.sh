@@ -1,42 +1,57 @@
 #!/usr/bin/env bash
-# One device call (carry [".wheels", ".whl", ".gl"]) for when a lease is one call long: the
-# CUDA wheel builds in the background while the Vulkan questions run, then set 43's CUDA
-# casts are checked and timed. Each result is written under $OUT as it finishes:
-#   lora.txt / ops-lora.txt   the LoRA q4_0/q5_1 failure on NVIDIA Vulkan (vulkan_probe.sh's first items)
-#   conv-gemm.txt             cnn and ResNet, ggrad's GEMM shader against ggml's mul_mat (Vulkan)
-#   casts-cuda.txt            test_casts_between_float32_and_half_types_round_as_torchs with cast_x4 on
-#   block-cuda.txt            the bf16 block with and without cast_x4, same process
-#   host-path-cuda.txt        mlp-small at "high": queued, waited for, host path alone (bench/gpu/host_path.py)
-#   profile-mlp-small.txt     its CUDA kernels
-#   kernels-cuda.txt          test_kernels on CUDA with every unverified variant on
+# Two device calls back to back (carry [".wheels", ".whl", ".gl"]; a machine idle for 30 s is
+# given back, and the CUDA wheel with it). Each result is written under $OUT as it finishes.
+#   bash bench/gpu/session.sh vulkan   the CUDA wheel builds in the background while the Vulkan
+#                                      questions run; returns once the wheel is built
+#     lora.txt / ops-lora.txt          the LoRA q4_0/q5_1 failure on NVIDIA Vulkan (vulkan_probe.sh's first items)
+#     conv-gemm.txt                    cnn and ResNet, ggrad's GEMM shader against ggml's mul_mat (Vulkan)
+#   bash bench/gpu/session.sh cuda     sets 43-44's CUDA variants checked and timed
+#     tests-cuda.txt                   the casts (cast_x4) and convolutions (im2col_rows) against torch
+#     conv-cuda.txt                    cnn and ResNet at "high" with and without im2col_rows, same process
+#     block-cuda.txt                   the bf16 block with and without cast_x4
+#     host-path-cuda.txt               mlp-small at "high": queued, waited for, host path alone (bench/gpu/host_path.py)
+#     profile-mlp-small.txt            its CUDA kernels
+#     kernels-cuda.txt                 test_kernels on CUDA with every unverified variant on
 set -uo pipefail
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
-wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
-( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-    $wheel > $OUT/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
-OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
 export PYTHONUNBUFFERED=1 GGRAD_UNVERIFIED_KERNELS=1
-vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
-vk timeout 70 python3 -m pytest -v -p no:cacheprovider --tb=long tests/test_lora.py -k "dequantized_models and vulkan" > $OUT/lora.txt 2>&1
-echo "lora at $(el) s"
-vk timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_ops.py tests/test_lora.py -k vulkan > $OUT/ops-lora.txt 2>&1
-echo "ops-lora at $(el) s"
-vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
-  --steps 6 --without GEMM > $OUT/conv-gemm.txt 2>&1
-echo "conv at $(el) s"
-while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 450 ]; do sleep 5; done
-cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
-python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
-cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
-cu timeout 60 python3 -m pytest -v -p no:cacheprovider --tb=long tests/test_kernels.py -k "casts_between and cuda" > $OUT/casts-cuda.txt 2>&1
-echo "casts at $(el) s"
-cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
-  --cuda-graph --blocks 5 --without cast_x4 > $OUT/block-cuda.txt 2>&1
-echo "block at $(el) s"
-cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high > $OUT/host-path-cuda.txt 2>&1
-cu timeout 40 python3 bench/profile_step.py --device cuda --model mlp-small --kernels > $OUT/profile-mlp-small.txt 2>&1
-echo "mlp-small at $(el) s"
-left=$(( 585 - $(el) ))
-[ $left -gt 20 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py -k cuda > $OUT/kernels-cuda.txt 2>&1
-echo "done at $(el) s"
+wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
+case "$1" in
+  vulkan)
+    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
+        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
+    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    vk timeout 70 python3 -m pytest -v -p no:cacheprovider --tb=long tests/test_lora.py -k "dequantized_models and vulkan" > $OUT/lora.txt 2>&1
+    echo "lora at $(el) s"
+    vk timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_ops.py tests/test_lora.py -k vulkan > $OUT/ops-lora.txt 2>&1
+    echo "ops-lora at $(el) s"
+    vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
+      --steps 6 --without GEMM > $OUT/conv-gemm.txt 2>&1
+    echo "conv at $(el) s"
+    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 570 ]; do sleep 5; done
+    cat /tmp/build.done 2>/dev/null || echo "CUDA build not done at $(el) s"
+    tail -5 /tmp/build.log > $OUT/build-tail.txt 2>&1 ;;
+  cuda)
+    ls $wheel/*.whl >/dev/null 2>&1 || { echo "no CUDA wheel on this machine"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+    cu timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_conv.py tests/test_kernels.py \
+      -k "cuda and (casts_between or test_equals_torch)" > $OUT/tests-cuda.txt 2>&1
+    echo "tests at $(el) s"
+    cu timeout 110 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn resnet \
+      --cuda-graph --blocks 3 --steps 10 --without im2col_rows > $OUT/conv-cuda.txt 2>&1
+    echo "conv at $(el) s"
+    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 5 --without cast_x4 > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high > $OUT/host-path-cuda.txt 2>&1
+    cu timeout 40 python3 bench/profile_step.py --device cuda --model mlp-small --kernels > $OUT/profile-mlp-small.txt 2>&1
+    echo "mlp-small at $(el) s"
+    left=$(( 580 - $(el) ))
+    [ $left -gt 20 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda"; exit 2 ;;
+esac
+echo "$1 done at $(el) s"

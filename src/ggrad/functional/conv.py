@@ -128,7 +128,9 @@ def _kernel_shape(ctx, channels: int, kh: int, kw: int):
 def _im2col(ctx, s, node):
     kh, kw, sh, sw, ph, pw, dh, dw = node.arg
     x = s[0]
-    return G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32)
+    # im2col_rows: CUDA's columns a block per output row, staged through shared memory
+    return ops._asking(G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32),
+                       "im2col_rows", slot=7)
 
 
 @compute("col2im")

@@ -177,8 +177,10 @@ UNVERIFIED: dict[str, set[int]] = {}
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
 # cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
 # four values a thread (set 43: compile-checked, not yet run on a GPU).
-OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4"}}
+# im2col_rows: CUDA's IM2COL with op_params[7] = 1 stages each output row's input rows in
+# shared memory, a block per row (set 44: compile-checked, not yet run on a GPU).
+OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43), "im2col_rows": ("cuda", 44)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4", "im2col_rows"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
