@@ -7,7 +7,7 @@
 #     conv-gemm.txt                    cnn and ResNet, ggrad's GEMM shader against ggml's mul_mat (Vulkan)
 #   bash bench/gpu/session.sh cuda     sets 43-44's CUDA variants checked and timed
 #     tests-cuda.txt                   the casts (cast_x4) and convolutions (im2col_rows) against torch
-#     conv-cuda.txt                    cnn and ResNet at "high" with and without im2col_rows, same process
+#     conv-cuda.txt                    cnn and ResNet at "high" with and without im2col_rows and fold_rows, same process
 #     block-cuda.txt                   the bf16 block with and without cast_x4
 #     host-path-cuda.txt               mlp-small at "high": queued, waited for, host path alone (bench/gpu/host_path.py)
 #     profile-mlp-small.txt            its CUDA kernels
@@ -42,7 +42,7 @@ case "$1" in
       -k "cuda and (casts_between or test_equals_torch)" > $OUT/tests-cuda.txt 2>&1
     echo "tests at $(el) s"
     cu timeout 110 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn resnet \
-      --cuda-graph --blocks 3 --steps 10 --without im2col_rows > $OUT/conv-cuda.txt 2>&1
+      --cuda-graph --blocks 3 --steps 10 --without im2col_rows fold_rows > $OUT/conv-cuda.txt 2>&1
     echo "conv at $(el) s"
     cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
       --cuda-graph --blocks 5 --without cast_x4 > $OUT/block-cuda.txt 2>&1

@@ -659,10 +659,69 @@ static void ggrad_move_running_stat(ggml_backend_cuda_context & ctx, ggml_tensor
     CUDA_CHECK(cudaGetLastError());
 }
 
+// the window fold a block per image row (image n, row y) and chunk of channels (set 44, asked
+// for with op_params[12] = 1): the column entries the row gathers (for each kernel row ky
+// that reaches it, its column row's KW taps of the chunk's channels) are staged in shared
+// memory, loaded a column row at a time, then summed in ggrad_fold_gather's order (the same
+// bits). The thread-per-value kernel above read each tap from a different column row: a
+// 32-byte sector for 4 bytes (an H100's ResNet-18 step: 3.75 ms in 19 folds).
+#define GGRAD_FOLD_TILE_FLOATS (48*1024/4)
+static __global__ void ggrad_fold_rows_f32(const ggrad_fold_geometry g, const float * __restrict__ cols,
+                                           float * __restrict__ dst, const int chunk) {
+    extern __shared__ float staged[];  // [ky][channel of the chunk][ow][kx]
+    const int row = blockIdx.x, n = row / (int) g.h, y = row - n*(int) g.h;
+    const int c0 = blockIdx.y*chunk, cc = min(chunk, (int) g.c - c0);
+    const int ow_n = (int) g.ow, taps = g.kh*g.kw;
+    const int64_t width = g.c*taps;
+    for (int ky = 0; ky < g.kh; ++ky) {
+        const int ty = y + g.ph - ky*g.dh;
+        if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
+            continue;
+        }
+        const float * src = cols + ((int64_t) n*g.oh + ty/g.sh)*ow_n*width + (int64_t) c0*taps + ky*g.kw;
+        float * into = staged + ky*cc*ow_n*g.kw;
+        for (int t = threadIdx.x; t < ow_n*cc*g.kw; t += blockDim.x) {  // kx, then channel, then ow
+            const int kx = t % g.kw, r = t / g.kw, c = r % cc, ow = r / cc;
+            into[(c*ow_n + ow)*g.kw + kx] = src[(int64_t) ow*width + c*taps + kx];
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < cc*(int) g.w; t += blockDim.x) {
+        const int c = t / (int) g.w, x = t - c*(int) g.w;
+        float sum = 0.0f;
+        for (int ky = 0; ky < g.kh; ++ky) {
+            const int ty = y + g.ph - ky*g.dh;
+            if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
+                continue;
+            }
+            for (int kx = 0; kx < g.kw; ++kx) {
+                const int tx = x + g.pw - kx*g.dw;
+                if (tx < 0 || tx % g.sw != 0 || tx/g.sw >= g.ow) {
+                    continue;
+                }
+                sum += staged[((ky*cc + c)*ow_n + tx/g.sw)*g.kw + kx];
+            }
+        }
+        dst[(((int64_t) n*g.c + c0 + c)*g.h + y)*g.w + x] = sum;
+    }
+}
+
 static void ggrad_fold(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggrad_fold_geometry g = ggrad_fold_geometry_of(dst);
     const int64_t n = ggml_nelements(dst);
-    ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(ggrad_fold_geometry_of(dst),
-                                                                      (const float *) dst->src[0]->data,
+    const int64_t per_channel = (int64_t) g.kh*g.ow*g.kw;  // staged floats a channel
+    const int64_t most = GGRAD_FOLD_TILE_FLOATS / per_channel;
+    if (ggml_get_op_params_i32(dst, 12) == 1 && most >= 1 && g.n*g.h <= INT_MAX) {
+        const int64_t chunks = (g.c + most - 1)/most, chunk = (g.c + chunks - 1)/chunks;
+        if (chunks <= 65535) {
+            ggrad_fold_rows_f32<<<dim3((unsigned int) (g.n*g.h), (unsigned int) chunks), 256,
+                                  chunk*per_channel*sizeof(float), ctx.stream()>>>(
+                g, (const float *) dst->src[0]->data, (float *) dst->data, (int) chunk);
+            CUDA_CHECK(cudaGetLastError());
+            return;
+        }
+    }
+    ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(g, (const float *) dst->src[0]->data,
                                                                       (float *) dst->data, n);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -140,8 +140,9 @@ def _col2im(ctx, s, node):
     ne = (ctypes.c_int64 * 4)(w, h, c, n)
     folded = _supported(G.ggml_im2col_back(ctx, s[0], _kernel_shape(ctx, c, kh, kw), ne, sw, sh, pw, ph, dw, dh, True))
     if folded is None and kernels.supported(runtime.current().backend, kernels.FOLD):  # Vulkan, CUDA
-        folded = _supported(kernels.op(ctx, kernels.FOLD, (w * h, c * n), [ops.contiguous(ctx, s[0])],
-                                       list(node.arg) + [w, h, c]))
+        # fold_rows: CUDA's fold a block per image row, its column entries staged in shared memory
+        folded = _supported(ops._asking(kernels.op(ctx, kernels.FOLD, (w * h, c * n), [ops.contiguous(ctx, s[0])],
+                                                   list(node.arg) + [w, h, c]), "fold_rows", slot=12))
         folded = None if folded is None else ggml_reshape(ctx, folded, node.shape)
     return folded if folded is not None else _fold_by_taps(ctx, s[0], node)
 

@@ -179,8 +179,11 @@ UNVERIFIED: dict[str, set[int]] = {}
 # four values a thread (set 43: compile-checked, not yet run on a GPU).
 # im2col_rows: CUDA's IM2COL with op_params[7] = 1 stages each output row's input rows in
 # shared memory, a block per row (set 44: compile-checked, not yet run on a GPU).
-OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43), "im2col_rows": ("cuda", 44)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4", "im2col_rows"}}
+# fold_rows: ggrad's FOLD (kernel 23) on CUDA with op_params[12] = 1 stages each image row's
+# column entries in shared memory, a block per row (set 44: compile-checked, not yet run on a GPU).
+OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43), "im2col_rows": ("cuda", 44),
+               "fold_rows": ("cuda", 44)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4", "im2col_rows", "fold_rows"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
