@@ -643,7 +643,8 @@ static bool ggrad_im2col_rows_cuda(const float * x, T * dst, int64_t IW, int64_t
         int s0, int s1, int p0, int p1, int d0, int d1, cudaStream_t stream) {
     const int64_t width = (OW - 1)*s0 + (KW - 1)*d0 + 1, K = IC*KH*KW;
     const int64_t chunk = std::min<int64_t>(IC, GGRAD_IM2COL_TILE_FLOATS / std::max<int64_t>(1, KH*width));
-    if (chunk < 1 || N*OH > INT_MAX || OW*K > INT_MAX || (IC + chunk - 1)/chunk > 65535 || s0 < 1 || d0 < 1) {
+    if (chunk < 1 || N*OH > INT_MAX || OW*K > INT_MAX - 1024 || IW*IH > INT_MAX || (IC + chunk - 1)/chunk > 65535 ||
+        s0 < 1 || d0 < 1) {  /* 32-bit loop counters and rows */
         return false;
     }
     const int64_t chunks = (IC + chunk - 1)/chunk, last = IC - (chunks - 1)*chunk;

@@ -710,8 +710,9 @@ static void ggrad_fold(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggrad_fold_geometry g = ggrad_fold_geometry_of(dst);
     const int64_t n = ggml_nelements(dst);
     const int64_t per_channel = (int64_t) g.kh*g.ow*g.kw;  // staged floats a channel
-    const int64_t most = GGRAD_FOLD_TILE_FLOATS / per_channel;
-    if (ggml_get_op_params_i32(dst, 12) == 1 && most >= 1 && g.n*g.h <= INT_MAX) {
+    const int64_t most = per_channel > 0 ? GGRAD_FOLD_TILE_FLOATS / per_channel : 0;
+    if (ggml_get_op_params_i32(dst, 12) == 1 && most >= 1 && g.oh >= 1 && g.n*g.h <= INT_MAX &&
+            g.c*g.w <= INT_MAX - 1024) {  // 32-bit loop counters
         const int64_t chunks = (g.c + most - 1)/most, chunk = (g.c + chunks - 1)/chunks;
         if (chunks <= 65535) {
             ggrad_fold_rows_f32<<<dim3((unsigned int) (g.n*g.h), (unsigned int) chunks), 256,
