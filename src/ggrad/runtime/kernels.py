@@ -176,14 +176,15 @@ UNVERIFIED: dict[str, set[int]] = {}
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
 # cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
-# four values a thread (set 43: compile-checked, not yet run on a GPU).
+# four values a thread (set 43).
 # im2col_rows: CUDA's IM2COL with op_params[7] = 1 stages each output row's input rows in
-# shared memory, a block per row (set 44: compile-checked, not yet run on a GPU).
+# shared memory, a block per row (set 44).
 # fold_rows: ggrad's FOLD (kernel 23) on CUDA with op_params[12] = 1 stages each image row's
-# column entries in shared memory, a block per row (set 44: compile-checked, not yet run on a GPU).
+# column entries in shared memory, a block per row (set 44).
+# (2026-12-06, H200: test_kernels, the casts' bits and test_conv passed with all three.)
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43), "im2col_rows": ("cuda", 44),
                "fold_rows": ("cuda", 44)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_x4", "im2col_rows", "fold_rows"}}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
