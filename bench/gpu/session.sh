@@ -67,6 +67,10 @@ case "$1" in
       vk env $switch=1 timeout 40 python3 bench/gpu/lora_nan.py --device vulkan --kinds q4_0 q5_1 2>&1 | grep -v "^ggrad.ggml" >> $OUT/lora-nan.txt
     done
     echo "lora-nan at $(el) s"
+    # issue 28's Vulkan row with products of few tiles over long sums back on ggml's mul_mat
+    vk timeout 90 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
+      --steps 6 > $OUT/conv-vulkan.txt 2>&1
+    echo "conv-vulkan at $(el) s"
     while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 420 ]; do sleep 5; done
     cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
     OUT=$OUT/rows BLOCKS=5 BENCHES="train-high train-highest" bash bench/gpu/h200.sh cuda bench-only > /dev/null 2>&1
@@ -77,7 +81,7 @@ case "$1" in
     cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
       --cuda-graph --blocks 2 --steps 6 > $OUT/resnet-bf16-cuda.txt 2>&1
     echo "conv at $(el) s"
-    left=$(( 580 - $(el) ))
+    left=$(( 540 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > $OUT/profile-resnet.txt 2>&1 ;;
   *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|rows"; exit 2 ;;
 esac
