@@ -81,7 +81,7 @@ case "$1" in
     cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
       --cuda-graph --blocks 2 --steps 6 > $OUT/resnet-bf16-cuda.txt 2>&1
     echo "conv at $(el) s"
-    left=$(( 540 - $(el) ))
+    left=$(( 500 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > $OUT/profile-resnet.txt 2>&1 ;;
   *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|rows"; exit 2 ;;
 esac
