@@ -83,6 +83,25 @@ case "$1" in
     echo "conv at $(el) s"
     left=$(( 500 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > $OUT/profile-resnet.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|rows"; exit 2 ;;
+  lean)
+    # rows in ~330 s: the Vulkan LoRA NaN and cnn/ResNet while the CUDA wheel builds, then the MLPs at "high"
+    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
+        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
+    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    for switch in NONE GGML_VK_DISABLE_INTEGER_DOT_PRODUCT GGML_VK_DISABLE_MMVQ GGML_VK_DISABLE_FUSION; do
+      echo "== $switch" >> $OUT/lora-nan.txt
+      vk env $switch=1 timeout 30 python3 bench/gpu/lora_nan.py --device vulkan --kinds q4_0 q5_1 2>&1 | grep -v "^ggrad.ggml" >> $OUT/lora-nan.txt
+    done
+    echo "lora-nan at $(el) s"
+    vk timeout 70 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
+      --steps 4 > $OUT/conv-vulkan.txt 2>&1
+    echo "conv-vulkan at $(el) s"
+    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 280 ]; do sleep 3; done
+    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+    PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout $(( 325 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda \
+      --precision high --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 5 > $OUT/train-high-cuda.txt 2>&1 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|rows|lean"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
