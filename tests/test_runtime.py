@@ -289,3 +289,15 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     assert streams._queued
     ggrad.cuda.synchronize()
     assert not streams._queued
+
+
+def test_vulkan_devices_start_without_integer_dot_products(dev):
+    """ggml-vulkan's integer-dot products (Q8_1-rounded activations) gave NaN gradients on
+    NVIDIA GPUs after an earlier step in the process: ggrad starts Vulkan devices without
+    them (a user's own setting wins), so a quantized product is the dequantized weight's."""
+    import os
+    from ggrad.runtime import backend
+    if not dev.startswith("vulkan"):
+        pytest.skip(f"{dev}: not a Vulkan device")
+    assert os.environ.get("GGML_VK_DISABLE_INTEGER_DOT_PRODUCT") is not None
+    assert backend.vulkan_traits(dev).get("int dot") == "0"

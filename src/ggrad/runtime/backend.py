@@ -230,6 +230,11 @@ _VULKAN_DEFAULTS = {
     # Its graph optimizer reorders nodes by their sources, but cannot see that an in-place
     # store into a weight must wait for every read of the old weight (lazy.py).
     "GGML_VK_DISABLE_GRAPH_OPTIMIZE": "1",
+    # Its integer-dot products (activations rounded to 8-bit Q8_1 blocks, for Q4_0-Q8_0
+    # weights) gave NaN gradients on NVIDIA (H100, H200: a LoRA over Q4_0 or Q5_1 weights
+    # after an earlier Q8_0 step in the same process; none in a fresh one: stale memory read);
+    # without them a quantized product equals the dequantized weight's (6e-7 against 5e-3).
+    "GGML_VK_DISABLE_INTEGER_DOT_PRODUCT": "1",
 }
 
 
