@@ -12,8 +12,8 @@
 #     host-path-cuda.txt               mlp-small at "high": queued, waited for, host path alone (bench/gpu/host_path.py)
 #     profile-mlp-small.txt            its CUDA kernels
 #     kernels-cuda.txt                 test_kernels on CUDA with every unverified variant on
-#   bash bench/gpu/session.sh rows     one call on a fresh machine: the Vulkan LoRA NaN under ggml's
-#                                      switches, then issue 25's and 28's CUDA rows (see the case)
+#   bash bench/gpu/session.sh lean     one call of ~330 s on a fresh machine: Vulkan's quantized
+#                                      tests (LoRA, gguf), the Vulkan cnn/ResNet, CUDA's small MLPs
 set -uo pipefail
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
@@ -54,46 +54,16 @@ case "$1" in
     echo "mlp-small at $(el) s"
     left=$(( 580 - $(el) ))
     [ $left -gt 20 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
-  rows)
-    # a fresh machine: the CUDA wheel builds while the Vulkan LoRA NaN is chased (lora-nan.txt:
-    # bench/gpu/lora_nan.py under ggml-vulkan's switches), then issue 25's and 28's CUDA rows
-    # with set 44 (train-high, train-highest, cnn/resnet highest, resnet bf16) and a ResNet profile
-    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
-    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
-    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
-    for switch in NONE GGML_VK_DISABLE_INTEGER_DOT_PRODUCT GGML_VK_DISABLE_MMVQ GGML_VK_DISABLE_FUSION GGML_VK_DISABLE_MULTI_ADD; do
-      echo "== $switch" >> $OUT/lora-nan.txt
-      vk env $switch=1 timeout 40 python3 bench/gpu/lora_nan.py --device vulkan --kinds q4_0 q5_1 2>&1 | grep -v "^ggrad.ggml" >> $OUT/lora-nan.txt
-    done
-    echo "lora-nan at $(el) s"
-    # issue 28's Vulkan row with products of few tiles over long sums back on ggml's mul_mat
-    vk timeout 90 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
-      --steps 6 > $OUT/conv-vulkan.txt 2>&1
-    echo "conv-vulkan at $(el) s"
-    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 420 ]; do sleep 5; done
-    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
-    OUT=$OUT/rows BLOCKS=5 BENCHES="train-high train-highest" bash bench/gpu/h200.sh cuda bench-only > /dev/null 2>&1
-    echo "train at $(el) s"
-    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
-    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
-      --steps 6 > $OUT/conv-highest-cuda.txt 2>&1
-    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
-      --cuda-graph --blocks 2 --steps 6 > $OUT/resnet-bf16-cuda.txt 2>&1
-    echo "conv at $(el) s"
-    left=$(( 500 - $(el) ))
-    [ $left -gt 30 ] && cu timeout $left python3 bench/profile_step.py --device cuda --model resnet --kernels > $OUT/profile-resnet.txt 2>&1 ;;
   lean)
-    # rows in ~330 s: the Vulkan LoRA NaN and cnn/ResNet while the CUDA wheel builds, then the MLPs at "high"
+    # ~330 s: Vulkan's quantized tests and cnn/ResNet while the CUDA wheel builds, then the MLPs at "high"
     ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
         $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
     OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
     vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
-    for switch in NONE GGML_VK_DISABLE_INTEGER_DOT_PRODUCT GGML_VK_DISABLE_MMVQ GGML_VK_DISABLE_FUSION; do
-      echo "== $switch" >> $OUT/lora-nan.txt
-      vk env $switch=1 timeout 30 python3 bench/gpu/lora_nan.py --device vulkan --kinds q4_0 q5_1 2>&1 | grep -v "^ggrad.ggml" >> $OUT/lora-nan.txt
-    done
-    echo "lora-nan at $(el) s"
+    # the quantized products with ggrad's defaults (integer dot off since 2026-12-06)
+    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=line tests/test_lora.py tests/test_gguf_models.py \
+      tests/test_runtime.py -k vulkan > $OUT/quantized-vulkan.txt 2>&1
+    echo "quantized at $(el) s"
     vk timeout 70 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
       --steps 4 > $OUT/conv-vulkan.txt 2>&1
     echo "conv-vulkan at $(el) s"
@@ -102,6 +72,6 @@ case "$1" in
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout $(( 325 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda \
       --precision high --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/train-high-cuda.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|rows|lean"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
