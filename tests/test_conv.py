@@ -1,8 +1,11 @@
 """Convolution and pooling (functional) against torch on every device: values, and the
 gradients of input, weight and bias; bad arguments raise before anything runs."""
 
+import ctypes
+
 import numpy as np
 import pytest
+from ggml import ggml as G
 
 torch = pytest.importorskip("torch", reason="torch (the test oracle) is not installed: pip install -e .[test]")
 
@@ -173,3 +176,31 @@ def test_bool_strides_and_zero_scale_factors_are_refused():
     for factor in (0, -1.0, float("nan"), float("inf"), (2, 0)):
         with pytest.raises(ValueError, match="scale factor"):
             F.interpolate(x, scale_factor=factor)
+
+
+def test_unfold_nodes_ask_for_the_row_kernels_where_the_backend_trusts_them(dev):
+    """CUDA's im2col and fold a block per row (kernel set 44) are asked for by a flag ggml's
+    own ops leave 0 (IM2COL's op_params[7], ggrad's FOLD's op_params[12]): set exactly where
+    kernels.variant says the backend has and trusts them (CUDA), never elsewhere."""
+    from ggrad.runtime import kernels
+    backend = ggrad.runtime.current().backend
+    x = ggrad.tensor(f32(2, 3, 8, 9), requires_grad=True)
+
+    @ggrad.compile
+    def step(x):
+        with ggrad.grad_tape():
+            loss = (F.unfold(x, 3, padding=1) ** 2).sum()
+            loss.backward()
+        return loss, x.grad
+
+    step(x)
+    step(x)
+    nodes = [node.contents for kept in step._captures.values() for capture in kept
+             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    im2col = [n for n in nodes if n.op == G.GGML_OP_IM2COL]
+    folds = [n for n in nodes if G.ggml_op_desc(ctypes.pointer(n)).decode() == "GGRAD" and n.op_params[0] == kernels.FOLD]
+    assert im2col and (folds or backend.info.kind == "cpu"), "no IM2COL or FOLD node"
+    assert all(n.op_params[7] == int(kernels.variant(backend, "im2col_rows")) for n in im2col)
+    assert all(n.op_params[12] == int(kernels.variant(backend, "fold_rows")) for n in folds)
+    if backend.info.kind == "cuda":
+        assert folds and kernels.variant(backend, "im2col_rows") == (kernels.version() >= 44)

@@ -482,10 +482,10 @@ def _gemm_loaded() -> bool:
     return kernels.supported(ggrad.runtime.current().backend, kernels.GEMM)
 
 
-def _product_step_counts(low=None, inner: int = 24) -> dict[str, int]:
+def _product_step_counts(low=None, inner: int = 24, rows: int = 16) -> dict[str, int]:
     """The compiled nodes of a linear layer's forward and both gradients (under autocast
-    to `low` where given), 16 rows of `inner` features to 8."""
-    x = ggrad.tensor(np.ones((16, inner), np.float32), requires_grad=True)
+    to `low` where given), `rows` rows of `inner` features to 8."""
+    x = ggrad.tensor(np.ones((rows, inner), np.float32), requires_grad=True)
     w = ggrad.tensor(np.ones((8, inner), np.float32), requires_grad=True)
 
     @ggrad.compile
@@ -551,14 +551,20 @@ def test_vulkan_leaves_products_to_ggmls_matrix_cores_at_medium(dev, monkeypatch
     assert counts.get("MUL_MAT") == 3 and "GGRAD" not in counts, counts
 
 
-def test_vulkan_leaves_products_of_few_tiles_over_long_sums_to_ggml(dev):
-    """Vulkan's GEMM shader does not split a product's sum: a 16 x 8 output over 4096 terms
-    (one tile) goes to ggml's mul_mat, which does; its gradients (64 tiles, sums of 8 and 16
-    terms) stay on the shader."""
+@pytest.mark.parametrize("inner, rows, ggml_products", [
+    (4096, 16, 1),  # the forward: a 16 x 8 output (one tile) over 4096 terms
+    (4095, 16, 0),  # one term short of the bound
+    (24, 4096, 1),  # the weight's gradient, g.T @ x: 8 x 24 (one tile) over the 4096 rows
+    (24, 4095, 0),
+])
+def test_vulkan_leaves_products_of_few_tiles_over_long_sums_to_ggml(dev, inner, rows, ggml_products):
+    """Vulkan's GEMM shader does not split a product's sum: a product of fewer than 64
+    output tiles over 4096 terms or more goes to ggml's mul_mat, which does; the other
+    products of the step (64 tiles, or short sums) stay on the shader."""
     if dev.split(":")[0] != "vulkan" or not _gemm_loaded():
         pytest.skip(f"{dev}: not a Vulkan device with the GEMM kernel")
-    counts = _product_step_counts(inner=4096)
-    assert counts.get("MUL_MAT") == 1 and counts.get("GGRAD") == 2, counts
+    counts = _product_step_counts(inner=inner, rows=rows)
+    assert counts.get("MUL_MAT", 0) == ggml_products and counts.get("GGRAD") == 3 - ggml_products, counts
 
 
 def test_products_propagate_nan_and_inf_as_torch(dev):

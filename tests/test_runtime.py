@@ -294,10 +294,10 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
 def test_vulkan_devices_start_without_integer_dot_products(dev):
     """ggml-vulkan's integer-dot products (Q8_1-rounded activations) gave NaN gradients on
     NVIDIA GPUs after an earlier step in the process: ggrad starts Vulkan devices without
-    them (a user's own setting wins), so a quantized product is the dequantized weight's."""
+    them (unless GGRAD_VK_INTEGER_DOT=1), so a quantized product is the dequantized weight's."""
     import os
     from ggrad.runtime import backend
-    if not dev.startswith("vulkan"):
-        pytest.skip(f"{dev}: not a Vulkan device")
+    if not dev.startswith("vulkan") or os.environ.get("GGRAD_VK_INTEGER_DOT") == "1":
+        pytest.skip(f"{dev}: not a Vulkan device, or integer dot kept")
     assert os.environ.get("GGML_VK_DISABLE_INTEGER_DOT_PRODUCT") is not None
     assert backend.vulkan_traits(dev).get("int dot") == "0"

@@ -218,7 +218,8 @@ def _check_cuda_precision() -> None:
 
 _registry: dict[str, tuple[DeviceInfo, int]] | None = None
 
-# ggml-vulkan reads these when it creates a device; the user's own settings win.
+# ggml-vulkan reads these when it creates a device; the user's own settings are left alone
+# (ggml takes a switch that is set at all, even to 0, as on).
 # ggml-vulkan's float16 paths follow the matmul precision (precision.py) unless the user set
 # their switch: its f16 shaders round f32 matmul operands to f16 (~1e-3 relative error seen
 # on batched products, inf past 65504), and so do its matrix-core (cooperative matrix)
@@ -234,8 +235,10 @@ _VULKAN_DEFAULTS = {
     # weights) gave NaN gradients on NVIDIA (H100, H200: a LoRA over Q4_0 or Q5_1 weights
     # after an earlier Q8_0 step in the same process; none in a fresh one: stale memory read);
     # without them a quantized product equals the dequantized weight's (6e-7 against 5e-3).
+    # GGRAD_VK_INTEGER_DOT=1 keeps them (bench/gpu/lora_order.sh reproduces the NaN with it).
     "GGML_VK_DISABLE_INTEGER_DOT_PRODUCT": "1",
 }
+_KEPT_BY = {"GGML_VK_DISABLE_INTEGER_DOT_PRODUCT": "GGRAD_VK_INTEGER_DOT"}  # default -> the switch that drops it
 
 
 def _discover() -> dict[str, tuple[DeviceInfo, int]]:
@@ -244,7 +247,8 @@ def _discover() -> dict[str, tuple[DeviceInfo, int]]:
     if _registry is not None:
         return _registry
     for key, value in _VULKAN_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+        if os.environ.get(_KEPT_BY.get(key, "")) != "1":
+            os.environ.setdefault(key, value)
     found: dict[str, tuple[DeviceInfo, int]] = {}
     per_kind: dict[str, int] = {}
     for i in range(G.ggml_backend_dev_count()):
