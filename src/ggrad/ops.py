@@ -62,12 +62,12 @@ def as_type(ctx, x, ggml_type):
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
-def _asking(node, name: str, slot: int = 0):
-    """`node` asking for ggml's changed op `name` (op_params[slot] = 1, a slot ggml's own op
-    leaves 0) where the current backend has it and trusts it (kernels.OP_VARIANTS)."""
+def _asking(node, name: str):
+    """`node` asking for ggml's changed op `name` (a 1 in its op_params slot, which ggml's
+    own op leaves 0) where the current backend has it and trusts it (kernels.OP_VARIANTS)."""
     from . import runtime
     if kernels.variant(runtime.current().backend, name):
-        node.contents.op_params[slot] = 1
+        node.contents.op_params[kernels.OP_VARIANTS[name][2]] = 1
     return node
 
 

@@ -130,7 +130,7 @@ def _im2col(ctx, s, node):
     x = s[0]
     # im2col_rows: CUDA's columns a block per output row, staged through shared memory
     return ops._asking(G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32),
-                       "im2col_rows", slot=7)
+                       "im2col_rows")
 
 
 @compute("col2im")
@@ -142,7 +142,7 @@ def _col2im(ctx, s, node):
     if folded is None and kernels.supported(runtime.current().backend, kernels.FOLD):  # Vulkan, CUDA
         # fold_rows: CUDA's fold a block per image row, its column entries staged in shared memory
         folded = _supported(ops._asking(kernels.op(ctx, kernels.FOLD, (w * h, c * n), [ops.contiguous(ctx, s[0])],
-                                                   list(node.arg) + [w, h, c]), "fold_rows", slot=12))
+                                                   list(node.arg) + [w, h, c]), "fold_rows"))
         folded = None if folded is None else ggml_reshape(ctx, folded, node.shape)
     return folded if folded is not None else _fold_by_taps(ctx, s[0], node)
 

@@ -170,9 +170,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
 UNVERIFIED: dict[str, set[int]] = {}
 
-# Changes to ggml's own ops that a node asks for in its op_params (where ggml leaves them 0),
-# named here with the backend kind that has each and the kernel set that added it, trusted
-# as UNVERIFIED's kernels are.
+# Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
+# ggml leaves 0), named here with the backend kind that has each, the kernel set that added
+# it and that slot, trusted as UNVERIFIED's kernels are.
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
 # cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
@@ -182,8 +182,8 @@ UNVERIFIED: dict[str, set[int]] = {}
 # fold_rows: ggrad's FOLD (kernel 23) on CUDA with op_params[12] = 1 stages each image row's
 # column entries in shared memory, a block per row (set 44).
 # (2026-12-06, H200: test_kernels, the casts' bits and test_conv passed with all three.)
-OP_VARIANTS = {"repeat_back_split": ("cuda", 39), "cast_x4": ("cuda", 43), "im2col_rows": ("cuda", 44),
-               "fold_rows": ("cuda", 44)}
+OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
+               "fold_rows": ("cuda", 44, 12)}
 UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
 
 
@@ -196,7 +196,7 @@ def _trusted(unverified: dict, dev_backend, key) -> bool:
 def variant(dev_backend, name: str) -> bool:
     """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS):
     its kind has it, the loaded kernel set has it, and it is trusted there."""
-    kind, since = OP_VARIANTS[name]
+    kind, since, _ = OP_VARIANTS[name]
     return dev_backend.info.kind == kind and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
 
 
