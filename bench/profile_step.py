@@ -96,6 +96,8 @@ def main() -> None:
     ap.add_argument("--block-seq", type=int, default=T.MODELS["block"][1][0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--amp", default="none", choices=["none", "bf16", "f16"])
+    ap.add_argument("--precision", default="highest", choices=["highest", "high", "medium"],
+                    help="ggrad.set_float32_matmul_precision (CUDA: high allows TF32)")
     ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
     args = ap.parse_args()
     if args.kernels and not args.device.startswith("cuda"):
@@ -103,6 +105,7 @@ def main() -> None:
     import ggrad
     from ggrad import runtime
 
+    ggrad.set_float32_matmul_precision(args.precision)
     sample, classes, batch = T.MODELS[args.model][1:]
     if args.model == "block":
         sample, batch = (args.block_seq, sample[1]), args.block_batch

@@ -182,8 +182,13 @@ def _with_setting(runner, module, name: str, value):
 def without_kernels(names: list[str], runner):
     """`runner` whose every call builds with ggrad's kernels `names` refused (the composed
     forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
-    cast_x4) left unasked; a compiled step's replays never ask again."""
+    cast_x4) left unasked, or (`batched_transposes`) each CONT of a transpose over four
+    axes left as it is (ops.cont); a compiled step's replays never ask again."""
+    from ggrad import ops
     from ggrad.runtime import kernels
+    if "batched_transposes" in names:
+        runner = _with_setting(runner, ops, "_batched_transpose", lambda x: None)
+        names = [name for name in names if name != "batched_transposes"]
     refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
     unasked = {name for name in names if name in kernels.OP_VARIANTS}
     supported, variant = kernels.supported, kernels.variant
@@ -280,7 +285,8 @@ def main() -> None:
                          "on the device, the others' from the host")
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
-                         "e.g. GEMM ADAMW_GROUP) or ggml op variants unasked (cast_x4): an A/B in one process")
+                         "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or batched_transposes "
+                         "(ops.cont's copies of transposes over four axes as three): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")

@@ -72,7 +72,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 44
+KERNELS_VERSION = 45
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -595,7 +595,66 @@ static void ggrad_cpy_contiguous_cuda(const char * cx, char * cdst, const int64_
     CUDA_CHECK(cudaGetLastError());
 }
 
-void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1, bool vectorized) {
+/* set 45: a copy between views whose rows are contiguous (attention's heads, the thirds of a
+   fused projection), a warp a row: each row's place is found once (ggml's kernel gives a
+   thread one value, its place from eight 64-bit divisions, in blocks of 64 threads) */
+template <typename src_t, typename dst_t>
+static __global__ void ggrad_cpy_rows(const char * __restrict__ cx, char * __restrict__ cdst, const int64_t rows,
+                                      const int64_t ne00, const int64_t ne01, const int64_t ne02, const int64_t nb01,
+                                      const int64_t nb02, const int64_t nb03, const int64_t ne11, const int64_t ne12,
+                                      const int64_t nb11, const int64_t nb12, const int64_t nb13) {
+    const int64_t row = (int64_t) blockIdx.x*blockDim.y + threadIdx.y;
+    if (row >= rows) {
+        return;
+    }
+    const src_t * x = (const src_t *) (cx + (row % ne01)*nb01 + (row/ne01 % ne02)*nb02 + row/(ne01*ne02)*nb03);
+    dst_t * y = (dst_t *) (cdst + (row % ne11)*nb11 + (row/ne11 % ne12)*nb12 + row/(ne11*ne12)*nb13);
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < ne00; i += 32) {
+        y[i] = ggml_cuda_cast<dst_t>(x[i]);
+    }
+}
+
+template <typename src_t, typename dst_t>
+static void ggrad_cpy_rows_cuda(const ggml_tensor * src0, ggml_tensor * src1, cudaStream_t stream) {
+    const int64_t rows = ggml_nrows(src0), blocks = (rows + 7)/8;
+    GGML_ASSERT(blocks <= INT_MAX);
+    ggrad_cpy_rows<src_t, dst_t><<<(unsigned int) blocks, dim3(32, 8), 0, stream>>>(
+        (const char *) src0->data, (char *) src1->data, rows, src0->ne[0], src0->ne[1], src0->ne[2], src0->nb[1],
+        src0->nb[2], src0->nb[3], src1->ne[1], src1->ne[2], src1->nb[1], src1->nb[2], src1->nb[3]);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* whether the rows kernel took the copy: rows of at least a warp's values, contiguous at both
+   ends and of one length, between float32, float16 and bfloat16 */
+static bool ggrad_cpy_by_rows(const ggml_tensor * src0, ggml_tensor * src1, cudaStream_t stream) {
+    if (src0->ne[0] != src1->ne[0] || src0->ne[0] < 32 || src0->nb[0] != ggml_type_size(src0->type) ||
+            src1->nb[0] != ggml_type_size(src1->type)) {
+        return false;
+    }
+    const ggml_type a = src0->type, b = src1->type;
+    if (a == GGML_TYPE_F32 && b == GGML_TYPE_F32) {
+        ggrad_cpy_rows_cuda<float, float>(src0, src1, stream);
+    } else if (a == GGML_TYPE_F32 && b == GGML_TYPE_BF16) {
+        ggrad_cpy_rows_cuda<float, nv_bfloat16>(src0, src1, stream);
+    } else if (a == GGML_TYPE_F32 && b == GGML_TYPE_F16) {
+        ggrad_cpy_rows_cuda<float, half>(src0, src1, stream);
+    } else if (a == GGML_TYPE_BF16 && b == GGML_TYPE_BF16) {
+        ggrad_cpy_rows_cuda<nv_bfloat16, nv_bfloat16>(src0, src1, stream);
+    } else if (a == GGML_TYPE_F16 && b == GGML_TYPE_F16) {
+        ggrad_cpy_rows_cuda<half, half>(src0, src1, stream);
+    } else if (a == GGML_TYPE_BF16 && b == GGML_TYPE_F32) {
+        ggrad_cpy_rows_cuda<nv_bfloat16, float>(src0, src1, stream);
+    } else if (a == GGML_TYPE_F16 && b == GGML_TYPE_F32) {
+        ggrad_cpy_rows_cuda<half, float>(src0, src1, stream);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1, bool vectorized,
+                   bool rows) {
 """
 
 
@@ -998,7 +1057,8 @@ def patch(tree: Path) -> None:
          "        case GGML_OP_OPT_STEP_SGD:\n            ggml_cuda_opt_step_sgd(ctx, dst);\n            break;\n"
          "        case GGML_OP_GGRAD:\n            ggml_cuda_op_ggrad(ctx, dst);\n            break;\n"),
         ("            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1]);\n",
-         "            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1], ggml_get_op_params_i32(dst, 0) == 1);\n"),
+         "            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1], ggml_get_op_params_i32(dst, 0) == 1,\n"
+         "                          ggml_get_op_params_i32(dst, 1) == 1);\n"),
         ("        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n",
          "        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n"
          "        case GGML_OP_GGRAD:\n            return ggml_cuda_ggrad_supported(op);\n"),
@@ -1029,11 +1089,17 @@ def patch(tree: Path) -> None:
     _patch_file(cuda / "cpy.cuh", [
         ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1);",
          f"void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1,\n"
-         f"                   bool vectorized = false); /* {MARK}: contiguous casts four values a thread */"),
+         f"                   bool vectorized = false, bool rows = false); /* {MARK}: casts four values a thread,\n"
+         f"                                                              copies a row a warp */"),
     ])
     _patch_file(cuda / "cpy.cu", [
         ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1) {\n",
          CUDA_CAST_X4),
+        ("    if (src0->type == src1->type && contiguous_srcs) {\n",
+         "    if (rows && !contiguous_srcs && ggrad_cpy_by_rows(src0, src1, main_stream)) {\n        return;\n    }\n"
+         "    if (src0->type == src1->type && contiguous_srcs) {\n"),
+        ("    const ggml_tensor * src0 = dst->src[0];\n    ggml_cuda_cpy(ctx, src0, dst);\n",
+         "    const ggml_tensor * src0 = dst->src[0];\n    ggml_cuda_cpy(ctx, src0, dst, false, ggml_get_op_params_i32(dst, 1) == 1);\n"),
     ] + [(f"            ggml_cpy_scalar_contiguous_cuda<{a}, {b}>\n                (src0_ddc, src1_ddc, ne, main_stream);",
           f"            ggrad_cpy_contiguous_cuda<{a}, {b}>(src0_ddc, src1_ddc, ne, main_stream, vectorized);")
          for a, b in (("float", "nv_bfloat16"), ("float", "half"), ("half", "float"), ("nv_bfloat16", "float"))])

@@ -160,6 +160,67 @@ def test_casts_between_float32_and_half_types_round_as_torchs(dev, low, n):
     np.testing.assert_array_equal(back[~np.isnan(rounded)].view(np.uint32), rounded[~np.isnan(rounded)].view(np.uint32))
 
 
+def _without_variant(monkeypatch, name: str) -> None:
+    """ggrad's nodes stop asking for ggml's changed op `name` (graphs built after this)."""
+    variant = kernels.variant
+    monkeypatch.setattr(kernels, "variant", lambda backend, asked: asked != name and variant(backend, asked))
+
+
+def test_a_transpose_over_four_axes_is_copied_as_one_over_three(dev):
+    """A batch of transposed matrices spread over four axes (NHWC -> NCHW) is copied through
+    a view of at most three axes with its rows' stride one value and its matrices packed:
+    the shape ggml-cuda copies in tiles (its per-value kernel was 1.5 ms of an H100's
+    ResNet-18 step). The GEMM kernel still reads the view itself in place of the copy; a
+    permute of whole rows (attention's heads) stays one CONT of the view."""
+    from ggml import ggml as G
+    from ggrad import ops
+    ctx = G.ggml_init(G.ggml_init_params(mem_size=64 * G.ggml_tensor_overhead(), mem_buffer=None, no_alloc=True))
+    try:
+        base = G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 8, 5, 6, 3)  # (N, H, W, C) in ggml's order
+        view = G.ggml_permute(ctx, base, 2, 0, 1, 3)  # (N, C, H, W)
+        copied = ops.cont(ctx, view)
+        assert tuple(copied.contents.ne) == tuple(view.contents.ne) and G.ggml_is_contiguous(copied)
+        cont = copied.contents.src[0].contents
+        assert cont.op == G.GGML_OP_CONT
+        t = cont.src[0].contents
+        assert t.op == G.GGML_OP_TRANSPOSE and tuple(t.ne) == (30, 8, 3, 1)
+        assert (t.nb[0], t.nb[1], t.nb[2]) == (8 * 4, 4, 30 * 8 * 4)  # ggml-cuda's tiled copy takes it
+        assert ops._uncopied(copied).contents.op == G.GGML_OP_PERMUTE
+        assert ops._uncopied(copied, transposes=False) is copied  # CUDA's casts keep the tiled copy
+        heads = G.ggml_permute(ctx, G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 64, 4, 7, 2), 0, 2, 1, 3)
+        plain = ops.cont(ctx, heads)
+        assert plain.contents.op == G.GGML_OP_CONT and ops._uncopied(plain).contents.op == G.GGML_OP_PERMUTE
+    finally:
+        G.ggml_free(ctx)
+
+
+VIEW_COPIES = {  # a copy of each kind of view, as numpy makes it
+    "nhwc_to_nchw": (lambda x: x.permute(0, 3, 1, 2), (3, 6, 5, 40)),
+    "heads": (lambda x: x.permute(0, 2, 1, 3), (2, 7, 4, 48)),  # rows of 48: CUDA's rows kernel
+    "short_heads": (lambda x: x.permute(0, 2, 1, 3), (2, 7, 4, 8)),  # rows of 8: ggml's kernel
+    "wide_rows_slice": (lambda x: x[:, :, 10:74], (4, 6, 100)),
+    "key_transpose": (lambda x: x.transpose(-1, -2), (2, 3, 33, 40)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VIEW_COPIES))
+@pytest.mark.parametrize("cast", ["float32", "bfloat16", "float16"])
+def test_copies_of_views_equal_numpys_bit_for_bit(dev, monkeypatch, name, cast):
+    """Copies and casts of strided views (CUDA, kernel set 45: a warp a contiguous row; and
+    transposes over four axes copied as three) equal numpy's copy and torch's rounding bit
+    for bit, and what ggml's own kernels make."""
+    view, shape = VIEW_COPIES[name]
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    want = view(torch.from_numpy(x)).to(getattr(torch, cast)).float().contiguous().numpy()
+
+    def copied():
+        return view(ggrad.tensor(x)).to(getattr(ggrad, cast)).float().numpy()
+    got = copied()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    _without_variant(monkeypatch, "copy_rows")
+    np.testing.assert_array_equal(copied().view(np.uint32), got.view(np.uint32))
+
+
 def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):
     """A changed ggml op not yet run on a backend's device (as CUDA's split REPEAT_BACK was
     until an H100 passed its tests) is asked for only under GGRAD_UNVERIFIED_KERNELS=1;
@@ -1256,6 +1317,39 @@ def test_kernels_not_yet_run_on_a_backend_are_composed_there_unless_asked(monkey
 
 
 needs_fold_kernel = pytest.mark.skipif(kernels.version() < 30, reason="ggml built without ggrad's fold kernel")
+
+
+@needs_fold_kernel
+@pytest.mark.parametrize("shape,kernel,stride,padding,dilation", [
+    ((2, 5, 9, 40), 3, 1, 1, 1),  # a band of 8 rows and a part-filled one; rows wider than a warp
+    ((2, 70, 12, 12), 3, 1, 1, 1),  # channels in uneven chunks
+    ((2, 6, 11, 9), 3, 2, 1, 1),  # stride 2
+    ((1, 4, 10, 10), (3, 2), (2, 1), (0, 1), (2, 1)),  # uneven kernel, stride and padding; dilation
+    ((2, 8, 8, 8), 1, 2, 0, 1),  # a ResNet's 1x1 downsampling
+    ((1, 2, 5, 3000), 3, 1, 1, 1),  # column rows too wide for shared memory: a thread a value
+])
+def test_the_fold_by_bands_sums_as_the_fold_by_values(dev, monkeypatch, shape, kernel, stride, padding, dilation):
+    """CUDA's fold a band of image rows a block (kernel set 45, asked for as fold_rows) adds
+    each value's column entries in the per-value kernel's order: the same bits, and torch's
+    input gradient."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((3, shape[1]) + ((kernel,) * 2 if isinstance(kernel, int) else kernel)).astype(np.float32)
+    args = dict(stride=stride, padding=padding, dilation=dilation)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = torch.nn.functional.conv2d(xt, torch.tensor(w), **args)
+    g = rng.standard_normal(yt.shape).astype(np.float32)
+    (yt * torch.tensor(g)).sum().backward()
+
+    def input_gradient():
+        xs = ggrad.tensor(x, requires_grad=True)
+        with ggrad.grad_tape():
+            (F.conv2d(xs, ggrad.tensor(w), **args) * ggrad.tensor(g)).sum().backward()
+        return xs.grad.numpy()
+    banded = input_gradient()
+    np.testing.assert_allclose(banded, xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+    _without_variant(monkeypatch, "fold_rows")
+    np.testing.assert_array_equal(input_gradient().view(np.uint32), banded.view(np.uint32))
 
 
 @needs_fold_kernel

@@ -13,7 +13,10 @@
 #     profile-mlp-small.txt            its CUDA kernels
 #     kernels-cuda.txt                 test_kernels on CUDA with every unverified variant on
 #   bash bench/gpu/session.sh lean     one call of ~330 s on a fresh machine: Vulkan's quantized
-#                                      tests (LoRA, gguf), the Vulkan cnn/ResNet, CUDA's small MLPs
+#                                      tests (LoRA, gguf), the Vulkan cnn/ResNet, CUDA's small MLPs;
+#                                      then (~160 s more) CUDA profiles of the ResNet and the bf16 block
+#   bash bench/gpu/session.sh set45    ~480 s: set 45 (fold by bands, rows copies) and ops.cont's
+#                                      transposes tested on CUDA, then timed with and without
 set -uo pipefail
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
@@ -71,7 +74,40 @@ case "$1" in
     cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
     PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout $(( 325 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda \
-      --precision high --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/train-high-cuda.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean"; exit 2 ;;
+      --precision high --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/train-high-cuda.txt 2>&1
+    echo "mlps at $(el) s"
+    # where the ResNet and the block spend their steps (issues 28, 25), to choose the next kernels
+    PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout 90 python3 bench/profile_step.py --device cuda --model resnet \
+      --precision high --kernels --repeats 5 > $OUT/profile-resnet.txt 2>&1
+    echo "resnet profile at $(el) s"
+    PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout 70 python3 bench/profile_step.py --device cuda --model block \
+      --block-batch 32 --amp bf16 --precision high --kernels --repeats 5 > $OUT/profile-block.txt 2>&1 ;;
+  set45)
+    # ~480 s on a fresh machine: set 45's CUDA kernels (the fold by bands, rows copies) and
+    # ops.cont's batched transposes checked on the device, then timed against without
+    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
+        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 330 ]; do sleep 3; done
+    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+    cu timeout 100 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      -k "cuda and (copies_of_views or fold_by_bands or transpose_over_four or casts_between or fold_kernel or test_equals_torch or unfold_nodes)" \
+      > $OUT/tests-cuda.txt 2>&1
+    echo "tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 110 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn resnet \
+      --cuda-graph --blocks 3 --steps 10 --without fold_rows copy_rows batched_transposes > $OUT/conv-cuda.txt 2>&1
+    echo "conv at $(el) s"
+    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 5 --without copy_rows batched_transposes > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout 60 python3 bench/profile_step.py --device cuda --model resnet --precision high --kernels --repeats 5 \
+      > $OUT/profile-resnet.txt 2>&1
+    echo "resnet profile at $(el) s"
+    left=$(( 570 - $(el) ))
+    [ $left -gt 30 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
+      tests/test_ops.py tests/test_attention.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -659,69 +659,113 @@ static void ggrad_move_running_stat(ggml_backend_cuda_context & ctx, ggml_tensor
     CUDA_CHECK(cudaGetLastError());
 }
 
-// the window fold a block per image row (image n, row y) and chunk of channels (set 44, asked
-// for with op_params[12] = 1): the column entries the row gathers (for each kernel row ky
-// that reaches it, its column row's KW taps of the chunk's channels) are staged in shared
-// memory, loaded a column row at a time, then summed in ggrad_fold_gather's order (the same
-// bits). The thread-per-value kernel above read each tap from a different column row: a
-// 32-byte sector for 4 bytes (an H100's ResNet-18 step: 3.75 ms in 19 folds).
+// the window fold a block per band of image rows (image n, rows y0..y0+R-1) and chunk of
+// channels (asked for with op_params[12] = 1): the column rows the band reads are staged in
+// shared memory whole (for each column position, the chunk's C*KH*KW-contiguous entries: loads
+// along the columns' rows, stores to consecutive banks), then each image value sums its
+// entries in ggrad_fold_gather's order (the same bits). Set 44 staged one image row's third of
+// three column rows, a tap at a time with its stores eleven to a bank (an H100's ResNet-18
+// step: 3.7 ms in 19 folds); a band of R rows reads (R + KH - 1)/R of the columns.
 #define GGRAD_FOLD_TILE_FLOATS (48*1024/4)
+#define GGRAD_FOLD_LOADS 8
 static __global__ void ggrad_fold_rows_f32(const ggrad_fold_geometry g, const float * __restrict__ cols,
-                                           float * __restrict__ dst, const int chunk) {
-    extern __shared__ float staged[];  // [ky][channel of the chunk][ow][kx]
-    const int row = blockIdx.x, n = row / (int) g.h, y = row - n*(int) g.h;
+                                           float * __restrict__ dst, const int chunk, const int band,
+                                           const int pitch) {
+    extern __shared__ float staged[];  // [column row of the band][ow][pitch >= channel of the chunk, tap]
+    const int bands = ((int) g.h + band - 1)/band;
+    const int n = blockIdx.x / bands, y0 = (blockIdx.x - n*bands)*band, y1 = min(y0 + band, (int) g.h);
     const int c0 = blockIdx.y*chunk, cc = min(chunk, (int) g.c - c0);
-    const int ow_n = (int) g.ow, taps = g.kh*g.kw;
+    const int ow_n = (int) g.ow, taps = g.kh*g.kw, segment = cc*taps;
+    const int lo = y0 + g.ph - (g.kh - 1)*g.dh, hi = y1 - 1 + g.ph;  // the taps' reach, in padded rows
+    const int t0 = lo <= 0 ? 0 : (lo + g.sh - 1)/g.sh, t1 = hi < 0 ? 0 : min((int) g.oh, hi/g.sh + 1);
     const int64_t width = g.c*taps;
-    for (int ky = 0; ky < g.kh; ++ky) {
-        const int ty = y + g.ph - ky*g.dh;
-        if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
-            continue;
+    const float * src = cols + ((int64_t) n*g.oh + t0)*ow_n*width + (int64_t) c0*taps;
+    // element i of the staging loop is (q = i / segment, e = i % segment), q = r*ow_n + ow:
+    // advanced by the block's size without dividing; GGRAD_FOLD_LOADS loads in flight a
+    // thread before their stores (one at a time kept an H100's memory a quarter busy)
+    const int total = max(t1 - t0, 0)*ow_n*segment;
+    const int step_q = blockDim.x / segment, step_e = blockDim.x - step_q*segment;
+    int q = threadIdx.x / segment, e = threadIdx.x - q*segment;
+    for (int i = threadIdx.x; i < total; i += GGRAD_FOLD_LOADS*blockDim.x) {
+        float value[GGRAD_FOLD_LOADS];
+        int at[GGRAD_FOLD_LOADS];
+#pragma unroll
+        for (int k = 0; k < GGRAD_FOLD_LOADS; ++k) {
+            at[k] = i + k*(int) blockDim.x < total ? q*pitch + e : -1;
+            value[k] = at[k] >= 0 ? src[(int64_t) q*width + e] : 0.0f;
+            q += step_q;
+            e += step_e;
+            if (e >= segment) {
+                e -= segment;
+                ++q;
+            }
         }
-        const float * src = cols + ((int64_t) n*g.oh + ty/g.sh)*ow_n*width + (int64_t) c0*taps + ky*g.kw;
-        float * into = staged + ky*cc*ow_n*g.kw;
-        for (int t = threadIdx.x; t < ow_n*cc*g.kw; t += blockDim.x) {  // kx, then channel, then ow
-            const int kx = t % g.kw, r = t / g.kw, c = r % cc, ow = r / cc;
-            into[(c*ow_n + ow)*g.kw + kx] = src[(int64_t) ow*width + c*taps + kx];
+#pragma unroll
+        for (int k = 0; k < GGRAD_FOLD_LOADS; ++k) {
+            if (at[k] >= 0) {
+                staged[at[k]] = value[k];
+            }
         }
     }
     __syncthreads();
-    for (int t = threadIdx.x; t < cc*(int) g.w; t += blockDim.x) {
-        const int c = t / (int) g.w, x = t - c*(int) g.w;
+    const int rows = y1 - y0, w = (int) g.w;
+    for (int t = threadIdx.x; t < cc*rows*w; t += blockDim.x) {  // x, then row, then channel
+        const int x = t % w, rest = t / w, y = y0 + rest % rows, c = rest / rows;
         float sum = 0.0f;
         for (int ky = 0; ky < g.kh; ++ky) {
             const int ty = y + g.ph - ky*g.dh;
             if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
                 continue;
             }
+            const float * line = staged + (ty/g.sh - t0)*ow_n*pitch + c*taps + ky*g.kw;
             for (int kx = 0; kx < g.kw; ++kx) {
                 const int tx = x + g.pw - kx*g.dw;
                 if (tx < 0 || tx % g.sw != 0 || tx/g.sw >= g.ow) {
                     continue;
                 }
-                sum += staged[((ky*cc + c)*ow_n + tx/g.sw)*g.kw + kx];
+                sum += line[(tx/g.sw)*pitch + kx];
             }
         }
         dst[(((int64_t) n*g.c + c0 + c)*g.h + y)*g.w + x] = sum;
     }
 }
 
+// the band and channel chunk of ggrad_fold_rows_f32: the tallest band (up to 8 rows) whose
+// staging holds 4 channels (all, if fewer), else a row and what fits; false where not one
+// channel of one row's column rows fits in shared memory, or the counters would pass 32 bits
+static bool ggrad_fold_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const ggrad_fold_geometry & g) {
+    const int64_t taps = (int64_t) g.kh*g.kw;
+    if (g.oh < 1 || g.ow < 1 || g.n*g.h > INT_MAX || g.c*g.w*8 > INT_MAX - 1024 || g.c*taps > INT_MAX) {
+        return false;
+    }
+    for (int band = 8; band >= 1; band /= 2) {
+        const int64_t rows = std::min(g.oh, (band - 1 + (int64_t) (g.kh - 1)*g.dh)/g.sh + 1);
+        const int64_t per_position = GGRAD_FOLD_TILE_FLOATS/(rows*g.ow);  // floats of pitch that fit
+        const int64_t most = std::min(g.c, per_position >= 1 ? (per_position - 1)/taps : 0);
+        if (most < 1 || (most < std::min<int64_t>(g.c, 4) && band > 1)) {
+            continue;
+        }
+        const int64_t chunks = (g.c + most - 1)/most, chunk = (g.c + chunks - 1)/chunks;
+        const int64_t pitch = chunk*taps | 1;  // odd: a warp's values of consecutive x in distinct banks
+        const int64_t blocks = g.n*((g.h + band - 1)/band);
+        if (chunks > 65535 || blocks > INT_MAX) {
+            return false;
+        }
+        ggrad_fold_rows_f32<<<dim3((unsigned int) blocks, (unsigned int) chunks), 256, rows*g.ow*pitch*sizeof(float),
+                              ctx.stream()>>>(g, (const float *) dst->src[0]->data, (float *) dst->data, (int) chunk,
+                                              band, (int) pitch);
+        CUDA_CHECK(cudaGetLastError());
+        return true;
+    }
+    return false;
+}
+
 static void ggrad_fold(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const ggrad_fold_geometry g = ggrad_fold_geometry_of(dst);
-    const int64_t n = ggml_nelements(dst);
-    const int64_t per_channel = (int64_t) g.kh*g.ow*g.kw;  // staged floats a channel
-    const int64_t most = per_channel > 0 ? GGRAD_FOLD_TILE_FLOATS / per_channel : 0;
-    if (ggml_get_op_params_i32(dst, 12) == 1 && most >= 1 && g.oh >= 1 && g.n*g.h <= INT_MAX &&
-            g.c*g.w <= INT_MAX - 1024) {  // 32-bit loop counters
-        const int64_t chunks = (g.c + most - 1)/most, chunk = (g.c + chunks - 1)/chunks;
-        if (chunks <= 65535) {
-            ggrad_fold_rows_f32<<<dim3((unsigned int) (g.n*g.h), (unsigned int) chunks), 256,
-                                  chunk*per_channel*sizeof(float), ctx.stream()>>>(
-                g, (const float *) dst->src[0]->data, (float *) dst->data, (int) chunk);
-            CUDA_CHECK(cudaGetLastError());
-            return;
-        }
+    if (ggml_get_op_params_i32(dst, 12) == 1 && ggrad_fold_rows(ctx, dst, g)) {
+        return;
     }
+    const int64_t n = ggml_nelements(dst);
     ggrad_fold_f32<<<(int) ((n + 255)/256), 256, 0, ctx.stream()>>>(g, (const float *) dst->src[0]->data,
                                                                       (float *) dst->data, n);
     CUDA_CHECK(cudaGetLastError());

@@ -38,6 +38,7 @@ import numpy as np
 from ggml import ggml as G
 
 from . import dtypes, runtime
+from .runtime import kernels
 from .runtime.critical import critical
 from .runtime.graph import Graph
 
@@ -438,9 +439,9 @@ def _settle(effects: list[Effect]) -> None:
 def _signature(entries: list[tuple], index: dict[Node, int], outputs: list[Node], stores: list,
                effects: list[Effect]) -> tuple:
     """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring (the
-    nodes' `entries` and `index` from `_walk`)."""
+    nodes' `entries` and `index` from `_walk`), and the kernels they were built to ask for."""
     return (*entries, tuple([index[n] for n in outputs]), tuple([index[value] for _, value in stores]),
-            tuple([(e.op, e.arg, tuple([index[s] for s in e.srcs])) for e in effects]))
+            tuple([(e.op, e.arg, tuple([index[s] for s in e.srcs])) for e in effects]), kernels.choices())
 
 
 # The most ggml tensors one builder makes (AdamW over a 3e9-element parameter makes ~1000

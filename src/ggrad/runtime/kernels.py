@@ -182,15 +182,25 @@ UNVERIFIED: dict[str, set[int]] = {}
 # fold_rows: ggrad's FOLD (kernel 23) on CUDA with op_params[12] = 1 stages each image row's
 # column entries in shared memory, a block per row (set 44).
 # (2026-12-06, H200: test_kernels, the casts' bits and test_conv passed with all three.)
+# Set 45 folds a band of image rows a block (its column rows staged whole).
+# copy_rows: CUDA's CPY and CONT with op_params[1] = 1 copy views whose rows are contiguous
+# (attention's heads, slices of a fused projection) a warp a row (set 45).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
-               "fold_rows": ("cuda", 44, 12)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+               "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"fold_rows", "copy_rows"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
     """Whether `key` (a kernel, a variant) may run on `dev_backend`: not listed as unverified
     for its kind, or GGRAD_UNVERIFIED_KERNELS=1."""
     return key not in unverified.get(dev_backend.info.kind, ()) or os.environ.get("GGRAD_UNVERIFIED_KERNELS") == "1"
+
+
+def choices() -> tuple:
+    """What decides, beside a graph's ops, which kernels and op variants its ggml nodes ask
+    for: a graph built under other choices (a test or benchmark refusing a kernel or leaving
+    a variant unasked, the unverified ones let in) is not reused under these."""
+    return supported, variant, os.environ.get("GGRAD_UNVERIFIED_KERNELS")
 
 
 def variant(dev_backend, name: str) -> bool:
