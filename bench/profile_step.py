@@ -40,10 +40,11 @@ def captured_graphs(compiled) -> list:
     return captures[0].graphs
 
 
-def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
+def profile(graphs, backend, repeats: int, listed: frozenset = frozenset()) -> dict[str, list[float]]:
     """Seconds per op name. The step's nodes run in their order, each as a dispatch of its
     own (so each reads what the nodes before it wrote, as in the whole graph); the whole
-    sequence runs `repeats` times and each node's median is kept."""
+    sequence runs `repeats` times and each node's median is kept. Nodes of the ops in
+    `listed` are printed one by one with their shapes."""
     nodes = [(graph, i, node) for graph in graphs for i, node in graph.compute_nodes()]
     views = [G.ggml_graph_view(graph.graph, i, i + 1) for graph, i, _ in nodes]
     runs: list[list[float]] = [[] for _ in nodes]
@@ -56,6 +57,10 @@ def profile(graphs, backend, repeats: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = collections.defaultdict(list)
     for (_, _, node), seen in zip(nodes, runs):
         times[op_label(node)].append(sorted(seen)[len(seen) // 2])
+        if op_label(node) in listed:
+            c = node.contents
+            sources = ", ".join(f"{tuple(c.src[k].contents.ne)}/{tuple(c.src[k].contents.nb)}" for k in range(2) if c.src[k])
+            print(f"{op_label(node)}: {times[op_label(node)][-1] * 1e6:.1f} us, {sources} -> {tuple(c.ne)}")
     return times
 
 
@@ -99,6 +104,8 @@ def main() -> None:
     ap.add_argument("--precision", default="highest", choices=["highest", "high", "medium"],
                     help="ggrad.set_float32_matmul_precision (CUDA: high allows TF32)")
     ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
+    ap.add_argument("--nodes", nargs="+", default=[], metavar="OP",
+                    help="list each node of these ops (names as in the table) with its shapes and time")
     args = ap.parse_args()
     if args.kernels and not args.device.startswith("cuda"):
         ap.error("--kernels lists CUDA kernels (CUPTI): use it with --device cuda")
@@ -131,7 +138,7 @@ def main() -> None:
             backend.compute(graph.graph)
     G.ggml_backend_synchronize(backend.handle)
     whole = (time.perf_counter() - t0) / 20
-    times = profile(graphs, backend, args.repeats)
+    times = profile(graphs, backend, args.repeats, frozenset(args.nodes))
     total = sum(sum(v) for v in times.values())
     print(f"{args.model} on {args.device}: "
           f"{len(graphs)} graph(s), {sum(counts.values())} compute nodes; replay {replay * 1e3:.3f} ms, "

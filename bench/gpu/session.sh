@@ -105,6 +105,9 @@ case "$1" in
     cu timeout 60 python3 bench/profile_step.py --device cuda --model resnet --precision high --kernels --repeats 5 \
       > $OUT/profile-resnet.txt 2>&1
     echo "resnet profile at $(el) s"
+    cu timeout 50 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
+      --kernels --repeats 5 --nodes REPEAT_BACK CONT CPY > $OUT/profile-block.txt 2>&1
+    echo "block profile at $(el) s"
     left=$(( 570 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
       tests/test_ops.py tests/test_attention.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
