@@ -17,6 +17,7 @@
 #                                      then (~160 s more) CUDA profiles of the ResNet and the bf16 block
 #   bash bench/gpu/session.sh set45    ~480 s: set 45 (fold by bands, rows copies) and ops.cont's
 #                                      transposes tested on CUDA, then timed with and without
+#   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
@@ -111,6 +112,16 @@ case "$1" in
     left=$(( 570 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
       tests/test_ops.py tests/test_attention.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45"; exit 2 ;;
+  vkprof)
+    # ~150 s: where the Vulkan cnn's and ResNet's steps go, op by op (ggml-vulkan's perf logger)
+    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
+    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    for model in resnet cnn; do
+      vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 100 python3 bench/gpu/vulkan_ops.py \
+        --model $model > $OUT/vulkan-ops-$model.txt 2>&1
+      echo "$model at $(el) s"
+    done
+    vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
