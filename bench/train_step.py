@@ -179,16 +179,30 @@ def _with_setting(runner, module, name: str, value):
     return setting, sync
 
 
+def _ops_choice(attribute: str, value):
+    def undo():
+        from ggrad import ops
+        return ops, attribute, value
+    return undo
+
+
+# choices of ggrad's own that --without can undo: (module, attribute, value without it)
+PYTHON_CHOICES = {
+    "batched_transposes": _ops_choice("_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
+    "gemm_parts": _ops_choice("VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
+}
+
+
 def without_kernels(names: list[str], runner):
     """`runner` whose every call builds with ggrad's kernels `names` refused (the composed
     forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
-    cast_x4) left unasked, or (`batched_transposes`) each CONT of a transpose over four
-    axes left as it is (ops.cont); a compiled step's replays never ask again."""
-    from ggrad import ops
+    cast_x4) left unasked, or ggrad's choices in PYTHON_CHOICES undone; a compiled step's
+    replays never ask again."""
     from ggrad.runtime import kernels
-    if "batched_transposes" in names:
-        runner = _with_setting(runner, ops, "_batched_transpose", lambda x: None)
-        names = [name for name in names if name != "batched_transposes"]
+    for name in [name for name in names if name in PYTHON_CHOICES]:
+        module, attribute, value = PYTHON_CHOICES[name]()
+        runner = _with_setting(runner, module, attribute, value)
+    names = [name for name in names if name not in PYTHON_CHOICES]
     refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
     unasked = {name for name in names if name in kernels.OP_VARIANTS}
     supported, variant = kernels.supported, kernels.variant
@@ -285,8 +299,8 @@ def main() -> None:
                          "on the device, the others' from the host")
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
-                         "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or batched_transposes "
-                         "(ops.cont's copies of transposes over four axes as three): an A/B in one process")
+                         "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")

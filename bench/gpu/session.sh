@@ -17,6 +17,7 @@
 #                                      then (~160 s more) CUDA profiles of the ResNet and the bf16 block
 #   bash bench/gpu/session.sh set45    ~480 s: set 45 (fold by bands, rows copies) and ops.cont's
 #                                      transposes tested on CUDA, then timed with and without
+#   bash bench/gpu/session.sh set45b   ~340 s: the fold without divisions (CUDA), Vulkan's products in parts
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
 t0=$(date +%s)
@@ -112,6 +113,28 @@ case "$1" in
     left=$(( 570 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
       tests/test_ops.py tests/test_attention.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
+  set45b)
+    # ~340 s on a fresh machine: the fold's taps tested without dividing (CUDA, rebuilt) and
+    # Vulkan's few-tile products in parts, each timed against without
+    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
+        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
+    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      -k "vulkan and (long_sums or budget or products or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+      --steps 4 --without gemm_parts > $OUT/conv-vulkan.txt 2>&1
+    echo "conv-vulkan at $(el) s"
+    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 320 ]; do sleep 3; done
+    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+    cu timeout 40 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
+      -k "cuda and (fold_by_bands or fold_kernel or copies_of_views)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet \
+      --cuda-graph --blocks 3 --steps 10 --without fold_rows > $OUT/conv-cuda.txt 2>&1 ;;
   vkprof)
     # ~150 s: where the Vulkan cnn's and ResNet's steps go, op by op (ggml-vulkan's perf logger)
     OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
@@ -122,6 +145,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

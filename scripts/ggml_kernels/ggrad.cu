@@ -668,16 +668,18 @@ static void ggrad_move_running_stat(ggml_backend_cuda_context & ctx, ggml_tensor
 // step: 3.7 ms in 19 folds); a band of R rows reads (R + KH - 1)/R of the columns.
 #define GGRAD_FOLD_TILE_FLOATS (48*1024/4)
 #define GGRAD_FOLD_LOADS 8
+template <int SH, int SW>  // the strides where known when compiled (1, 2), else 0: a tap's test divides by them
 static __global__ void ggrad_fold_rows_f32(const ggrad_fold_geometry g, const float * __restrict__ cols,
                                            float * __restrict__ dst, const int chunk, const int band,
                                            const int pitch) {
     extern __shared__ float staged[];  // [column row of the band][ow][pitch >= channel of the chunk, tap]
+    const int sh = SH > 0 ? SH : g.sh, sw = SW > 0 ? SW : g.sw;
     const int bands = ((int) g.h + band - 1)/band;
     const int n = blockIdx.x / bands, y0 = (blockIdx.x - n*bands)*band, y1 = min(y0 + band, (int) g.h);
     const int c0 = blockIdx.y*chunk, cc = min(chunk, (int) g.c - c0);
     const int ow_n = (int) g.ow, taps = g.kh*g.kw, segment = cc*taps;
     const int lo = y0 + g.ph - (g.kh - 1)*g.dh, hi = y1 - 1 + g.ph;  // the taps' reach, in padded rows
-    const int t0 = lo <= 0 ? 0 : (lo + g.sh - 1)/g.sh, t1 = hi < 0 ? 0 : min((int) g.oh, hi/g.sh + 1);
+    const int t0 = lo <= 0 ? 0 : (lo + sh - 1)/sh, t1 = hi < 0 ? 0 : min((int) g.oh, hi/sh + 1);
     const int64_t width = g.c*taps;
     const float * src = cols + ((int64_t) n*g.oh + t0)*ow_n*width + (int64_t) c0*taps;
     // element i of the staging loop is (q = i / segment, e = i % segment), q = r*ow_n + ow:
@@ -708,25 +710,36 @@ static __global__ void ggrad_fold_rows_f32(const ggrad_fold_geometry g, const fl
         }
     }
     __syncthreads();
+    // image value t is (x = t % w, k = t / w), k = c*rows + its row in the band: x and k advance
+    // by the block's size without dividing (divisions by runtime values in this loop and the
+    // taps' tests made set 45's first fold as slow as set 44's: ~0.6 TB/s on an H200)
     const int rows = y1 - y0, w = (int) g.w;
+    const int step_x = blockDim.x % w, step_k = blockDim.x / w;
+    int x = threadIdx.x % w, k = threadIdx.x / w;
     for (int t = threadIdx.x; t < cc*rows*w; t += blockDim.x) {  // x, then row, then channel
-        const int x = t % w, rest = t / w, y = y0 + rest % rows, c = rest / rows;
+        const int c = k / rows, y = y0 + k - c*rows;
         float sum = 0.0f;
         for (int ky = 0; ky < g.kh; ++ky) {
             const int ty = y + g.ph - ky*g.dh;
-            if (ty < 0 || ty % g.sh != 0 || ty/g.sh >= g.oh) {
+            if (ty < 0 || ty % sh != 0 || ty/sh >= g.oh) {
                 continue;
             }
-            const float * line = staged + (ty/g.sh - t0)*ow_n*pitch + c*taps + ky*g.kw;
+            const float * line = staged + (ty/sh - t0)*ow_n*pitch + c*taps + ky*g.kw;
             for (int kx = 0; kx < g.kw; ++kx) {
                 const int tx = x + g.pw - kx*g.dw;
-                if (tx < 0 || tx % g.sw != 0 || tx/g.sw >= g.ow) {
+                if (tx < 0 || tx % sw != 0 || tx/sw >= g.ow) {
                     continue;
                 }
-                sum += line[(tx/g.sw)*pitch + kx];
+                sum += line[(tx/sw)*pitch + kx];
             }
         }
         dst[(((int64_t) n*g.c + c0 + c)*g.h + y)*g.w + x] = sum;
+        x += step_x;
+        k += step_k;
+        if (x >= w) {
+            x -= w;
+            ++k;
+        }
     }
 }
 
@@ -751,9 +764,10 @@ static bool ggrad_fold_rows(ggml_backend_cuda_context & ctx, ggml_tensor * dst, 
         if (chunks > 65535 || blocks > INT_MAX) {
             return false;
         }
-        ggrad_fold_rows_f32<<<dim3((unsigned int) blocks, (unsigned int) chunks), 256, rows*g.ow*pitch*sizeof(float),
-                              ctx.stream()>>>(g, (const float *) dst->src[0]->data, (float *) dst->data, (int) chunk,
-                                              band, (int) pitch);
+        auto kernel = g.sh == 1 && g.sw == 1 ? ggrad_fold_rows_f32<1, 1> : g.sh == 2 && g.sw == 2 ? ggrad_fold_rows_f32<2, 2>
+                                                                                             : ggrad_fold_rows_f32<0, 0>;
+        kernel<<<dim3((unsigned int) blocks, (unsigned int) chunks), 256, rows*g.ow*pitch*sizeof(float), ctx.stream()>>>(
+            g, (const float *) dst->src[0]->data, (float *) dst->data, (int) chunk, band, (int) pitch);
         CUDA_CHECK(cudaGetLastError());
         return true;
     }

@@ -318,9 +318,44 @@ def _vulkan_matrix_cores_take(low: int) -> bool:
 # over 131072 pixels, 9 tiles) runs on a few of the GPU's cores, where ggml's mul_mat splits
 # the sum among workgroups. H200 (2026-12-06), every float32 product on the shader against
 # ggml's: cnn 18.2 vs 8.1 ms, ResNet-18 55.4 vs 49.7 ms; the MLPs' products (sums over the
-# batch, 128-512) gained from it. Such products stay ggml's.
+# batch, 128-512) gained from it. Such products stay ggml's, except those of at most
+# VULKAN_GEMM_SPLIT_TILES tiles (a convolution's weight gradient over few channels, a linear
+# layer of few outputs over many inputs): ggml's mul_mat splits their sums only a few ways
+# (H200: the ResNet stem's 27 x 64 over 131072 pixels took 7.1 ms, 64 GFLOP/s; the cnn's
+# 9 x 32, 4.4 ms of a 7 ms step), so the shader takes them in parts.
 VULKAN_GEMM_MIN_TILES = 64
 VULKAN_GEMM_LONG_K = 4096
+VULKAN_GEMM_SPLIT_TILES = 4
+VULKAN_GEMM_SPLIT_WORKGROUPS = 256  # parts times tiles, at most (~2 a multiprocessor of an H200)
+VULKAN_GEMM_SPLIT_ROWS = 256  # rows of the sum a part, at least
+
+
+def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int, flags: list[int]):
+    """op(a) @ op(b) (2-d, rows of unit stride) as one GEMM over `parts` batches of K/parts
+    terms of the sum each, a workgroup a tile and part, the parts' products then added
+    (REPEAT_BACK, in order); None where the sum does not split so."""
+    ca, cb = a.contents, b.contents
+    if any(t.ne[2] != 1 or t.ne[3] != 1 or t.nb[0] != 4 for t in (ca, cb)):
+        return None
+    tiles, parts = -(-m // 64) * -(-n // 64), 1
+    while tiles * parts * 2 <= VULKAN_GEMM_SPLIT_WORKGROUPS and k % (parts * 2) == 0 \
+            and k // (parts * 2) >= VULKAN_GEMM_SPLIT_ROWS:
+        parts *= 2
+    if parts == 1:
+        return None
+    terms = k // parts
+
+    def in_parts(t, sum_on_rows: bool):  # the operand's K axis cut into `parts` batches
+        c = t.contents
+        if sum_on_rows:
+            return G.ggml_view_3d(ctx, t, c.ne[0], terms, parts, c.nb[1], c.nb[1] * terms, 0)
+        return G.ggml_view_3d(ctx, t, terms, c.ne[1], parts, c.nb[1], terms * 4, 0)
+    operands = [in_parts(a, trans_a), in_parts(b, not trans_b)]
+    products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, flags))
+    if products is None:
+        return None
+    summed = _repeat_back(ctx, G.ggml_reshape_2d(ctx, products, n * m, parts), template(ctx, (1, n * m)))
+    return G.ggml_reshape_2d(ctx, summed, n, m)
 
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
@@ -342,10 +377,15 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     k = ne_a[1] if trans_a else ne_a[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    if dev_backend.info.kind == "vulkan" and (precision.vulkan_float16_on(dev_backend.info.name) or (
-            -(-m // 64) * -(-n // 64) * b2 * b3 < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K)):
-        return None
     flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
+    if dev_backend.info.kind == "vulkan":
+        tiles = -(-m // 64) * -(-n // 64) * b2 * b3
+        if precision.vulkan_float16_on(dev_backend.info.name):
+            return None
+        if tiles < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K:
+            by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k, flags) \
+                if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
+            return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
     added = [] if bias is None else [bias]
     uncopied = [_uncopied(a), _uncopied(b)]
     product = None
