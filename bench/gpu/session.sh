@@ -18,18 +18,43 @@
 #   bash bench/gpu/session.sh set45    ~480 s: set 45 (fold by bands, rows copies) and ops.cont's
 #                                      transposes tested on CUDA, then timed with and without
 #   bash bench/gpu/session.sh set45b   ~340 s: the fold without divisions (CUDA), Vulkan's products in parts
+#   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
 t0=$(date +%s)
 el() { echo $(( $(date +%s) - t0 )); }
 export PYTHONUNBUFFERED=1 GGRAD_UNVERIFIED_KERNELS=1
 wheel=/tmp/cudawheel-$(cat scripts/patch_ggml_*.py scripts/ggml_kernels/* | md5sum | cut -c1-8)
+vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+# the CUDA wheel of this tree's kernels (~250 s on 16 cores), unless this machine has it
+build_cuda_in_background() {
+  ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
+      $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+}
+# waits for it until $1 s into the call; false (and says so) where it is not built by then
+cuda_wheel_installed() {
+  while [ ! -f /tmp/build.done ] && [ "$(el)" -lt "$1" ]; do sleep 3; done
+  cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; return 1; }
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+}
+setup_vulkan() { OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1; }
+# ~90 s: Vulkan's few-tile products summed in parts, tested, timed against without, op by op
+vulkan_parts() {
+  setup_vulkan
+  vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+    -k "vulkan and (long_sums or budget or products or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
+  echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+  vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+    --steps 4 --without gemm_parts > $OUT/conv-vulkan.txt 2>&1
+  echo "conv-vulkan at $(el) s"
+  vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 40 python3 bench/gpu/vulkan_ops.py \
+    --model resnet > $OUT/vulkan-ops-resnet.txt 2>&1
+}
 case "$1" in
   vulkan)
-    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
-    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
-    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    build_cuda_in_background
+    setup_vulkan
     vk timeout 70 python3 -m pytest -v -p no:cacheprovider --tb=long tests/test_lora.py -k "dequantized_models and vulkan" > $OUT/lora.txt 2>&1
     echo "lora at $(el) s"
     vk timeout 100 python3 -m pytest -q -p no:cacheprovider --tb=long -x tests/test_ops.py tests/test_lora.py -k vulkan > $OUT/ops-lora.txt 2>&1
@@ -44,7 +69,6 @@ case "$1" in
     ls $wheel/*.whl >/dev/null 2>&1 || { echo "no CUDA wheel on this machine"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
-    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
     cu timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_conv.py tests/test_kernels.py \
       -k "cuda and (casts_between or test_equals_torch)" > $OUT/tests-cuda.txt 2>&1
     echo "tests at $(el) s"
@@ -61,10 +85,8 @@ case "$1" in
     [ $left -gt 20 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
   lean)
     # ~330 s: Vulkan's quantized tests and cnn/ResNet while the CUDA wheel builds, then the MLPs at "high"
-    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
-    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
-    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    build_cuda_in_background
+    setup_vulkan
     # the quantized products with ggrad's defaults (integer dot off since 2026-12-06)
     vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=line tests/test_lora.py tests/test_gguf_models.py \
       tests/test_runtime.py -k vulkan > $OUT/quantized-vulkan.txt 2>&1
@@ -72,9 +94,7 @@ case "$1" in
     vk timeout 70 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --cuda-graph --blocks 2 \
       --steps 4 > $OUT/conv-vulkan.txt 2>&1
     echo "conv-vulkan at $(el) s"
-    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 280 ]; do sleep 3; done
-    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+    cuda_wheel_installed 280 || exit 0
     PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src timeout $(( 325 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda \
       --precision high --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/train-high-cuda.txt 2>&1
     echo "mlps at $(el) s"
@@ -87,13 +107,9 @@ case "$1" in
   set45)
     # ~480 s on a fresh machine: set 45's CUDA kernels (the fold by bands, rows copies) and
     # ops.cont's batched transposes checked on the device, then timed against without
-    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+    build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 330 ]; do sleep 3; done
-    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
-    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+    cuda_wheel_installed 330 || exit 1
     cu timeout 100 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
       -k "cuda and (copies_of_views or fold_by_bands or transpose_over_four or casts_between or fold_kernel or test_equals_torch or unfold_nodes)" \
       > $OUT/tests-cuda.txt 2>&1
@@ -116,35 +132,28 @@ case "$1" in
   set45b)
     # ~340 s on a fresh machine: the fold's taps tested without dividing (CUDA, rebuilt) and
     # Vulkan's few-tile products in parts, each timed against without
-    ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-        $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
-    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
-    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
-    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
-      -k "vulkan and (long_sums or budget or products or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
-    vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
-      --steps 4 --without gemm_parts > $OUT/conv-vulkan.txt 2>&1
-    echo "conv-vulkan at $(el) s"
-    while [ ! -f /tmp/build.done ] && [ "$(el)" -lt 320 ]; do sleep 3; done
-    cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; exit 0; }
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
-    cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
+    build_cuda_in_background
+    vulkan_parts
+    cuda_wheel_installed 320 || exit 0
     cu timeout 40 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
-      -k "cuda and (fold_by_bands or fold_kernel or copies_of_views)" > $OUT/tests-cuda.txt 2>&1
+      -k "cuda and (fold_by_bands or fold_kernel)" > $OUT/tests-cuda.txt 2>&1
     echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet \
-      --cuda-graph --blocks 3 --steps 10 --without fold_rows > $OUT/conv-cuda.txt 2>&1 ;;
+      --cuda-graph --blocks 2 --steps 8 --without fold_rows > $OUT/conv-cuda.txt 2>&1
+    echo "resnet at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 3 > $OUT/block-cuda.txt 2>&1 ;;
+  parts)
+    vulkan_parts ;;
   vkprof)
     # ~150 s: where the Vulkan cnn's and ResNet's steps go, op by op (ggml-vulkan's perf logger)
-    OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1
-    vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json "$@"; }
+    setup_vulkan
     for model in resnet cnn; do
       vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 100 python3 bench/gpu/vulkan_ops.py \
         --model $model > $OUT/vulkan-ops-$model.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
