@@ -198,10 +198,11 @@ def without_kernels(names: list[str], runner):
     forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
     cast_x4) left unasked, or ggrad's choices in PYTHON_CHOICES undone; a compiled step's
     replays never ask again."""
+    from ggrad import lazy
     from ggrad.runtime import kernels
     for name in [name for name in names if name in PYTHON_CHOICES]:
         module, attribute, value = PYTHON_CHOICES[name]()
-        runner = _with_setting(runner, module, attribute, value)
+        runner = _with_setting(_with_setting(runner, module, attribute, value), lazy, "BUILD_TAG", f"without {name}")
     names = [name for name in names if name not in PYTHON_CHOICES]
     refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
     unasked = {name for name in names if name in kernels.OP_VARIANTS}

@@ -40,6 +40,14 @@ DEVICE_PARAMS = ["cpu", "vulkan:0", "cuda:0"]
 _ran = Counter()
 
 
+@pytest.fixture(autouse=True)
+def _graphs_of_this_test(request, monkeypatch):
+    """Each test runs the graphs it builds itself: one that forces a path (a kernel refused,
+    a builder replaced) must not reuse an earlier test's graph of the same shapes."""
+    from ggrad import lazy
+    monkeypatch.setattr(lazy, "BUILD_TAG", request.node.nodeid)
+
+
 def pytest_report_header(config):
     lines = [f"ggrad devices: {', '.join(f'{d.name} ({d.description})' for d in ggrad.devices())}"]
     for name in DEVICE_PARAMS[1:]:

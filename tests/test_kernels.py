@@ -3,6 +3,7 @@ the composed form it replaced, NaN, infinities and signed zeros included, on eve
 and the node budgets of compiled training steps, so a change cannot grow them silently."""
 
 import math
+import os
 import warnings
 
 import numpy as np
@@ -219,6 +220,30 @@ def test_copies_of_views_equal_numpys_bit_for_bit(dev, monkeypatch, name, cast):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     _without_variant(monkeypatch, "copy_rows")
     np.testing.assert_array_equal(copied().view(np.uint32), got.view(np.uint32))
+
+
+def test_a_graph_is_reused_only_under_the_choices_it_was_built_with(monkeypatch):
+    """A graph built with a kernel or op variant asked for, or under another build tag (a
+    test forcing a path, a benchmark's A/B), is not run where the choices differ."""
+    from ggrad import lazy
+    built = []
+    build = lazy._build
+    monkeypatch.setattr(lazy, "_build", lambda *args: built.append(1) or build(*args))
+    x = ggrad.tensor(np.arange(3, dtype=np.float32))
+
+    def run():
+        np.testing.assert_array_equal((x * 2 + 1).numpy(), [1, 3, 5])
+    run()
+    run()
+    assert len(built) == 1
+    monkeypatch.setattr(lazy, "BUILD_TAG", "another path")
+    run()
+    assert len(built) == 2
+    _without_variant(monkeypatch, "copy_rows")
+    run()
+    monkeypatch.setenv("GGRAD_UNVERIFIED_KERNELS", "1" if os.environ.get("GGRAD_UNVERIFIED_KERNELS") != "1" else "0")
+    run()
+    assert len(built) == 4
 
 
 def test_unverified_op_variants_stay_off_until_asked_for(monkeypatch):

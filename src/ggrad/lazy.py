@@ -436,12 +436,19 @@ def _settle(effects: list[Effect]) -> None:
             version.op, version.srcs, version.arg, version.handle = None, (), None, target.handle
 
 
+# A label for the graphs built from here on, part of their reuse key: code that changes how
+# nodes are built (a test forcing a path, a benchmark's A/B of one of ggrad's choices) sets
+# its own, so it never runs a graph built under other choices. None normally.
+BUILD_TAG = None
+
+
 def _signature(entries: list[tuple], index: dict[Node, int], outputs: list[Node], stores: list,
                effects: list[Effect]) -> tuple:
     """What makes two graphs the same: ops, shapes, dtypes, arguments and wiring (the
-    nodes' `entries` and `index` from `_walk`), and the kernels they were built to ask for."""
+    nodes' `entries` and `index` from `_walk`), the kernels they were built to ask for and
+    the BUILD_TAG they were built under."""
     return (*entries, tuple([index[n] for n in outputs]), tuple([index[value] for _, value in stores]),
-            tuple([(e.op, e.arg, tuple([index[s] for s in e.srcs])) for e in effects]), kernels.choices())
+            tuple([(e.op, e.arg, tuple([index[s] for s in e.srcs])) for e in effects]), kernels.choices(), BUILD_TAG)
 
 
 # The most ggml tensors one builder makes (AdamW over a 3e9-element parameter makes ~1000

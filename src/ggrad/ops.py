@@ -91,7 +91,8 @@ def _cont_source(t):
     transposed = c.src[0].contents.src[0]
     if transposed.contents.op != G.GGML_OP_TRANSPOSE or transposed.contents.src[0].contents.op != G.GGML_OP_VIEW:
         return None
-    return transposed.contents.src[0].contents.src[0]
+    source = transposed.contents.src[0].contents.src[0]  # cont's copy has its view's shape, and covers it whole
+    return source if tuple(source.contents.ne) == tuple(c.ne) else None
 
 
 def as_type(ctx, x, ggml_type):
