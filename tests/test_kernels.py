@@ -698,6 +698,30 @@ def test_products_propagate_nan_and_inf_as_torch(dev):
     np.testing.assert_allclose(ours[finite], theirs[finite], rtol=1e-5, atol=1e-4)
 
 
+def test_a_bias_gradient_over_batch_and_sequence_is_one_sum_over_rows(dev):
+    """A linear layer's bias gradient over (batch, sequence) sums one axis of rows: CUDA's
+    REPEAT_BACK keeps its loads in flight over rows, and over two axes divided by each per
+    row, a load at a time (55 us for 16 MB on an H200); and it equals float64's."""
+    from ggml import ggml as G
+    rng = np.random.default_rng(6)
+    x, g = rng.standard_normal((3, 5, 8)).astype(np.float32), rng.standard_normal((3, 5, 4)).astype(np.float32)
+    layer = nn.Linear(8, 4)
+
+    @ggrad.compile
+    def step(x, g):
+        with ggrad.grad_tape():
+            (layer(x) * g).sum().backward()
+        return layer.bias.grad
+
+    step(ggrad.tensor(x), ggrad.tensor(g))
+    got = step(ggrad.tensor(x), ggrad.tensor(g)).numpy()
+    np.testing.assert_allclose(got, 2 * g.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)  # two steps
+    nodes = [node.contents for kept in step._captures.values() for capture in kept
+             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    sums = [n for n in nodes if n.op == G.GGML_OP_REPEAT_BACK]
+    assert all(tuple(n.src[0].contents.ne[2:]) == (1, 1) for n in sums), [tuple(n.src[0].contents.ne) for n in sums]
+
+
 def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
     opt = Adam(model.parameters(), lr=1e-3)
 
