@@ -434,12 +434,17 @@ def _class_total_back(ctx, s, node):
     if node.arg:
         g = G.ggml_div(ctx, g, _weights_sum(ctx, _class_sums(ctx, both)))
     losses = G.ggml_repeat(ctx, g, template(ctx, (both.contents.ne[0],)))
-    return G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, both.contents.ne[0], 1), 0, 1, 0, 0)
+    padded = G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, both.contents.ne[0], 1), 0, 1, 0, 0)
+    # the kernel's gradient reads the losses' row before its padding (the PAD then leaves the graph)
+    once_per_graph(("losses' row", ctypes.addressof(padded.contents)), lambda: losses)
+    return padded
 
 
 @compute("class_cross_entropy_kernel_back", keep_int=True)
 def _class_cross_entropy_kernel_back(ctx, s, node):
-    per_target = G.ggml_view_1d(ctx, s[2], s[2].contents.ne[0], 0)  # the losses' row of (rows, 2)
+    # the losses' row of (rows, 2): class_total_back's before it was padded, else a view of it
+    per_target = once_per_graph(("losses' row", ctypes.addressof(s[2].contents)),
+                                lambda: G.ggml_view_1d(ctx, s[2], s[2].contents.ne[0], 0))
     logits, target, per_target = (contiguous_rows(ctx, x) for x in (s[0], s[1], per_target))
     return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY_BACK, tuple(logits.contents.ne[:2]),
                       [logits, target, per_target, s[3] if len(s) > 3 else None], list(node.arg))
