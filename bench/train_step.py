@@ -179,17 +179,10 @@ def _with_setting(runner, module, name: str, value):
     return setting, sync
 
 
-def _ops_choice(attribute: str, value):
-    def undo():
-        from ggrad import ops
-        return ops, attribute, value
-    return undo
-
-
-# choices of ggrad's own that --without can undo: (module, attribute, value without it)
+# choices of ggrad's own (ggrad.ops attributes) that --without can undo: the value without it
 PYTHON_CHOICES = {
-    "batched_transposes": _ops_choice("_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
-    "gemm_parts": _ops_choice("VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
+    "batched_transposes": ("_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
+    "gemm_parts": ("VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
 }
 
 
@@ -198,11 +191,11 @@ def without_kernels(names: list[str], runner):
     forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
     cast_x4) left unasked, or ggrad's choices in PYTHON_CHOICES undone; a compiled step's
     replays never ask again."""
-    from ggrad import lazy
+    from ggrad import lazy, ops
     from ggrad.runtime import kernels
     for name in [name for name in names if name in PYTHON_CHOICES]:
-        module, attribute, value = PYTHON_CHOICES[name]()
-        runner = _with_setting(_with_setting(runner, module, attribute, value), lazy, "BUILD_TAG", f"without {name}")
+        attribute, value = PYTHON_CHOICES[name]
+        runner = _with_setting(_with_setting(runner, ops, attribute, value), lazy, "BUILD_TAG", f"without {name}")
     names = [name for name in names if name not in PYTHON_CHOICES]
     refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
     unasked = {name for name in names if name in kernels.OP_VARIANTS}
