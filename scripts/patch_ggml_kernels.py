@@ -72,7 +72,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 45
+KERNELS_VERSION = 46
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a

@@ -182,6 +182,66 @@ def test_autocast_products_round_both_operands_and_sum_in_float32(dev, low):
     assert rel(x_np.astype(np.float64) @ w_np.T, expected) > 1e-4  # float32 products would fail the above
 
 
+@pytest.mark.parametrize("low", LOW)
+def test_autocast_products_of_views_round_what_the_views_read(dev, low):
+    """Attention's products under autocast read views (heads of a fused projection's thirds,
+    a transposed key, a transposed input with a bias): each equals float64 over the rounded
+    values the view holds, gradients too. On CUDA (set 46) the GEMM kernel reads views of
+    one cast of each storage: the compiled step then copies nothing."""
+    from ggrad.runtime import kernels
+    dtype, host = LOW[low]
+    batch, seq, heads, dim = 2, 8, 2, 16
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in (
+        (batch, seq, 3 * heads * dim), (batch, heads, seq, seq), (24, seq), (20, 24), (20,),  # qkv, p, x^T, w, b
+        (batch, heads, seq, seq), (batch, heads, seq, dim), (seq, 20))]  # the outputs' gradients
+    qkv_np, p_np, xt_np, w_np, b_np, c_s, c_o, c_y = arrays
+    leaves = [ggrad.tensor(a, requires_grad=True) for a in arrays[:5]]
+    grads = [ggrad.tensor(a) for a in arrays[5:]]
+
+    def heads_of(t):  # (batch, seq, heads*dim) -> (batch, heads, seq, dim), a permuted view
+        return t.reshape(batch, seq, heads, dim).permute(0, 2, 1, 3)
+
+    def compiled(low_dtype):
+        @ggrad.compile
+        def step(qkv, p, xt, w, b, g_s, g_o, g_y):
+            for t in (qkv, p, xt, w, b):
+                t.grad = None
+            with autocast(dtype=low_dtype or dtype, enabled=low_dtype is not None):
+                with ggrad.grad_tape():
+                    q, k, v = (heads_of(t) for t in qkv.chunk(3, -1))
+                    s = q @ k.transpose(-1, -2)
+                    o = p @ v
+                    y = F.linear(xt.T, w, b)
+                    ((s * g_s).sum() + (o * g_o).sum() + (y * g_y).sum()).backward()
+            return (s, o, y) + tuple(t.grad for t in (qkv, p, xt, w, b))
+        return step
+
+    step = compiled(dtype)
+    for _ in range(2):  # captured, then replayed
+        s, o, y, *got = step(*leaves, *grads)
+    r = lambda a: rounded(a, host)  # noqa: E731
+    q, k, v = (a.reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3) for a in np.split(qkv_np, 3, -1))
+    t = lambda a: a.swapaxes(-1, -2)  # noqa: E731
+    assert rel(s.numpy(), r(q) @ t(r(k))) < 1e-5
+    assert rel(o.numpy(), r(p_np) @ r(v)) < 1e-5
+    assert rel(y.numpy(), t(r(xt_np)) @ t(r(w_np)) + b_np) < 1e-5
+    merged = lambda a: a.transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim)  # noqa: E731
+    expected = np.concatenate([merged(r(c_s) @ r(k)), merged(t(r(c_s)) @ r(q)), merged(t(r(p_np)) @ r(c_o))], -1)
+    assert rel(got[0].numpy(), expected) < 1e-5
+    assert rel(got[1].numpy(), r(c_o) @ t(r(v))) < 1e-5
+    assert rel(got[2].numpy(), t(r(c_y) @ r(w_np))) < 1e-5
+    assert rel(got[3].numpy(), t(r(c_y)) @ t(r(xt_np))) < 1e-5
+    assert rel(got[4].numpy(), c_y.sum(0)) < 1e-5
+    assert rel(s.numpy(), q @ t(k)) > 1e-4  # float32 products would fail the above
+    if kernels.variant(ggrad.runtime.current().backend, "gemm_low"):  # copies as float32's, casts one a storage
+        f32 = compiled(None)
+        for _ in range(2):
+            f32(*leaves, *grads)
+        counts, f32_counts = step.op_counts(), f32.op_counts()
+        assert counts.get("CONT", 0) == f32_counts.get("CONT", 0) and counts.get("MUL_MAT", 0) == 0, (counts, f32_counts)
+        assert counts.get("CPY", 0) - f32_counts.get("CPY", 0) <= 8, (counts, f32_counts)  # 5 leaves' and 3 gradients' casts
+
+
 def test_autocast_convolution_matches_torch_on_rounded_operands(dev):
     torch = pytest.importorskip("torch")
     x_np = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)

@@ -20,6 +20,8 @@
 #   bash bench/gpu/session.sh set45b   ~340 s: the fold without divisions (CUDA), Vulkan's products in parts
 #   bash bench/gpu/session.sh set45c   ~540 s: set45b's CUDA part alone, the ResNet at "highest" and bf16 too,
 #                                      and where the bf16 block's step goes now
+#   bash bench/gpu/session.sh set46    ~520 s: set 46's autocast GEMM (gemm_low) tested on CUDA, the bf16
+#                                      block and ResNet timed with and without it, the block's profile
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -167,6 +169,26 @@ case "$1" in
     echo "block at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
       --precision high --kernels --repeats 5 --nodes REPEAT_BACK CONT CPY ADD > $OUT/profile-block.txt 2>&1 ;;
+  set46)
+    # ~520 s on a fresh machine: autocast's products on ggrad's GEMM (CUDA), tested then timed
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 90 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_amp.py tests/test_attention.py \
+      tests/test_kernels.py -k "cuda and (autocast or amp or attention or mha or sdpa or budget or casts or transformer)" \
+      > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 3 --without gemm_low > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 8 --without gemm_low > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "resnet at $(el) s"
+    cu timeout 50 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
+      --kernels --repeats 5 --nodes CONT CPY ADD CONCAT > $OUT/profile-block.txt 2>&1
+    echo "block profile at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
+      --kernels --repeats 5 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -178,6 +200,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|set45c|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|set45c|set46|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -165,6 +165,10 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
 // first. Batches of equal strides are one strided-batched call. The bias is added to C's
 // rows after the product (the ADD node it replaces: the sum rounded once, after it).
 // op_params[3] = 1 lets cuBLAS use TF32 ("high"), else float32 sums ("highest").
+// Operands of float16 or bfloat16 (both one type: autocast's; set 46) are multiplied on the
+// tensor cores with float32 sums into a float32 C (cublasGemmEx, CUBLAS_COMPUTE_32F): the
+// products are exact, so only the order of the sums differs from a float32 product of the
+// same values.
 static __global__ void ggrad_add_rows_f32(float * c, const float * bias, const int64_t n, const int64_t total) {
     const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
     if (i < total) {
@@ -172,15 +176,15 @@ static __global__ void ggrad_add_rows_f32(float * c, const float * bias, const i
     }
 }
 
-// an operand's step between C's batches along axis 2, in floats: 0 where it has one batch
+// an operand's step between C's batches along axis 2, in elements: 0 where it has one batch
 // there (broadcast), -1 where its batches repeat (a_r2 > 1: no single step)
 static int64_t ggrad_gemm_step(const ggml_tensor * t, const int64_t repeat) {
-    return t->ne[2] == 1 ? 0 : repeat == 1 ? (int64_t) (t->nb[2]/sizeof(float)) : -1;
+    return t->ne[2] == 1 ? 0 : repeat == 1 ? (int64_t) (t->nb[2]/ggml_type_size(t->type)) : -1;
 }
 
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
-    GGML_ASSERT(ggrad_gemm_plan(dst, &s));
+    GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
     const ggml_tensor * A = dst->src[0];
     const ggml_tensor * B = dst->src[1];
     cudaStream_t stream = ctx.stream();
@@ -191,19 +195,33 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int M = (int) s.M, N = (int) s.N, K = (int) s.K, lda = (int) s.a.ld, ldb = (int) s.b.ld;
     const float alpha = 1.0f, beta = 0.0f;
     const int64_t step_a = ggrad_gemm_step(A, s.a_r2), step_b = ggrad_gemm_step(B, s.b_r2);
+    const bool low = A->type != GGML_TYPE_F32;
+    const cudaDataType_t low_type = A->type == GGML_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     for (int64_t i3 = 0; i3 < s.b3; ++i3) {
         const char * a3 = s.a.data + (i3/s.a_r3)*A->nb[3];
         const char * b3 = s.b.data + (i3/s.b_r3)*B->nb[3];
         float * c3 = (float *) dst->data + i3*s.b2*s.M*s.N;
         if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {
-            CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) b3, ldb, step_b,
-                                                   (const float *) a3, lda, step_a, &beta, c3, N, s.M*s.N, (int) s.b2));
+            if (low) {
+                CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_b, op_a, N, M, K, &alpha, b3, low_type, ldb, step_b,
+                                                        a3, low_type, lda, step_a, &beta, c3, CUDA_R_32F, N, s.M*s.N,
+                                                        (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            } else {
+                CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) b3, ldb, step_b,
+                                                       (const float *) a3, lda, step_a, &beta, c3, N, s.M*s.N, (int) s.b2));
+            }
             continue;
         }
         for (int64_t i2 = 0; i2 < s.b2; ++i2) {
-            const float * a = (const float *) (a3 + (i2/s.a_r2)*A->nb[2]);
-            const float * b = (const float *) (b3 + (i2/s.b_r2)*B->nb[2]);
-            CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, b, ldb, a, lda, &beta, c3 + i2*s.M*s.N, N));
+            const char * a = a3 + (i2/s.a_r2)*A->nb[2];
+            const char * b = b3 + (i2/s.b_r2)*B->nb[2];
+            if (low) {
+                CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, N, M, K, &alpha, b, low_type, ldb, a, low_type, lda, &beta,
+                                          c3 + i2*s.M*s.N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            } else {
+                CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, (const float *) b, ldb, (const float *) a, lda,
+                                         &beta, c3 + i2*s.M*s.N, N));
+            }
         }
     }
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
@@ -621,7 +639,7 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 6) {  // cuBLAS refuses empty sizes (a leading dimension of 0)
         ggrad_gemm_shape s;
-        return ggrad_gemm_plan(op, &s) && s.M > 0 && s.N > 0 && s.K > 0;
+        return ggrad_gemm_plan(op, &s, true) && s.M > 0 && s.N > 0 && s.K > 0;
     }
     if (kernel == 9) {  // at most two parameters: ggrad_adamw_part_of reads two
         return ggrad_adamw_group_supported(op) && ggml_get_op_params_i32(op, 1) <= 2;

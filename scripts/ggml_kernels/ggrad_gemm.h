@@ -4,27 +4,28 @@
 #pragma once
 
 // a matrix operand as BLAS reads it: the stored matrix's rows, columns and row stride
-// (floats), and whether it is the transpose of the logical one
+// (elements), and whether it is the transpose of the logical one. float32, or float16 and
+// bfloat16 where the backend multiplies those (`low_types`: CUDA's cuBLAS, autocast's operands)
 struct ggrad_gemm_operand {
     const char * data;
     int64_t rows, cols, ld;
     bool flipped;
 };
 
-static inline bool ggrad_gemm_layout(const ggml_tensor * t, ggrad_gemm_operand * o) {
-    if (t->type != GGML_TYPE_F32) {
+static inline bool ggrad_gemm_layout(const ggml_tensor * t, ggrad_gemm_operand * o, const bool low_types) {
+    if (t->type != GGML_TYPE_F32 && !(low_types && (t->type == GGML_TYPE_F16 || t->type == GGML_TYPE_BF16))) {
         return false;
     }
-    const int64_t f = (int64_t) sizeof(float);
+    const int64_t f = (int64_t) ggml_type_size(t->type);
     o->data = (const char *) t->data;
-    if (t->nb[0] == f || t->ne[0] == 1) {
+    if (t->nb[0] == (size_t) f || t->ne[0] == 1) {
         o->flipped = false;
         o->rows = t->ne[1];
         o->cols = t->ne[0];
         o->ld = t->ne[1] > 1 ? (int64_t) t->nb[1]/f : t->ne[0];
         return t->nb[1] % f == 0 && o->ld >= o->cols;
     }
-    if (t->nb[1] == f || t->ne[1] == 1) {
+    if (t->nb[1] == (size_t) f || t->ne[1] == 1) {
         o->flipped = true;
         o->rows = t->ne[0];
         o->cols = t->ne[1];
@@ -42,10 +43,11 @@ struct ggrad_gemm_shape {
     int64_t a_r2, a_r3, b_r2, b_r3;  // C's batches per batch of A and of B (broadcast)
 };
 
-static inline bool ggrad_gemm_plan(const ggml_tensor * dst, ggrad_gemm_shape * s) {
+static inline bool ggrad_gemm_plan(const ggml_tensor * dst, ggrad_gemm_shape * s, const bool low_types = false) {
     const ggml_tensor * A = dst->src[0];
     const ggml_tensor * B = dst->src[1];
-    if (A == NULL || B == NULL || !ggrad_gemm_layout(A, &s->a) || !ggrad_gemm_layout(B, &s->b)) {
+    if (A == NULL || B == NULL || A->type != B->type || !ggrad_gemm_layout(A, &s->a, low_types) ||
+        !ggrad_gemm_layout(B, &s->b, low_types)) {
         return false;
     }
     const bool ta = ggml_get_op_params_i32(dst, 1) != 0;
@@ -75,8 +77,8 @@ static inline bool ggrad_gemm_plan(const ggml_tensor * dst, ggrad_gemm_shape * s
     // when A's rows run on evenly across them: (b2*b3*M) x K, B packed once
     if (B->ne[2] == 1 && B->ne[3] == 1 && !s->ta && !s->a.flipped &&
         A->nb[2] == A->ne[1]*A->nb[1] && A->nb[3] == A->ne[2]*A->nb[2] &&
-        (int64_t) (A->nb[1]/sizeof(float)) >= s->a.cols) {
-        s->a.ld = (int64_t) (A->nb[1]/sizeof(float));  // the row stride, also where A has one row a batch
+        (int64_t) (A->nb[1]/ggml_type_size(A->type)) >= s->a.cols) {
+        s->a.ld = (int64_t) (A->nb[1]/ggml_type_size(A->type));  // the row stride, also where A has one row a batch
         s->M *= s->b2*s->b3;
         s->b2 = s->b3 = 1;
     }

@@ -371,9 +371,11 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     from . import runtime
     from .runtime import precision
     dev_backend = runtime.current().backend
-    if arg[1] is not None or a.contents.type != F32 or b.contents.type != F32 \
-            or not kernels.supported(dev_backend, kernels.GEMM):
+    if a.contents.type != F32 or b.contents.type != F32 or not kernels.supported(dev_backend, kernels.GEMM):
         return None
+    if arg[1] is not None:
+        return _gemm_low(ctx, a, b, trans_a, trans_b, DTYPES[arg[1]], bias) \
+            if kernels.variant(dev_backend, "gemm_low") else None
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     k = ne_a[1] if trans_a else ne_a[0]
@@ -395,6 +397,43 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     if product is None:
         product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b] + added, flags))
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
+
+
+def _gemm_low(ctx, a, b, trans_a: bool, trans_b: bool, low: int, bias):
+    """_gemm under autocast (CUDA, set 46): the operands in the low type `low`, float32 sums
+    into a float32 result, each operand read as the view it is (a transpose, attention's heads)
+    of its storage cast whole, once in the graph: a weight, an activation or a gradient is cast
+    once for every product that reads it, where a cast of each view copied it again (the bf16
+    block's 25 transposing copies and casts)."""
+    ne_a, ne_b = a.contents.ne, b.contents.ne
+    m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
+    b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
+    operands = [_low_view(ctx, _uncopied(a), low), _low_view(ctx, _uncopied(b), low)]
+    added = [] if bias is None else [bias]
+    product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, [int(trans_a), int(trans_b), 0]))
+    return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
+
+
+# a view is cast through its storage where that holds at most this many times its values
+# (the thirds of a fused projection: 3); a smaller view is cast alone
+LOW_VIEW_STORAGE = 4
+
+
+def _low_view(ctx, t, low: int):
+    """The float32 `t` in the ggml type `low`: the same view (shape and strides in elements)
+    of its storage cast once in the graph (as_type's memo), or `t` cast alone where it is no
+    view or a small part of its storage."""
+    c = t.contents
+    root = c.view_src
+    if not root or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
+            or root.contents.type != F32 or not G.ggml_is_contiguous(root):
+        return as_type(ctx, t, low)
+    cast = as_type(ctx, root, low)
+    shrink = G.ggml_type_size(F32) // G.ggml_type_size(low)
+    view = G.ggml_view_4d(ctx, cast, *c.ne, c.nb[1] // shrink, c.nb[2] // shrink, c.nb[3] // shrink,
+                          c.view_offs // shrink)
+    view.contents.nb[0] = c.nb[0] // shrink  # a transposed view's (ggml_view_4d sets the element size)
+    return view
 
 
 def _uncopied(t, transposes: bool = True):

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import functional as F
 from . import init
-from ..functional.attention import additive_mask, causal_mask
+from ..functional.attention import additive_mask, attention_weights, causal_mask
 from ..random import generator
 from ..tensor import Tensor, full, param
 from .layers import GELU, Dropout, Linear
@@ -81,11 +81,9 @@ class MultiheadAttention(Module):
             q, k, v = (self._project(t, i, None if self._packed else getattr(self, f"{c}_proj_weight"))
                        for i, (t, c) in enumerate(((query, "q"), (key, "k"), (value, "v"))))
         q, k, v = (F.permute(F.reshape(t, (n, t.shape[1], h, d)), (0, 2, 1, 3)) for t in (q, k, v))
-        scores = F.matmul_nt(q, k) * (1.0 / math.sqrt(d))  # (n, h, L, S)
+        scores = F.matmul_nt(q, k)  # (n, h, L, S)
         mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, scores.dtype)
-        if mask is not None:
-            scores = scores + mask
-        weights = F.softmax(scores, -1)
+        weights = attention_weights(scores, 1.0 / math.sqrt(d), mask)
         if self.dropout > 0.0 and self.training:
             weights = F.dropout(weights, self.dropout)
         out = F.reshape(F.permute(weights @ v, (0, 2, 1, 3)), (n, length, e))

@@ -182,15 +182,16 @@ UNVERIFIED: dict[str, set[int]] = {}
 # fold_rows: ggrad's FOLD (kernel 23) on CUDA with op_params[12] = 1 stages each image row's
 # column entries in shared memory, a block per row (set 44).
 # (2026-12-06, H200: test_kernels, the casts' bits and test_conv passed with all three.)
-# Set 45 folds a band of image rows a block (its column rows staged whole); its first form
-# passed the fold's bit tests on an H200 (2026-12-06), the form without divisions has not
-# run on a GPU yet: unverified again.
+# Set 45 folds a band of image rows a block (its column rows staged whole), stepping its
+# indices without dividing: the fold's bit tests passed on an H100 (2026-12-06, third session).
 # copy_rows: CUDA's CPY and CONT with op_params[1] = 1 copy views whose rows are contiguous
 # (attention's heads, slices of a fused projection) a warp a row (set 45; H200, 2026-12-06:
 # the copies' bits, test_kernels, test_ops and test_attention passed with it).
+# gemm_low: ggrad's GEMM (kernel 6) on CUDA takes float16 and bfloat16 operands (autocast's),
+# float32 sums into a float32 result (set 46; no op_params slot: its operands' types ask).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
-               "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"fold_rows"}}
+               "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"gemm_low"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
