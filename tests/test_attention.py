@@ -58,6 +58,10 @@ def twins(make):
 
 
 CAUSAL_BOOL = np.tril(np.ones((4, 6), bool))
+EMPTY_ROWS = CAUSAL_BOOL.copy()
+EMPTY_ROWS[[0, 2]] = False  # queries with no key: torch's SDPA gives zeros, and zero gradients
+EMPTY_FLOAT = np.where(np.broadcast_to(EMPTY_ROWS, (2, 4, 6)), f32(2, 4, 6), -np.inf).astype(np.float32)
+EMPTY_FLOAT[1] = np.where(CAUSAL_BOOL, EMPTY_FLOAT[1], -np.inf)
 SDPA = {
     "plain": (lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v), [f32(2, 3, 4, 8), f32(2, 3, 6, 8), f32(2, 3, 6, 5)]),
     "causal": (lambda m, q, k, v: m.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -66,6 +70,10 @@ SDPA = {
                         [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), CAUSAL_BOOL]),
     "float_mask": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
                    [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), f32(4, 6)]),
+    "bool_mask_empty_rows": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
+                             [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), EMPTY_ROWS]),
+    "float_mask_empty_rows": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
+                              [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), EMPTY_FLOAT]),
 }
 
 

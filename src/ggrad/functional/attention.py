@@ -10,10 +10,10 @@ from ggml import ggml as G
 from .. import dtypes
 from ..ops import compute, contiguous, reshape
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
-from .compare import where
+from .compare import gt, where
 from .layout import matmul, matmul_nt
 from .losses import dropout
-from .reduce import softmax
+from .reduce import any as any_of, softmax
 
 
 def causal_mask(rows: int, cols: int, dtype=dtypes.float32) -> Tensor:
@@ -38,9 +38,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                                  scale: float | None = None, training: bool = True) -> Tensor:
     """softmax(q k^T * scale + mask) v over (..., L, E) queries and (..., S, E) keys, as
     torch's: a bool attn_mask marks with True the pairs that take part, a float one is
-    added; is_causal masks keys after each query. A row with every key masked gives NaN,
-    as torch's. Dropout (dropout_p > 0) applies while `training` (ggrad's addition:
-    torch's functional form always drops)."""
+    added; is_causal masks keys after each query. A query whose every key attn_mask masks
+    gets zeros and zero gradients, as torch's (2.5+, its _safe_softmax; a softmax gives NaN
+    there, as MultiheadAttention still does in torch). Dropout (dropout_p > 0) applies while
+    `training` (ggrad's addition: torch's functional form always drops)."""
     q, k, v = (_float(_as_tensor(t), "scaled_dot_product_attention") for t in (query, key, value))
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim:
         raise ValueError(f"scaled_dot_product_attention needs query, key and value of one rank >= 2, "
@@ -51,9 +52,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both (as torch)")
     scores = matmul_nt(q, k)
-    mask = causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else \
-        additive_mask(attn_mask, scores.dtype, keep_true=True) if attn_mask is not None else None
-    weights = attention_weights(scores, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale), mask)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is None:
+        weights = attention_weights(scores, scale, causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None)
+    else:  # rows with no key left: a zero mask (finite weights, finite gradients), then zeros
+        mask = additive_mask(attn_mask, scores.dtype, keep_true=True)
+        kept = any_of(gt(mask, -math.inf), -1, keepdim=True)
+        weights = attention_weights(scores, scale, where(kept, mask, 0.0)) * cast(kept, scores.dtype)
     if dropout_p > 0.0 and training:
         weights = dropout(weights, dropout_p)
     return matmul(weights, v)
