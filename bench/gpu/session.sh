@@ -20,8 +20,9 @@
 #   bash bench/gpu/session.sh set45b   ~340 s: the fold without divisions (CUDA), Vulkan's products in parts
 #   bash bench/gpu/session.sh set45c   ~540 s: set45b's CUDA part alone, the ResNet at "highest" and bf16 too,
 #                                      and where the bf16 block's step goes now
-#   bash bench/gpu/session.sh set46    ~520 s: set 46's autocast GEMM (gemm_low) tested on CUDA, the bf16
-#                                      block and ResNet timed with and without it, the block's profile
+#   bash bench/gpu/session.sh set46    ~580 s: set 46's autocast GEMM (gemm_low) tested on CUDA, the bf16
+#                                      block and ResNet timed with and without it, the block's profile;
+#                                      Vulkan's mlp-large at "medium" while the wheel builds
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -172,7 +173,11 @@ case "$1" in
   set46)
     # ~520 s on a fresh machine: autocast's products on ggrad's GEMM (CUDA), tested then timed
     build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    # while it builds: issue 29's mlp-large on Vulkan, float16 matrix cores at "medium" against PyTorch's TF32
+    setup_vulkan
+    vk timeout 100 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium --models mlp-large \
+      --cuda-graph --blocks 3 > $OUT/mlp-large-vulkan.txt 2>&1
+    echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 330 || exit 1
     cu timeout 90 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_amp.py tests/test_attention.py \
       tests/test_kernels.py -k "cuda and (autocast or amp or attention or mha or sdpa or budget or casts or transformer)" \
