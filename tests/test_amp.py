@@ -191,12 +191,11 @@ def test_autocast_products_of_views_round_what_the_views_read(dev, low):
     from ggrad.runtime import kernels
     dtype, host = LOW[low]
     batch, seq, heads, dim = 2, 8, 2, 16
-    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in (
-        (batch, seq, 3 * heads * dim), (batch, heads, seq, seq), (24, seq), (20, 24), (20,),  # qkv, p, x^T, w, b
-        (batch, heads, seq, seq), (batch, heads, seq, dim), (seq, 20))]  # the outputs' gradients
-    qkv_np, p_np, xt_np, w_np, b_np, c_s, c_o, c_y = arrays
-    leaves = [ggrad.tensor(a, requires_grad=True) for a in arrays[:5]]
-    grads = [ggrad.tensor(a) for a in arrays[5:]]
+    def inputs():
+        arrays = [rng.standard_normal(shape).astype(np.float32) for shape in (
+            (batch, seq, 3 * heads * dim), (batch, heads, seq, seq), (24, seq), (20, 24), (20,),  # qkv, p, x^T, w, b
+            (batch, heads, seq, seq), (batch, heads, seq, dim), (seq, 20))]  # the outputs' gradients
+        return arrays, [ggrad.tensor(a, requires_grad=True) for a in arrays[:5]] + [ggrad.tensor(a) for a in arrays[5:]]
 
     def heads_of(t):  # (batch, seq, heads*dim) -> (batch, heads, seq, dim), a permuted view
         return t.reshape(batch, seq, heads, dim).permute(0, 2, 1, 3)
@@ -217,8 +216,10 @@ def test_autocast_products_of_views_round_what_the_views_read(dev, low):
         return step
 
     step = compiled(dtype)
-    for _ in range(2):  # captured, then replayed
-        s, o, y, *got = step(*leaves, *grads)
+    step(*inputs()[1])  # captured; then replayed on other values
+    arrays, tensors = inputs()
+    s, o, y, *got = step(*tensors)
+    qkv_np, p_np, xt_np, w_np, b_np, c_s, c_o, c_y = arrays
     r = lambda a: rounded(a, host)  # noqa: E731
     q, k, v = (a.reshape(batch, seq, heads, dim).transpose(0, 2, 1, 3) for a in np.split(qkv_np, 3, -1))
     t = lambda a: a.swapaxes(-1, -2)  # noqa: E731
@@ -236,7 +237,7 @@ def test_autocast_products_of_views_round_what_the_views_read(dev, low):
     if kernels.variant(ggrad.runtime.current().backend, "gemm_low"):  # copies as float32's, casts one a storage
         f32 = compiled(None)
         for _ in range(2):
-            f32(*leaves, *grads)
+            f32(*tensors)
         counts, f32_counts = step.op_counts(), f32.op_counts()
         assert counts.get("CONT", 0) == f32_counts.get("CONT", 0) and counts.get("MUL_MAT", 0) == 0, (counts, f32_counts)
         assert counts.get("CPY", 0) - f32_counts.get("CPY", 0) <= 8, (counts, f32_counts)  # 5 leaves' and 3 gradients' casts

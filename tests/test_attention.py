@@ -70,6 +70,8 @@ SDPA = {
                         [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), CAUSAL_BOOL]),
     "float_mask": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
                    [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), f32(4, 6)]),
+    "scalar_mask": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
+                    [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), np.float32(0.5)]),
     "bool_mask_empty_rows": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),
                              [f32(2, 4, 8), f32(2, 6, 8), f32(2, 6, 8), EMPTY_ROWS]),
     "float_mask_empty_rows": (lambda m, q, k, v, mask: m.scaled_dot_product_attention(q, k, v, mask),

@@ -408,26 +408,36 @@ def _gemm_low(ctx, a, b, trans_a: bool, trans_b: bool, low: int, bias):
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    operands = [_low_view(ctx, _uncopied(a), low), _low_view(ctx, _uncopied(b), low)]
-    added = [] if bias is None else [bias]
-    product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, [int(trans_a), int(trans_b), 0]))
+    added, flags = [] if bias is None else [bias], [int(trans_a), int(trans_b), 0]
+    views = [_low_view(ctx, _uncopied(a), low), _low_view(ctx, _uncopied(b), low)]
+    product = None if None in views else _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), views + added, flags))
+    if product is None:  # the operands as they are, cast (copies where they are views)
+        copies = [as_type(ctx, a, low), as_type(ctx, b, low)]
+        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), copies + added, flags))
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 
 # a view is cast through its storage where that holds at most this many times its values
-# (the thirds of a fused projection: 3); a smaller view is cast alone
+# (the thirds of a fused projection: 3)
 LOW_VIEW_STORAGE = 4
+_PURE_VIEWS = (G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE)
 
 
 def _low_view(ctx, t, low: int):
-    """The float32 `t` in the ggml type `low`: the same view (shape and strides in elements)
-    of its storage cast once in the graph (as_type's memo), or `t` cast alone where it is no
-    view or a small part of its storage."""
+    """The float32 view `t` in the ggml type `low`: the same view (shape and strides in
+    elements) of its storage cast once in the graph (as_type's memo); None where `t` is no
+    view, a small part of its storage, or one made by a node that writes (an in-place
+    kernel's output is a view of a buffer it rewrites: a cast of that buffer could run first)."""
     c = t.contents
     root = c.view_src
     if not root or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
             or root.contents.type != F32 or not G.ggml_is_contiguous(root):
-        return as_type(ctx, t, low)
+        return as_type(ctx, t, low) if not root else None
+    node = t
+    while ctypes.addressof(node.contents) != ctypes.addressof(root.contents):
+        if node.contents.op not in _PURE_VIEWS:
+            return None
+        node = node.contents.src[0]
     cast = as_type(ctx, root, low)
     shrink = G.ggml_type_size(F32) // G.ggml_type_size(low)
     view = G.ggml_view_4d(ctx, cast, *c.ne, c.nb[1] // shrink, c.nb[2] // shrink, c.nb[3] // shrink,

@@ -57,7 +57,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         weights = attention_weights(scores, scale, causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None)
     else:  # rows with no key left: a zero mask (finite weights, finite gradients), then zeros
         mask = additive_mask(attn_mask, scores.dtype, keep_true=True)
-        kept = any_of(gt(mask, -math.inf), -1, keepdim=True)
+        kept = any_of(gt(mask, -math.inf), -1, keepdim=True) if mask.ndim else gt(mask, -math.inf)
         weights = attention_weights(scores, scale, where(kept, mask, 0.0)) * cast(kept, scores.dtype)
     if dropout_p > 0.0 and training:
         weights = dropout(weights, dropout_p)
