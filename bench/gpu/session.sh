@@ -17,8 +17,8 @@
 #                                      then (~160 s more) CUDA profiles of the ResNet and the bf16 block
 #   bash bench/gpu/session.sh set45    ~480 s: set 45 (fold by bands, rows copies) and ops.cont's
 #                                      transposes tested on CUDA, then timed with and without
-#   bash bench/gpu/session.sh set45b   ~340 s: the fold without divisions (CUDA), Vulkan's products in parts
-#   bash bench/gpu/session.sh set45c   ~540 s: set45b's CUDA part alone, the ResNet at "highest" and bf16 too,
+#   bash bench/gpu/session.sh set45c   ~540 s: the fold without divisions (CUDA), the ResNet at "high" (with
+#                                      and without fold_rows), "highest" and bf16,
 #                                      and where the bf16 block's step goes now
 #   bash bench/gpu/session.sh set46    ~580 s: set 46's autocast GEMM (gemm_low) tested on CUDA, the bf16
 #                                      block and ResNet timed with and without it, the block's profile;
@@ -134,20 +134,6 @@ case "$1" in
     left=$(( 570 - $(el) ))
     [ $left -gt 30 ] && cu timeout $left python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
       tests/test_ops.py tests/test_attention.py -k cuda > $OUT/kernels-cuda.txt 2>&1 ;;
-  set45b)
-    # ~340 s on a fresh machine: the fold's taps tested without dividing (CUDA, rebuilt) and
-    # Vulkan's few-tile products in parts, each timed against without
-    build_cuda_in_background
-    vulkan_parts
-    cuda_wheel_installed 320 || exit 0
-    cu timeout 40 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
-      -k "cuda and (fold_by_bands or fold_kernel)" > $OUT/tests-cuda.txt 2>&1
-    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
-    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet \
-      --cuda-graph --blocks 2 --steps 8 --without fold_rows > $OUT/conv-cuda.txt 2>&1
-    echo "resnet at $(el) s"
-    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
-      --cuda-graph --blocks 3 > $OUT/block-cuda.txt 2>&1 ;;
   set45c)
     # ~540 s on a fresh machine: the fold without divisions tested and timed (CUDA), the ResNet
     # at issue 28's three precisions, the bf16 block and its profile
@@ -205,6 +191,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45b|set45c|set46|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
