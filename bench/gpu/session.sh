@@ -178,6 +178,8 @@ case "$1" in
     cu timeout 50 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
       --kernels --repeats 5 --nodes CONT CPY ADD CONCAT > $OUT/profile-block.txt 2>&1
     echo "block profile at $(el) s"
+    cu timeout 40 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels --repeats 5 \
+      > $OUT/profile-mlp-small.txt 2>&1
     cu timeout $(( 470 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
       --kernels --repeats 5 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
   parts)
