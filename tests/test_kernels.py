@@ -780,7 +780,9 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # leaves the graph), one node less in each step with the loss: mlp, cnn, lstm, batch_norm
 # (cuda's counted from the same builders, not on a GPU). Attention's weights scaled inside
 # ggml's SOFT_MAX and its gradient (functional.attention.attention_weights): block 73 -> 71 (cpu).
-BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 71, "vulkan": 72, "cuda": 71},
+# The GEMM kernel reads a view of a copy in the copied tensor's storage (ops._through_copy:
+# attention's heads of a fused projection's thirds, uncopied): block 71 -> 68 (cpu).
+BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 68, "vulkan": 69, "cuda": 68},
            "cnn": {"cpu": 32, "vulkan": 44, "cuda": 41}, "lstm": {"cpu": 90, "vulkan": 91, "cuda": 90},
            "batch_norm": {"cpu": 34, "vulkan": 39, "cuda": 38}}
 

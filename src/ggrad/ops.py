@@ -390,7 +390,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
                 if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
             return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
     added = [] if bias is None else [bias]
-    uncopied = [_uncopied(a), _uncopied(b)]
+    uncopied = [_through_copy(ctx, _uncopied(a)), _through_copy(ctx, _uncopied(b))]
     product = None
     if uncopied != [a, b]:  # the kernel reads strided rows and batches: try the views first
         product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), uncopied + added, flags))
@@ -409,7 +409,7 @@ def _gemm_low(ctx, a, b, trans_a: bool, trans_b: bool, low: int, bias):
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added, flags = [] if bias is None else [bias], [int(trans_a), int(trans_b), 0]
-    views = [_low_view(ctx, _uncopied(a), low), _low_view(ctx, _uncopied(b), low)]
+    views = [_low_view(ctx, _through_copy(ctx, _uncopied(x)), low) for x in (a, b)]
     product = None if None in views else _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), views + added, flags))
     if product is None:  # the operands as they are, cast (copies where they are views)
         copies = [as_type(ctx, a, low), as_type(ctx, b, low)]
@@ -431,13 +431,8 @@ def _low_view(ctx, t, low: int):
     c = t.contents
     root = c.view_src
     if not root or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
-            or root.contents.type != F32 or not G.ggml_is_contiguous(root):
+            or root.contents.type != F32 or not G.ggml_is_contiguous(root) or not _pure_view(t):
         return as_type(ctx, t, low) if not root else None
-    node = t
-    while ctypes.addressof(node.contents) != ctypes.addressof(root.contents):
-        if node.contents.op not in _PURE_VIEWS:
-            return None
-        node = node.contents.src[0]
     cast = as_type(ctx, root, low)
     shrink = G.ggml_type_size(F32) // G.ggml_type_size(low)
     view = G.ggml_view_4d(ctx, cast, *c.ne, c.nb[1] // shrink, c.nb[2] // shrink, c.nb[3] // shrink,
@@ -457,6 +452,62 @@ def _uncopied(t, transposes: bool = True):
         return c.src[0]
     source = _cont_source(t) if transposes else None  # cont's copy is of a transpose
     return source if source is not None and source.contents.op in views else t
+
+
+def _pure_view(t) -> bool:
+    """Whether `t` is its storage or reaches it through VIEW, RESHAPE, PERMUTE and TRANSPOSE
+    only: a view made by a node that writes (an in-place kernel's) reads its storage as that
+    node leaves it, which a reader of the storage itself might run before."""
+    root = t.contents.view_src
+    node = t
+    while root and ctypes.addressof(node.contents) != ctypes.addressof(root.contents):
+        if node.contents.op not in _PURE_VIEWS:
+            return False
+        node = node.contents.src[0]
+    return True
+
+
+def _through_copy(ctx, t):
+    """`t`, a view (through VIEW, RESHAPE, PERMUTE, TRANSPOSE only) of a CONT's copy, as
+    the same elements viewed in the copied tensor's storage, where each of its axes keeps
+    to one axis of the copied view (a fused projection's third copied, then split into
+    heads and permuted: attention's queries, keys and values); else `t`. The GEMM kernel
+    then reads the projection in place and the copy leaves the graph (three copies of a
+    third of the projection in every attention forward)."""
+    c = t.contents
+    copy = c.view_src
+    if not copy or copy.contents.op != G.GGML_OP_CONT or G.ggml_blck_size(c.type) != 1:
+        return t
+    if not _pure_view(t):
+        return t
+    source = copy.contents.src[0]
+    sc, size = source.contents, G.ggml_type_size(c.type)
+    if sc.type != c.type or any(nb % size for nb in c.nb) or c.view_offs % size or not _pure_view(source):
+        return t
+    places = [1, sc.ne[0], sc.ne[0] * sc.ne[1], sc.ne[0] * sc.ne[1] * sc.ne[2]]  # the copy's strides, in elements
+    first = c.view_offs // size
+    start = [(first // places[j]) % sc.ne[j] for j in range(4)]
+    reach = list(start)  # the largest index each of the source's axes is read at
+    strides = []
+    for n, nb in zip(c.ne, c.nb):
+        step = nb // size
+        if n == 1:
+            strides.append(nb)
+            continue
+        axis = max(j for j in range(4) if places[j] <= step) if step else -1
+        if axis < 0 or step % places[axis]:
+            return t
+        reach[axis] += (n - 1) * (step // places[axis])
+        strides.append(step // places[axis] * sc.nb[axis])
+    if any(r >= ne for r, ne in zip(reach, sc.ne)):
+        return t  # an axis of t runs across two of the source's
+    root = sc.view_src if sc.view_src else source
+    offset = (sc.view_offs if sc.view_src else 0) + sum(i * nb for i, nb in zip(start, sc.nb))
+    if G.ggml_nelements(t) * size + offset > G.ggml_nbytes(root):
+        return t  # ggml_view_4d's own bound (a strided view may end before it)
+    view = G.ggml_view_4d(ctx, root, *c.ne, strides[1], strides[2], strides[3], offset)
+    view.contents.nb[0] = strides[0]  # ggml_view_4d sets the element size
+    return view
 
 
 def _storage_alignment() -> int:
