@@ -95,6 +95,26 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"device tests passed per device -- {counts}")
 
 
+@pytest.fixture
+def ggml_host():
+    """(ctx, put): a ggml context of 256 MB in host memory for a test that builds ggml nodes
+    itself (ggrad's view rewrites checked by ggml's own CPU copies), and put(array), a new
+    float32 tensor there holding `array` (ggml's axes reversed); freed after the test."""
+    import ctypes
+
+    from ggml import ggml as G
+    ctx = G.ggml_init(G.ggml_init_params(mem_size=256 << 20, mem_buffer=None, no_alloc=False))
+
+    def put(array):
+        array = np.ascontiguousarray(array, np.float32)
+        ne = (ctypes.c_int64 * 4)(*(tuple(reversed(array.shape)) + (1,) * (4 - array.ndim)))
+        tensor = G.ggml_new_tensor(ctx, G.GGML_TYPE_F32, 4, ne)
+        ctypes.memmove(tensor.contents.data, array.ctypes.data, array.nbytes)
+        return tensor
+    yield ctx, put
+    G.ggml_free(ctx)
+
+
 def tf32(dev: str) -> bool:
     """Whether float32 products on `dev` may run in TF32 now (CUDA at matmul precision
     "high" or "medium"; "highest", the default, is float32 everywhere)."""

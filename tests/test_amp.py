@@ -234,17 +234,17 @@ def test_autocast_products_of_views_round_what_the_views_read(dev, low):
     assert rel(got[3].numpy(), t(r(c_y)) @ t(r(xt_np))) < 1e-5
     assert rel(got[4].numpy(), c_y.sum(0)) < 1e-5
     assert rel(s.numpy(), q @ t(k)) > 1e-4  # float32 products would fail the above
-    if kernels.variant(ggrad.runtime.current().backend, "gemm_low"):  # copies as float32's, casts one a storage
+    if kernels.variant(ggrad.runtime.current().backend, "gemm_low"):  # no more copies than float32's, a cast a storage
         f32 = compiled(None)
         for _ in range(2):
             f32(*tensors)
         counts, f32_counts = step.op_counts(), f32.op_counts()
-        assert counts.get("CONT", 0) == f32_counts.get("CONT", 0) and counts.get("MUL_MAT", 0) == 0, (counts, f32_counts)
+        assert counts.get("CONT", 0) <= f32_counts.get("CONT", 0) and counts.get("MUL_MAT", 0) == 0, (counts, f32_counts)
         assert counts.get("CPY", 0) - f32_counts.get("CPY", 0) <= 8, (counts, f32_counts)  # 5 leaves' and 3 gradients' casts
 
 
 @pytest.mark.parametrize("low", LOW)
-def test_low_views_read_the_elements_of_their_float32_views(low):
+def test_low_views_read_the_elements_of_their_float32_views(low, ggml_host):
     """ops._low_view (the CUDA GEMM's autocast operands): the low-type view over a cast of a
     float32 view's storage holds that view's elements, rounded; checked through ggml's own
     copy on the CPU for the views attention and linear layers hand the GEMM (a transpose, a
@@ -258,38 +258,34 @@ def test_low_views_read_the_elements_of_their_float32_views(low):
     dtype, host = LOW[low]
     kind = DTYPES[dtype.storage]
     stored = rng.standard_normal((2, 8, 96)).astype(np.float32)  # (batch, seq, 3 * heads * dim)
-    ctx = G.ggml_init(G.ggml_init_params(mem_size=64 << 20, mem_buffer=None, no_alloc=False))
-    try:
-        root = G.ggml_new_tensor_3d(ctx, G.GGML_TYPE_F32, 96, 8, 2)
-        ctypes.memmove(root.contents.data, stored.ctypes.data, stored.nbytes)
-        f32 = 4
-        key = G.ggml_view_4d(ctx, root, 16, 8, 2, 2, 96 * f32, 16 * f32, 96 * 8 * f32, 32 * f32)  # (dim, seq, heads, batch)
-        views = {
-            "transpose": (G.ggml_transpose(ctx, G.ggml_reshape_2d(ctx, root, 96, 16)), stored.reshape(16, 96).T),
-            "key heads": (key, stored[..., 32:64].reshape(2, 8, 2, 16).transpose(0, 2, 1, 3)),
-            "key heads transposed": (G.ggml_permute(ctx, key, 1, 0, 2, 3),
-                                     stored[..., 32:64].reshape(2, 8, 2, 16).transpose(0, 2, 3, 1)),
-            "rows at an offset": (G.ggml_view_2d(ctx, root, 96, 5, 96 * f32, 3 * 96 * f32), stored.reshape(16, 96)[3:8]),
-        }
-        graph = G.ggml_new_graph(ctx)
-        copies = {}
-        for name, (view, _) in views.items():
-            low_view = ops._low_view(ctx, view, kind)
-            assert low_view.contents.type == kind and low_view.contents.view_src, name  # a view, no copy of its own
-            copies[name] = G.ggml_cont(ctx, low_view)
-            G.ggml_build_forward_expand(graph, copies[name])
-        G.ggml_graph_compute_with_ctx(ctx, graph, 1)
-        for name, (_, expected) in views.items():
-            c = copies[name].contents
-            got = np.empty(G.ggml_nelements(copies[name]), np.float32)
-            if kind == G.GGML_TYPE_BF16:
-                G.ggml_bf16_to_fp32_row(ctypes.cast(c.data, ctypes.POINTER(G.ggml_bf16_t)),
-                                        got.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), got.size)
-            else:
-                got = np.frombuffer(ctypes.string_at(c.data, got.size * 2), np.float16).astype(np.float32)
-            np.testing.assert_array_equal(got.reshape(expected.shape), rounded(expected, host), err_msg=name)
-    finally:
-        G.ggml_free(ctx)
+    ctx, put = ggml_host
+    root = put(stored)
+    f32 = 4
+    key = G.ggml_view_4d(ctx, root, 16, 8, 2, 2, 96 * f32, 16 * f32, 96 * 8 * f32, 32 * f32)  # (dim, seq, heads, batch)
+    views = {
+        "transpose": (G.ggml_transpose(ctx, G.ggml_reshape_2d(ctx, root, 96, 16)), stored.reshape(16, 96).T),
+        "key heads": (key, stored[..., 32:64].reshape(2, 8, 2, 16).transpose(0, 2, 1, 3)),
+        "key heads transposed": (G.ggml_permute(ctx, key, 1, 0, 2, 3),
+                                 stored[..., 32:64].reshape(2, 8, 2, 16).transpose(0, 2, 3, 1)),
+        "rows at an offset": (G.ggml_view_2d(ctx, root, 96, 5, 96 * f32, 3 * 96 * f32), stored.reshape(16, 96)[3:8]),
+    }
+    graph = G.ggml_new_graph(ctx)
+    copies = {}
+    for name, (view, _) in views.items():
+        low_view = ops._low_view(ctx, view, kind)
+        assert low_view.contents.type == kind and low_view.contents.view_src, name  # a view, no copy of its own
+        copies[name] = G.ggml_cont(ctx, low_view)
+        G.ggml_build_forward_expand(graph, copies[name])
+    G.ggml_graph_compute_with_ctx(ctx, graph, 1)
+    for name, (_, expected) in views.items():
+        c = copies[name].contents
+        got = np.empty(G.ggml_nelements(copies[name]), np.float32)
+        if kind == G.GGML_TYPE_BF16:
+            G.ggml_bf16_to_fp32_row(ctypes.cast(c.data, ctypes.POINTER(G.ggml_bf16_t)),
+                                    got.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), got.size)
+        else:
+            got = np.frombuffer(ctypes.string_at(c.data, got.size * 2), np.float16).astype(np.float32)
+        np.testing.assert_array_equal(got.reshape(expected.shape), rounded(expected, host), err_msg=name)
 
 
 def test_autocast_convolution_matches_torch_on_rounded_operands(dev):

@@ -200,7 +200,7 @@ def test_broadcast_shape_is_numpys():
         assert broadcast_shape(*shapes) == want, shapes
 
 
-def test_views_through_a_copy_read_the_copied_elements():
+def test_views_through_a_copy_read_the_copied_elements(ggml_host):
     """ops._through_copy (the GEMM kernel's operands: a fused projection's third, copied,
     then split into heads and permuted): where it re-views the copied tensor's storage, the
     view holds the elements of the view of the copy; where an axis would run across two of
@@ -214,38 +214,34 @@ def test_views_through_a_copy_read_the_copied_elements():
     from ggrad import ops
     rng = np.random.default_rng(3)
     stored = rng.standard_normal((2, 6, 24)).astype(np.float32)  # (batch, seq, 3 * heads * dim)
-    ctx = G.ggml_init(G.ggml_init_params(mem_size=256 << 20, mem_buffer=None, no_alloc=False))
-    try:
-        root = G.ggml_new_tensor_3d(ctx, G.GGML_TYPE_F32, 24, 6, 2)
-        ctypes.memmove(root.contents.data, stored.ctypes.data, stored.nbytes)
-        f32 = 4
-        sources = [G.ggml_view_3d(ctx, root, 8, 6, 2, 24 * f32, 144 * f32, 8 * f32),  # the second third
-                   G.ggml_transpose(ctx, G.ggml_reshape_2d(ctx, root, 24, 12)),
-                   G.ggml_view_2d(ctx, root, 24, 5, 24 * f32, 4 * 24 * f32)]
-        graph = G.ggml_new_graph_custom(ctx, 4096, False)
-        pairs, rewritten = [], 0
-        for source in sources:
-            copy = G.ggml_cont(ctx, source)
-            n = G.ggml_nelements(copy)
-            shapes = [s for s in itertools.product((1, 2, 3, 4, 6, 8, 12), repeat=3) if n % np.prod(s) == 0]
-            for k in rng.choice(len(shapes), 12, replace=False):
-                a, b, c = shapes[k]
-                split = G.ggml_reshape_4d(ctx, copy, a, b, c, n // (a * b * c))
-                for order in ((0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (2, 1, 0, 3)):
-                    t = G.ggml_permute(ctx, split, *order)
-                    through = ops._through_copy(ctx, t)
-                    if ctypes.addressof(through.contents) != ctypes.addressof(t.contents):
-                        rewritten += 1
-                        assert through.contents.view_src and ctypes.addressof(through.contents.view_src.contents) \
-                            == ctypes.addressof(root.contents)
-                    pair = (G.ggml_cont(ctx, t), G.ggml_cont(ctx, through))
-                    for x in pair:
-                        G.ggml_build_forward_expand(graph, x)
-                    pairs.append(pair)
-        G.ggml_graph_compute_with_ctx(ctx, graph, 1)
-        for expected, got in pairs:
-            size = G.ggml_nbytes(expected)
-            assert ctypes.string_at(got.contents.data, size) == ctypes.string_at(expected.contents.data, size)
-        assert rewritten >= 30, (rewritten, len(pairs))  # 36 of these 144 views keep to the source's axes
-    finally:
-        G.ggml_free(ctx)
+    ctx, put = ggml_host
+    root = put(stored)
+    f32 = 4
+    sources = [G.ggml_view_3d(ctx, root, 8, 6, 2, 24 * f32, 144 * f32, 8 * f32),  # the second third
+               G.ggml_transpose(ctx, G.ggml_reshape_2d(ctx, root, 24, 12)),
+               G.ggml_view_2d(ctx, root, 24, 5, 24 * f32, 4 * 24 * f32)]
+    graph = G.ggml_new_graph_custom(ctx, 4096, False)
+    pairs, rewritten = [], 0
+    for source in sources:
+        copy = G.ggml_cont(ctx, source)
+        n = G.ggml_nelements(copy)
+        shapes = [s for s in itertools.product((1, 2, 3, 4, 6, 8, 12), repeat=3) if n % np.prod(s) == 0]
+        for k in rng.choice(len(shapes), 12, replace=False):
+            a, b, c = shapes[k]
+            split = G.ggml_reshape_4d(ctx, copy, a, b, c, n // (a * b * c))
+            for order in ((0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (2, 1, 0, 3)):
+                t = G.ggml_permute(ctx, split, *order)
+                through = ops._through_copy(ctx, t)
+                if ctypes.addressof(through.contents) != ctypes.addressof(t.contents):
+                    rewritten += 1
+                    assert through.contents.view_src and ctypes.addressof(through.contents.view_src.contents) \
+                        == ctypes.addressof(root.contents)
+                pair = (G.ggml_cont(ctx, t), G.ggml_cont(ctx, through))
+                for x in pair:
+                    G.ggml_build_forward_expand(graph, x)
+                pairs.append(pair)
+    G.ggml_graph_compute_with_ctx(ctx, graph, 1)
+    for expected, got in pairs:
+        size = G.ggml_nbytes(expected)
+        assert ctypes.string_at(got.contents.data, size) == ctypes.string_at(expected.contents.data, size)
+    assert rewritten >= 30, (rewritten, len(pairs))  # 36 of these 144 views keep to the source's axes

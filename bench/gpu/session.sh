@@ -23,6 +23,8 @@
 #   bash bench/gpu/session.sh set46    ~580 s: set 46's autocast GEMM (gemm_low) tested on CUDA, the bf16
 #                                      block and ResNet timed with and without it, the block's profile;
 #                                      Vulkan's mlp-large at "medium" while the wheel builds
+#   bash bench/gpu/session.sh set46b   ~300 s: the GEMM's batches over two axes in one call (CUDA), tested, the
+#                                      bf16 and float32 blocks and the bf16 ResNet timed, the bf16 block's profile
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -55,6 +57,15 @@ vulkan_parts() {
   echo "conv-vulkan at $(el) s"
   vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 40 python3 bench/gpu/vulkan_ops.py \
     --model resnet > $OUT/vulkan-ops-resnet.txt 2>&1
+}
+# ~30 s: autocast's products and attention tested on CUDA, then the bf16 block with and without gemm_low
+autocast_on_cuda() {
+  cu timeout 90 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_amp.py tests/test_attention.py \
+    tests/test_kernels.py -k "cuda and (autocast or amp or attention or mha or sdpa or budget or products or transformer)" \
+    > $OUT/tests-cuda.txt 2>&1
+  echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+  cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+    --cuda-graph --blocks 3 --without gemm_low > $OUT/block-cuda.txt 2>&1
 }
 case "$1" in
   vulkan)
@@ -165,12 +176,7 @@ case "$1" in
       --cuda-graph --blocks 3 > $OUT/mlp-large-vulkan.txt 2>&1
     echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 330 || exit 1
-    cu timeout 90 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_amp.py tests/test_attention.py \
-      tests/test_kernels.py -k "cuda and (autocast or amp or attention or mha or sdpa or budget or casts or transformer)" \
-      > $OUT/tests-cuda.txt 2>&1
-    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
-    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
-      --cuda-graph --blocks 3 --without gemm_low > $OUT/block-cuda.txt 2>&1
+    autocast_on_cuda
     echo "block at $(el) s"
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
       --cuda-graph --blocks 2 --steps 8 --without gemm_low > $OUT/conv-cuda-bf16.txt 2>&1
@@ -182,6 +188,19 @@ case "$1" in
       > $OUT/profile-mlp-small.txt 2>&1
     cu timeout $(( 470 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
       --kernels --repeats 5 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+  set46b)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    autocast_on_cuda
+    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models block \
+      --block-batch 8 --cuda-graph --blocks 3 > $OUT/block-f32-cuda.txt 2>&1
+    echo "blocks at $(el) s"
+    cu timeout 45 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 8 > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "resnet at $(el) s"
+    cu timeout 40 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
+      --kernels --repeats 5 --nodes CPY ADD > $OUT/profile-block.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -193,6 +212,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

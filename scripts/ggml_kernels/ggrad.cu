@@ -182,6 +182,23 @@ static int64_t ggrad_gemm_step(const ggml_tensor * t, const int64_t repeat) {
     return t->ne[2] == 1 ? 0 : repeat == 1 ? (int64_t) (t->nb[2]/ggml_type_size(t->type)) : -1;
 }
 
+// each of C's batches (i2, i3) its operands' and its own address, for one batched call over
+// pointers (a strided batch needs one step between batches, which heads within rows and
+// sequences across them do not share)
+static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b, const char * c, const void ** pa,
+        const void ** pb, const void ** pc, const int64_t batches, const int64_t b2, const int64_t a_r2, const int64_t a_r3,
+        const int64_t b_r2, const int64_t b_r3, const size_t a_nb2, const size_t a_nb3, const size_t b_nb2,
+        const size_t b_nb3, const size_t c_step) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i >= batches) {
+        return;
+    }
+    const int64_t i2 = i % b2, i3 = i / b2;
+    pa[i] = a + (i2/a_r2)*a_nb2 + (i3/a_r3)*a_nb3;
+    pb[i] = b + (i2/b_r2)*b_nb2 + (i3/b_r3)*b_nb3;
+    pc[i] = c + i*c_step;
+}
+
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
     GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
@@ -197,30 +214,39 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int64_t step_a = ggrad_gemm_step(A, s.a_r2), step_b = ggrad_gemm_step(B, s.b_r2);
     const bool low = A->type != GGML_TYPE_F32;
     const cudaDataType_t low_type = A->type == GGML_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    for (int64_t i3 = 0; i3 < s.b3; ++i3) {
-        const char * a3 = s.a.data + (i3/s.a_r3)*A->nb[3];
-        const char * b3 = s.b.data + (i3/s.b_r3)*B->nb[3];
-        float * c3 = (float *) dst->data + i3*s.b2*s.M*s.N;
-        if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {
-            if (low) {
-                CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_b, op_a, N, M, K, &alpha, b3, low_type, ldb, step_b,
-                                                        a3, low_type, lda, step_a, &beta, c3, CUDA_R_32F, N, s.M*s.N,
-                                                        (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-            } else {
-                CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) b3, ldb, step_b,
-                                                       (const float *) a3, lda, step_a, &beta, c3, N, s.M*s.N, (int) s.b2));
-            }
-            continue;
+    if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
+        const int64_t batches = s.b2*s.b3;
+        ggml_cuda_pool_alloc<const void *> pointers(ctx.pool(), 3*batches);
+        const void ** pa = pointers.get(), ** pb = pa + batches, ** pc = pb + batches;
+        ggrad_gemm_batch_pointers<<<(unsigned int) ((batches + 255)/256), 256, 0, stream>>>(
+            s.a.data, s.b.data, (const char *) dst->data, pa, pb, pc, batches, s.b2, s.a_r2, s.a_r3, s.b_r2, s.b_r3,
+            A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*sizeof(float));
+        CUDA_CHECK(cudaGetLastError());
+        const cudaDataType_t type = low ? low_type : CUDA_R_32F;
+        const cublasComputeType_t compute = !low && ggml_get_op_params_i32(dst, 3) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        CUBLAS_CHECK(cublasGemmBatchedEx(handle, op_b, op_a, N, M, K, &alpha, pb, type, ldb, pa, type, lda, &beta,
+                                         (void **) pc, CUDA_R_32F, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
+    } else if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {  // batches along one axis, evenly strided
+        if (low) {
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_b, op_a, N, M, K, &alpha, s.b.data, low_type, ldb, step_b,
+                                                    s.a.data, low_type, lda, step_a, &beta, dst->data, CUDA_R_32F, N,
+                                                    s.M*s.N, (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        } else {
+            CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) s.b.data, ldb, step_b,
+                                                   (const float *) s.a.data, lda, step_a, &beta, (float *) dst->data, N,
+                                                   s.M*s.N, (int) s.b2));
         }
+    } else {
         for (int64_t i2 = 0; i2 < s.b2; ++i2) {
-            const char * a = a3 + (i2/s.a_r2)*A->nb[2];
-            const char * b = b3 + (i2/s.b_r2)*B->nb[2];
+            const char * a = s.a.data + (i2/s.a_r2)*A->nb[2];
+            const char * b = s.b.data + (i2/s.b_r2)*B->nb[2];
+            float * c = (float *) dst->data + i2*s.M*s.N;
             if (low) {
                 CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, N, M, K, &alpha, b, low_type, ldb, a, low_type, lda, &beta,
-                                          c3 + i2*s.M*s.N, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                          c, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             } else {
                 CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, (const float *) b, ldb, (const float *) a, lda,
-                                         &beta, c3 + i2*s.M*s.N, N));
+                                         &beta, c, N));
             }
         }
     }
