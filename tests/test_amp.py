@@ -301,6 +301,31 @@ def test_autocast_convolution_matches_torch_on_rounded_operands(dev):
     assert rel(got, expected) < 1e-5
 
 
+def test_columns_written_in_the_low_type_equal_the_cast_columns(dev, monkeypatch):
+    """ops._columns_as (CUDA's im2col_low): IM2COL asked for float16 columns (which ggml's
+    CPU and Vulkan have too) gives the products the values a cast of float32 columns gave,
+    and the cast leaves the graph. Forced where it is otherwise off (the CPU's own
+    convolution kernels refused: they make no columns)."""
+    from ggrad.runtime import kernels
+    supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in (kernels.CONV, kernels.COLUMNS) and supported(backend, k))
+    x_np = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    conv = nn.Conv2d(3, 5, 3, padding=1)
+
+    def step(x):
+        with autocast(dtype=ggrad.float16):
+            return conv(x)
+    plain = ggrad.compile(step)
+    expected = [plain(ggrad.tensor(x_np)).numpy() for _ in range(2)][-1]
+    variant = kernels.variant
+    monkeypatch.setattr(kernels, "variant", lambda backend, name: name == "im2col_low" or variant(backend, name))
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "columns in float16")
+    direct = ggrad.compile(step)
+    got = [direct(ggrad.tensor(x_np)).numpy() for _ in range(2)][-1]
+    np.testing.assert_array_equal(got, expected)
+    assert direct.op_counts().get("CPY", 0) < plain.op_counts().get("CPY", 0), (direct.op_counts(), plain.op_counts())
+
+
 def test_autocast_scope_and_arguments():
     a_np, b_np = rng.standard_normal((16, 16)).astype(np.float32), rng.standard_normal((16, 16)).astype(np.float32)
     a, b = ggrad.tensor(a_np), ggrad.tensor(b_np)

@@ -104,6 +104,9 @@ def as_type(ctx, x, ggml_type):
         return x
 
     def cast():
+        columns = _columns_as(ctx, x, ggml_type)
+        if columns is not None:
+            return columns
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
         # cast of such a view reads a value a thread across rows: there the copy stays
         view = _uncopied(x, transposes=backend_kind() != "cuda")
@@ -113,6 +116,24 @@ def as_type(ctx, x, ggml_type):
         return _asking(_asking(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view, "cast_x4"),
                        "copy_rows")
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
+
+
+def _columns_as(ctx, x, ggml_type):
+    """A convolution's columns (IM2COL) written in `ggml_type` by IM2COL itself, where the
+    backend has it (CUDA's im2col_low, set 46: bfloat16 and float16, converted as a cast
+    converts), instead of float32 columns and then a cast of them; else None."""
+    from . import runtime
+    made = x.contents.src[0] if x.contents.op == G.GGML_OP_RESHAPE else x  # the columns, or them reshaped
+    c = made.contents
+    if c.op != G.GGML_OP_IM2COL or c.type != F32 or ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16) \
+            or not kernels.variant(runtime.current().backend, "im2col_low"):
+        return None
+    p = c.op_params
+    # the kernel's shape (its sizes alone are read) in the columns' type: ggml's CPU asks that of float16's
+    shape = G.ggml_new_tensor(ctx, ggml_type, MAX_DIMS, (ctypes.c_int64 * MAX_DIMS)(*c.src[0].contents.ne))
+    columns = G.ggml_im2col(ctx, shape, c.src[1], p[0], p[1], p[2], p[3], p[4], p[5], bool(p[6]), ggml_type)
+    columns.contents.op_params[7] = p[7]  # im2col_rows, as asked of the float32 columns
+    return columns if made is x else G.ggml_reshape_4d(ctx, columns, *x.contents.ne)
 
 
 def _asking(node, name: str):
