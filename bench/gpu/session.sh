@@ -25,6 +25,8 @@
 #                                      Vulkan's mlp-large at "medium" while the wheel builds
 #   bash bench/gpu/session.sh set46b   ~300 s: the GEMM's batches over two axes in one call (CUDA), tested, the
 #                                      bf16 and float32 blocks and the bf16 ResNet timed, the bf16 block's profile
+#   bash bench/gpu/session.sh set46c   ~240 s: IM2COL's bfloat16 columns (im2col_low) tested on CUDA, the bf16
+#                                      ResNet timed with and without them
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -201,6 +203,15 @@ case "$1" in
     echo "resnet at $(el) s"
     cu timeout 40 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
       --kernels --repeats 5 --nodes CPY ADD > $OUT/profile-block.txt 2>&1 ;;
+  set46c)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 40 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_amp.py tests/test_conv.py \
+      -k "cuda and (autocast or columns or test_equals_torch)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 6 --without im2col_low > $OUT/conv-cuda-bf16.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -212,6 +223,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
