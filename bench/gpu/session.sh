@@ -38,6 +38,7 @@ vk() { PYTHONPATH=/tmp/ggml-vulkan:/tmp/site:src VK_DRIVER_FILES=/usr/local/nvid
 cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
 # the CUDA wheel of this tree's kernels (~250 s on 16 cores), unless this machine has it
 build_cuda_in_background() {
+  rm -f /tmp/build.done  # a warm machine's earlier build says nothing of this tree's
   ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
       $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
 }
