@@ -304,7 +304,7 @@ def test_autocast_convolution_matches_torch_on_rounded_operands(dev):
 def test_columns_written_in_the_low_type_equal_the_cast_columns(dev, monkeypatch):
     """ops._columns_as (CUDA's im2col_low): IM2COL asked for float16 columns (which ggml's
     CPU and Vulkan have too) gives the products the values a cast of float32 columns gave,
-    and the cast leaves the graph. Forced where it is otherwise off (the CPU's own
+    and the cast leaves the graph. Forced on and off on every device (the CPU's own
     convolution kernels refused: they make no columns)."""
     from ggrad.runtime import kernels
     supported = kernels.supported
@@ -315,9 +315,10 @@ def test_columns_written_in_the_low_type_equal_the_cast_columns(dev, monkeypatch
     def step(x):
         with autocast(dtype=ggrad.float16):
             return conv(x)
+    variant = kernels.variant
+    monkeypatch.setattr(kernels, "variant", lambda backend, name: name != "im2col_low" and variant(backend, name))
     plain = ggrad.compile(step)
     expected = [plain(ggrad.tensor(x_np)).numpy() for _ in range(2)][-1]
-    variant = kernels.variant
     monkeypatch.setattr(kernels, "variant", lambda backend, name: name == "im2col_low" or variant(backend, name))
     monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "columns in float16")
     direct = ggrad.compile(step)
