@@ -309,21 +309,23 @@ def test_columns_written_in_the_low_type_equal_the_cast_columns(dev, monkeypatch
     from ggrad.runtime import kernels
     supported = kernels.supported
     monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in (kernels.CONV, kernels.COLUMNS) and supported(backend, k))
-    x_np = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
-    conv = nn.Conv2d(3, 5, 3, padding=1)
+    x_np = rng.standard_normal((2, 3, 9, 11)).astype(np.float32)
+    conv = nn.Conv2d(3, 5, (3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2))  # every pair of sizes unequal
+    conv1d = nn.Conv1d(3, 4, 3, stride=2, padding=1)
 
     def step(x):
         with autocast(dtype=ggrad.float16):
-            return conv(x)
+            return conv(x), conv1d(x[:, :, 0])
     variant = kernels.variant
     monkeypatch.setattr(kernels, "variant", lambda backend, name: name != "im2col_low" and variant(backend, name))
     plain = ggrad.compile(step)
-    expected = [plain(ggrad.tensor(x_np)).numpy() for _ in range(2)][-1]
+    expected = [[y.numpy() for y in plain(ggrad.tensor(x_np))] for _ in range(2)][-1]
     monkeypatch.setattr(kernels, "variant", lambda backend, name: name == "im2col_low" or variant(backend, name))
     monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "columns in float16")
     direct = ggrad.compile(step)
-    got = [direct(ggrad.tensor(x_np)).numpy() for _ in range(2)][-1]
-    np.testing.assert_array_equal(got, expected)
+    got = [[y.numpy() for y in direct(ggrad.tensor(x_np))] for _ in range(2)][-1]
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e)
     assert direct.op_counts().get("CPY", 0) < plain.op_counts().get("CPY", 0), (direct.op_counts(), plain.op_counts())
 
 

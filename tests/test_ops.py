@@ -205,7 +205,8 @@ def test_views_through_a_copy_read_the_copied_elements(ggml_host):
     then split into heads and permuted): where it re-views the copied tensor's storage, the
     view holds the elements of the view of the copy; where an axis would run across two of
     the source's, it keeps the view of the copy. Checked by ggml's own copies on the CPU
-    over random splits and permutes of a third, a transpose and a slice at an offset."""
+    over random splits and permutes (of the whole copy and of its later rows) of a third, a
+    transpose and a slice at an offset."""
     import ctypes
     import itertools
 
@@ -229,8 +230,12 @@ def test_views_through_a_copy_read_the_copied_elements(ggml_host):
         for k in rng.choice(len(shapes), 12, replace=False):
             a, b, c = shapes[k]
             split = G.ggml_reshape_4d(ctx, copy, a, b, c, n // (a * b * c))
-            for order in ((0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (2, 1, 0, 3)):
-                t = G.ggml_permute(ctx, split, *order)
+            d = split.contents
+            # the copy's rows from the second on (an offset into it), its split kept
+            later = G.ggml_view_4d(ctx, copy, a, b, c, d.ne[3] - 1, d.nb[1], d.nb[2], d.nb[3], d.nb[3]) \
+                if d.ne[3] > 1 else split
+            for base, order in itertools.product((split, later), ((0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (2, 1, 0, 3))):
+                t = G.ggml_permute(ctx, base, *order)
                 through = ops._through_copy(ctx, t)
                 if ctypes.addressof(through.contents) != ctypes.addressof(t.contents):
                     rewritten += 1
@@ -244,4 +249,4 @@ def test_views_through_a_copy_read_the_copied_elements(ggml_host):
     for expected, got in pairs:
         size = G.ggml_nbytes(expected)
         assert ctypes.string_at(got.contents.data, size) == ctypes.string_at(expected.contents.data, size)
-    assert rewritten >= 30, (rewritten, len(pairs))  # 36 of these 144 views keep to the source's axes
+    assert rewritten >= 60, (rewritten, len(pairs))  # about a quarter of these views keep to the source's axes

@@ -430,11 +430,11 @@ def _gemm_low(ctx, a, b, trans_a: bool, trans_b: bool, low: int, bias):
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added, flags = [] if bias is None else [bias], [int(trans_a), int(trans_b), 0]
-    views = [_low_view(ctx, _through_copy(ctx, _uncopied(x)), low) for x in (a, b)]
-    product = None if None in views else _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), views + added, flags))
-    if product is None:  # the operands as they are, cast (copies where they are views)
-        copies = [as_type(ctx, a, low), as_type(ctx, b, low)]
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), copies + added, flags))
+    copies = [lambda x=x: as_type(ctx, x, low) for x in (a, b)]  # the operands as they are, cast (copies of views)
+    views = [_low_view(ctx, _through_copy(ctx, _uncopied(x)), low) or copy() for x, copy in zip((a, b), copies)]
+    product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), views + added, flags))
+    if product is None:
+        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [copy() for copy in copies] + added, flags))
     return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
 
 

@@ -53,9 +53,10 @@ def linear(input, weight, bias=None) -> Tensor:
                          f"got {weight.shape}")
     if isinstance(bias, Tensor) and input.ndim > 1 and bias.shape == weight.shape[:1] and weight.ndim == 2 \
             and input.dtype is F32 and weight.dtype is F32 and bias.dtype is F32 \
-            and input.shape[-1] == weight.shape[1] and precision.autocast_dtype() is None:
+            and input.shape[-1] == weight.shape[1]:
         # one recorded op (a layer's forward and backward are ~14 us of Python fewer), the
-        # same ggml nodes as the product and the sum below
+        # same ggml nodes as the product and the sum below, or fewer: a GEMM kernel that adds
+        # the bias (the CPU's, CUDA's under autocast too)
         return _apply("linear", (input, weight, bias), input.shape[:-1] + weight.shape[:1], _linear_rule,
                       _product_arg(F32))
     y = matmul_nt(input, weight) if input.ndim > 1 and weight.ndim == 2 else matmul(input, transpose(weight))
