@@ -1108,26 +1108,19 @@ def patch(tree: Path) -> None:
     # CPY converts (__float2bfloat16, round to nearest even): the same bits
     _patch_file(cuda / "im2col.cu", [
         ("void ggml_cuda_op_im2col(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {\n", CUDA_IM2COL_ROWS),
-        ("    GGML_ASSERT( dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32);\n\n    const int32_t s0 = ((const int32_t*)(dst->op_params))[0];\n"
-         "    const int32_t s1 = ((const int32_t*)(dst->op_params))[1];\n    const int32_t p0 = ((const int32_t*)(dst->op_params))[2];\n"
-         "    const int32_t p1 = ((const int32_t*)(dst->op_params))[3];\n    const int32_t d0 = ((const int32_t*)(dst->op_params))[4];\n"
-         "    const int32_t d1 = ((const int32_t*)(dst->op_params))[5];\n\n    const bool is_2D",
+        ("    GGML_ASSERT( dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32);\n\n"
+         "    const int32_t s0 = ((const int32_t*)(dst->op_params))[0];\n",  # IM2COL's: IM2COL_3D's reads "int32_t *"
          f"    GGML_ASSERT( dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_BF16); /* {MARK} */\n\n"
-         "    const int32_t s0 = ((const int32_t*)(dst->op_params))[0];\n"
-         "    const int32_t s1 = ((const int32_t*)(dst->op_params))[1];\n    const int32_t p0 = ((const int32_t*)(dst->op_params))[2];\n"
-         "    const int32_t p1 = ((const int32_t*)(dst->op_params))[3];\n    const int32_t d0 = ((const int32_t*)(dst->op_params))[4];\n"
-         "    const int32_t d1 = ((const int32_t*)(dst->op_params))[5];\n\n    const bool is_2D"),
-        ("    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16(",
-         "    if (dst->type == GGML_TYPE_BF16) {\n"
-         "        if (ggml_get_op_params_i32(dst, 7) != 1 || !ggrad_im2col_rows_cuda(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH,\n"
-         "                KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream)) {\n"
-         "            im2col_cuda<nv_bfloat16>(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream);\n"
-         "        }\n        return;\n    }\n"
-         "    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16("),
+         "    const int32_t s0 = ((const int32_t*)(dst->op_params))[0];\n"),
         ("    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16(",
          "    if (ggml_get_op_params_i32(dst, 7) == 1 && (dst->type == GGML_TYPE_F16\n"
          "            ? ggrad_im2col_rows_cuda(src1_d, (half *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream)\n"
+         "            : dst->type == GGML_TYPE_BF16\n"
+         "            ? ggrad_im2col_rows_cuda(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream)\n"
          "            : ggrad_im2col_rows_cuda(src1_d, (float *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream))) {\n"
+         "        return;\n    }\n"
+         "    if (dst->type == GGML_TYPE_BF16) {\n"
+         "        im2col_cuda<nv_bfloat16>(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream);\n"
          "        return;\n    }\n"
          "    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16("),
     ])

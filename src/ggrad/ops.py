@@ -384,8 +384,9 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
     plus `bias` on every row where given, as ggrad's GEMM kernel: float32 products through
     the CPU's OpenBLAS, CUDA's cuBLAS or a Vulkan shader (a transposed view is read in
-    place, no copy; on CUDA TF32 unless the precision is "highest"). None where the kernel
-    does not serve: autocast, layouts or batch shapes it cannot read, and a Vulkan device
+    place, no copy; on CUDA TF32 unless the precision is "highest"), and under autocast
+    CUDA's products of low-precision operands (_gemm_low). None where the kernel does not
+    serve: autocast elsewhere, layouts or batch shapes it cannot read, and a Vulkan device
     started at "medium", whose float32 products ggml's matrix cores take (the shader has none:
     on an H100 it equals ggml's float32 shaders on mlp-large's products and halves
     mlp-mnist's step, docs/performance.md)."""
@@ -394,48 +395,61 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     dev_backend = runtime.current().backend
     if a.contents.type != F32 or b.contents.type != F32 or not kernels.supported(dev_backend, kernels.GEMM):
         return None
-    if arg[1] is not None:
-        return _gemm_low(ctx, a, b, trans_a, trans_b, DTYPES[arg[1]], bias) \
-            if kernels.variant(dev_backend, "gemm_low") else None
     ne_a, ne_b = a.contents.ne, b.contents.ne
     m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
     k = ne_a[1] if trans_a else ne_a[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
-    if dev_backend.info.kind == "vulkan":
-        tiles = -(-m // 64) * -(-n // 64) * b2 * b3
-        if precision.vulkan_float16_on(dev_backend.info.name):
-            return None
-        if tiles < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K:
-            by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k, flags) \
-                if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
-            return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
     added = [] if bias is None else [bias]
-    uncopied = [_through_copy(ctx, _uncopied(a)), _through_copy(ctx, _uncopied(b))]
-    product = None
-    if uncopied != [a, b]:  # the kernel reads strided rows and batches: try the views first
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), uncopied + added, flags))
-    if product is None:
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [a, b] + added, flags))
-    return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
+
+    def product(operands, flags):
+        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags))
+    if arg[1] is not None:
+        if not kernels.variant(dev_backend, "gemm_low"):
+            return None
+        result = _gemm_low(ctx, a, b, DTYPES[arg[1]], [int(trans_a), int(trans_b), 0], product)
+    else:
+        flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
+        if dev_backend.info.kind == "vulkan":
+            tiles = -(-m // 64) * -(-n // 64) * b2 * b3
+            if precision.vulkan_float16_on(dev_backend.info.name):
+                return None
+            if tiles < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K:
+                by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k, flags) \
+                    if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
+                return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
+        in_place = [_read_in_place(ctx, a), _read_in_place(ctx, b)]
+        result = None
+        if in_place != [a, b]:  # the kernel reads strided rows and batches: try the views first
+            result = product(in_place, flags)
+        if result is None:
+            result = product([a, b], flags)
+    return None if result is None else G.ggml_reshape_4d(ctx, result, n, m, b2, b3)
 
 
-def _gemm_low(ctx, a, b, trans_a: bool, trans_b: bool, low: int, bias):
-    """_gemm under autocast (CUDA, set 46): the operands in the low type `low`, float32 sums
-    into a float32 result, each operand read as the view it is (a transpose, attention's heads)
-    of its storage cast whole, once in the graph: a weight, an activation or a gradient is cast
-    once for every product that reads it, where a cast of each view copied it again (the bf16
-    block's 25 transposing copies and casts)."""
-    ne_a, ne_b = a.contents.ne, b.contents.ne
-    m, n = ne_a[0] if trans_a else ne_a[1], ne_b[1] if trans_b else ne_b[0]
-    b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
-    added, flags = [] if bias is None else [bias], [int(trans_a), int(trans_b), 0]
+def _gemm_low(ctx, a, b, low: int, flags: list[int], product):
+    """_gemm's product under autocast (CUDA, set 46): the operands in the low type `low`,
+    float32 sums into a float32 result, each operand read as the view it is (a transpose,
+    attention's heads) of its storage cast whole, once in the graph: a weight, an activation
+    or a gradient is cast once for every product that reads it, where a cast of each view
+    copied it again (the bf16 block's 25 transposing copies and casts). `product(operands,
+    flags)` is _gemm's GEMM node over them, or None."""
     copies = [lambda x=x: as_type(ctx, x, low) for x in (a, b)]  # the operands as they are, cast (copies of views)
-    views = [_low_view(ctx, _through_copy(ctx, _uncopied(x)), low) or copy() for x, copy in zip((a, b), copies)]
-    product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), views + added, flags))
-    if product is None:
-        product = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), [copy() for copy in copies] + added, flags))
-    return None if product is None else G.ggml_reshape_4d(ctx, product, n, m, b2, b3)
+    views = [_low_view(ctx, _read_in_place(ctx, x), low) or copy() for x, copy in zip((a, b), copies)]
+    return product(views, flags) or product([copy() for copy in copies], flags)
+
+
+def _read_in_place(ctx, t):
+    """`t` as the GEMM kernel reads it without copies: the view a CONT copies, or a view of
+    a copy re-viewed in the copied tensor's storage (_uncopied, then _through_copy)."""
+    return _through_copy(ctx, _uncopied(t))
+
+
+def _strided_view(ctx, storage, ne, nb, offset: int):
+    """A view of `storage` (a tensor that is no view) with any strides, the first axis's too
+    (ggml_view_4d gives it the element size, as ggml_permute then sets it)."""
+    view = G.ggml_view_4d(ctx, storage, *ne, nb[1], nb[2], nb[3], offset)
+    view.contents.nb[0] = nb[0]
+    return view
 
 
 # a view is cast through its storage where that holds at most this many times its values
@@ -454,12 +468,8 @@ def _low_view(ctx, t, low: int):
     if not root or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
             or root.contents.type != F32 or not G.ggml_is_contiguous(root) or not _pure_view(t):
         return as_type(ctx, t, low) if not root else None
-    cast = as_type(ctx, root, low)
     shrink = G.ggml_type_size(F32) // G.ggml_type_size(low)
-    view = G.ggml_view_4d(ctx, cast, *c.ne, c.nb[1] // shrink, c.nb[2] // shrink, c.nb[3] // shrink,
-                          c.view_offs // shrink)
-    view.contents.nb[0] = c.nb[0] // shrink  # a transposed view's (ggml_view_4d sets the element size)
-    return view
+    return _strided_view(ctx, as_type(ctx, root, low), c.ne, [nb // shrink for nb in c.nb], c.view_offs // shrink)
 
 
 def _uncopied(t, transposes: bool = True):
@@ -497,9 +507,7 @@ def _through_copy(ctx, t):
     third of the projection in every attention forward)."""
     c = t.contents
     copy = c.view_src
-    if not copy or copy.contents.op != G.GGML_OP_CONT or G.ggml_blck_size(c.type) != 1:
-        return t
-    if not _pure_view(t):
+    if not copy or copy.contents.op != G.GGML_OP_CONT or G.ggml_blck_size(c.type) != 1 or not _pure_view(t):
         return t
     source = copy.contents.src[0]
     sc, size = source.contents, G.ggml_type_size(c.type)
@@ -526,9 +534,7 @@ def _through_copy(ctx, t):
     offset = (sc.view_offs if sc.view_src else 0) + sum(i * nb for i, nb in zip(start, sc.nb))
     if G.ggml_nelements(t) * size + offset > G.ggml_nbytes(root):
         return t  # ggml_view_4d's own bound (a strided view may end before it)
-    view = G.ggml_view_4d(ctx, root, *c.ne, strides[1], strides[2], strides[3], offset)
-    view.contents.nb[0] = strides[0]  # ggml_view_4d sets the element size
-    return view
+    return _strided_view(ctx, root, c.ne, strides, offset)
 
 
 def _storage_alignment() -> int:
