@@ -204,3 +204,58 @@ def test_unfold_nodes_ask_for_the_row_kernels_where_the_backend_trusts_them(dev)
     assert all(n.op_params[12] == int(kernels.variant(backend, "fold_rows")) for n in folds)
     if backend.info.kind == "cuda":
         assert folds and kernels.variant(backend, "im2col_rows") == (kernels.version() >= 44)
+
+
+STRIDE_ONE = ["conv2d", "conv2d_same", "conv2d_same_even_kernel", "conv2d_valid", "conv2d_unbatched", "conv2d_1x1",
+              "conv1d_same_dilated"]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("name", STRIDE_ONE)
+def test_stride_one_input_gradients_as_convolutions_equal_torchs(dev, name, monkeypatch):
+    """conv.INPUT_GRADIENT_CONV_KINDS (CUDA's way): a stride-1 convolution's input gradient
+    is the convolution of the output's gradient by the reversed kernel, padded by
+    d*(k-1) minus each side's padding (uneven for "same" with an even kernel), forced on
+    every device, and the weight's gradient is the product's as before."""
+    from ggrad.functional import conv
+    kind = ggrad.runtime.current().backend.info.kind
+    monkeypatch.setattr(conv, "INPUT_GRADIENT_CONV_KINDS", frozenset({kind}))
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "input gradients as convolutions")
+    reversed_kernels = []
+    reverse = conv._reversed_kernel
+    monkeypatch.setattr(conv, "_reversed_kernel", lambda w: reversed_kernels.append(w.shape) or reverse(w))
+    test_equals_torch(dev, name)
+    assert reversed_kernels or kind == "cpu", "no input gradient was made as a convolution"
+
+
+def test_reversed_kernel_turns_each_kernel_half_a_turn_and_swaps_the_channel_axes(dev):
+    w = f32(3, 2, 3, 4)
+    got = F.conv._reversed_kernel(ggrad.tensor(w)).numpy()
+    np.testing.assert_array_equal(got, w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+
+
+def test_an_input_gradient_convolution_made_after_autocast_multiplies_as_the_forward_did(dev, monkeypatch):
+    """The gradient convolution is made by backward(), outside the autocast block: its
+    products still round their operands as the forward's did (the arg saved with it), so
+    its values equal the fold's (which reuses the forward's product arg) to float32 sums,
+    where float32 operands would differ by bfloat16's rounding (~1e-3)."""
+    from ggrad.amp import autocast
+    from ggrad.functional import conv
+    from ggrad.runtime import kernels
+    supported = kernels.supported
+    monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in (kernels.CONV, kernels.COLUMNS) and supported(backend, k))
+    x, w, seed = f32(2, 3, 9, 8), f32(5, 3, 3, 3), f32(2, 5, 9, 8)
+    grads = []
+    for kinds in (frozenset(), frozenset({ggrad.runtime.current().backend.info.kind})):
+        monkeypatch.setattr(conv, "INPUT_GRADIENT_CONV_KINDS", kinds)
+        g_x = ggrad.tensor(x, requires_grad=True)
+        with ggrad.grad_tape():
+            with autocast(dtype=ggrad.bfloat16):
+                y = F.conv2d(g_x, ggrad.tensor(w), padding=1)
+            (y * ggrad.tensor(seed)).sum().backward()
+        grads.append(g_x.grad.numpy())
+    exact = TF.conv_transpose2d(torch.tensor(seed, dtype=torch.float64),
+                                torch.tensor(w, dtype=torch.float64), padding=1).numpy()
+    scale = np.abs(exact).max()
+    assert np.abs(grads[0] - exact).max() > 1e-4 * scale, "the operands were not rounded"
+    np.testing.assert_allclose(grads[1], grads[0], rtol=0, atol=2e-6 * scale)

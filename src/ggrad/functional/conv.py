@@ -18,12 +18,13 @@ import numbers
 import numpy as np
 from ggml import ggml as G
 
-from .. import dtypes, lazy, ops, runtime
-from ..runtime import kernels, launch, precision
+from .. import autograd, dtypes, lazy, ops, runtime
+from ..runtime import kernels, launch
 from ..ops import F32, _supported, compute, concat_all, pad_axis, reshape as ggml_reshape, template
 from ..tensor import Tensor
-from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, reshape, sum_to
-from .layout import concat, matmul, matmul_nt, narrow, pad, permute
+from ._core import _apply, _as_tensor, _constant, _float, broadcast_to, cast, record, reshape, sum_to
+from .indexing import gather
+from .layout import _matmul_nt, _product_arg, concat, matmul, matmul_nt, narrow, pad, permute, transpose
 from .elementwise import _number
 from .reduce import max as reduce_max, mean, one_hot_argmax, sum as reduce_sum
 
@@ -330,14 +331,14 @@ def _conv_kernel_back_weight_node(ctx, s, node):
     return ops.reshape(ctx, kernels.op(ctx, kernels.CONV_BACK_WEIGHT, (width, oc), [g, x], list(node.arg)), node.shape)
 
 
-def _grouped_product(columns: Tensor, weight: Tensor, groups: int) -> Tensor:
+def _grouped_product(columns: Tensor, weight: Tensor, groups: int, arg: tuple) -> Tensor:
     """(P, G*K) columns times a (G*O, K) weight, group by group -> (P, G*O)."""
     rows, width = columns.shape
     outs = weight.shape[0]
     if groups == 1:
-        return matmul_nt(columns, weight)
+        return _matmul_nt(columns, weight, arg)
     per_group = permute(reshape(columns, (rows, groups, width // groups)), (1, 0, 2))
-    product = matmul_nt(per_group, reshape(weight, (groups, outs // groups, width // groups)))
+    product = _matmul_nt(per_group, reshape(weight, (groups, outs // groups, width // groups)), arg)
     return reshape(permute(product, (1, 0, 2)), (rows, outs))
 
 
@@ -377,13 +378,19 @@ def _finish(y: Tensor, bias, unbatched: bool, what: str) -> Tensor:
 # strided batch (H100, fp32: the cnn step 1.50 -> 1.23 ms, ResNet-18 26.9 -> 24.7 ms
 # against the rows layout below, docs/performance.md); Vulkan is not measured yet
 PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu", "cuda"})
+# where a stride-1 convolution's input gradient is itself a convolution (of the output's
+# gradient with the weight's taps reversed and its channel axes swapped): the gradient's
+# windows unfolded and multiplied, where the product's adjoint wrote every window's
+# columns and folded them back (on CUDA the fold was the bf16 ResNet's largest kernel,
+# 2.19 ms of 10.5). The CPU's convolution kernels have their own input gradient.
+INPUT_GRADIENT_CONV_KINDS = frozenset({"cuda"})
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight
     (OC, C / groups, KH, KW); padding an int, a pair, "valid" or "same"."""
     x, weight, unbatched = _operands(input, weight, "conv2d", "(OC, C / groups, KH, KW)")
-    n, c, _, _ = x.shape
+    c = x.shape[1]
     oc, cg, kh, kw = weight.shape
     if not isinstance(groups, numbers.Integral) or groups < 1 or c != cg * groups or oc % groups:
         raise ValueError(f"conv2d: input of {c} channels, weight {weight.shape} and groups={groups} do not fit "
@@ -392,27 +399,53 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     if min(stride) < 1 or min(dilation) < 1:
         raise ValueError(f"conv2d needs positive stride and dilation, got {stride}, {dilation}")
     pads = _conv_padding(padding, (kh, kw), dilation, stride)
+    y = _conv2d(x, weight, bias, stride, pads, dilation, int(groups), _product_arg(x.dtype))
+    return reshape(y, y.shape[1:]) if unbatched else y
+
+
+def _conv2d(x: Tensor, weight: Tensor, bias, stride: tuple, pads: tuple, dilation: tuple, groups: int,
+            arg: tuple) -> Tensor:
+    """conv2d of a batched input, with (before, after) padding per axis; its products
+    computed as `arg` says (_product_arg: precision and autocast, fixed when the forward
+    was made, so that a gradient convolution made later computes as the forward did)."""
+    n, c, _, _ = x.shape
+    oc, cg, kh, kw = weight.shape
     oh, ow = (_out_size(size, k, s, sum(p), d) for size, k, s, p, d in zip(x.shape[2:], (kh, kw), stride, pads, dilation))
     positions = max(oh, 1) * max(ow, 1)
     parts = _batch_parts(n, positions, positions * max(c * kh * kw, oc) * x.dtype.itemsize)
     if len(parts) > 1:
-        y = concat([conv2d(narrow(x, 0, first, count), weight, None, stride, padding, dilation, groups)
+        y = concat([_conv2d(narrow(x, 0, first, count), weight, None, stride, pads, dilation, groups, arg)
                     for first, count in parts], 0)
-        return _finish(y, bias, unbatched, "conv2d")
+        return _finish(y, bias, False, "conv2d")
+    backend = runtime.current().backend
     if groups == 1 and n > 1 and (oh * ow >= 64 or 0 < 4 * oc <= oh * ow) and x.dtype is dtypes.float32 and \
-            kernels.supported(runtime.current().backend, kernels.CONV) and precision.autocast_dtype() is None:
+            kernels.supported(backend, kernels.CONV) and arg[1] is None:
         # the CPU's convolution kernels: each image's columns made in cache, a product per
         # image (faster than the rows layout below from 8x8 outputs up: 180 vs 203 ms for a
         # ResNet's 256-channel 8x8 layer, forward and backward; 225 vs 178 ms at 4x4)
         b = None if bias is None else _as_tensor(bias)
         fused = b is not None and b.shape == (oc,) and b.dtype is dtypes.float32  # else _finish checks and adds it
         y = _conv_kernel(x, weight, b if fused else None, (kh, kw), stride, pads, dilation, (oh, ow))
-        return _finish(y, None if fused else bias, unbatched, "conv2d")
+        return _finish(y, None if fused else bias, False, "conv2d")
+    geometry = ((kh, kw), stride, pads, dilation, (oh, ow), groups, arg)
+    if groups == 1 and stride == (1, 1) and backend.info.kind in INPUT_GRADIENT_CONV_KINDS and x.requires_grad \
+            and autograd.is_recording() and all(max(p) <= d * (k - 1) for p, k, d in zip(pads, (kh, kw), dilation)):
+        y = _with_input_gradient(_product_conv(x.detach(), weight, *geometry), x, weight, geometry)
+    else:
+        y = _product_conv(x, weight, *geometry)
+    return _finish(y, bias, False, "conv2d")
+
+
+def _product_conv(x: Tensor, weight: Tensor, kernel: tuple, stride: tuple, pads: tuple, dilation: tuple, out: tuple,
+                  groups: int, arg: tuple) -> Tensor:
+    """conv2d as products over the input's windows, (N, OC, OH, OW)."""
+    n, c = x.shape[:2]
+    oc = weight.shape[0]
+    (kh, kw), (oh, ow) = kernel, out
     backend = runtime.current().backend
     if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
             backend.info.kind in PER_IMAGE_PRODUCT_KINDS and kernels.supported(backend, kernels.GEMM):
-        # the GEMM kernel: each image's
-        # channels as rows of pixels, NCHW as it is made (the
+        # the GEMM kernel: each image's channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a
         # ResNet's 512 channels of 4x4) takes the rows layout below, one product for all
@@ -421,14 +454,40 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
         width = c * kh * kw
         flat = broadcast_to(reshape(weight, (1, oc, width)), (n, oc, width))
         if kernels.supported(backend, kernels.COLUMNS):
-            y = matmul(flat, _columns(x, (kh, kw), stride, pads, dilation, (oh, ow)))
+            y = _matmul_nt(flat, transpose(_columns(x, kernel, stride, pads, dilation, out)), arg)
         else:
-            y = matmul_nt(flat, reshape(_windows(x, (kh, kw), stride, pads, dilation), (n, oh * ow, width)))
-        return _finish(reshape(y, (n, oc, oh, ow)), bias, unbatched, "conv2d")
-    columns = _windows(x, (kh, kw), stride, pads, dilation)
-    _, oh, ow, width = columns.shape
-    y = _grouped_product(reshape(columns, (n * oh * ow, width)), reshape(weight, (oc, cg * kh * kw)), groups)
-    return _finish(permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2)), bias, unbatched, "conv2d")
+            y = _matmul_nt(flat, reshape(_windows(x, kernel, stride, pads, dilation), (n, oh * ow, width)), arg)
+        return reshape(y, (n, oc, oh, ow))
+    columns = _windows(x, kernel, stride, pads, dilation)
+    y = _grouped_product(reshape(columns, (n * oh * ow, columns.shape[3])), reshape(weight, (oc, -1)), groups, arg)
+    return permute(reshape(y, (n, oh, ow, oc)), (0, 3, 1, 2))
+
+
+def _with_input_gradient(y: Tensor, x: Tensor, weight: Tensor, geometry: tuple) -> Tensor:
+    """`y`, a stride-1 convolution of x.detach() (its weight's gradient recorded as usual),
+    with x's gradient recorded as the convolution of y's gradient by the reversed kernel:
+    d/dx[c, i, j] = sum over o, u, v of g[o, i + before - d*u, j + left - d*v] w[o, c, u, v],
+    a correlation of g padded by d*(k-1) - before (and - after) with w's taps reversed."""
+    (kh, kw), _, pads, dilation, _, _, arg = geometry
+
+    def rule(ctx, g):
+        back = tuple((d * (k - 1) - before, d * (k - 1) - after) for (before, after), k, d in zip(pads, (kh, kw), dilation))
+        return g, _conv2d(g, _reversed_kernel(weight.detach()), None, (1, 1), back, dilation, 1, arg)
+    out = Tensor._wrap(y.node)
+    record(out, "conv2d", rule, (y, x))
+    return out
+
+
+def _reversed_kernel(weight: Tensor) -> Tensor:
+    """(OC, C, KH, KW) -> (C, OC, KH, KW) with each kernel's taps in reverse order (turned
+    by half a turn): rows of the taps picked backwards, three small nodes over the weight."""
+    oc, c, kh, kw = weight.shape
+    taps = kh * kw
+    by_tap = permute(reshape(weight, (oc, c, taps)), (2, 1, 0))  # (taps, C, OC)
+    if taps > 1:
+        backwards = _constant(("taps reversed", taps), lambda: np.arange(taps - 1, -1, -1, dtype=np.int32))
+        by_tap = reshape(gather(reshape(by_tap, (taps, c * oc)), backwards), (taps, c, oc))
+    return reshape(permute(by_tap, (1, 2, 0)), (c, oc, kh, kw))
 
 
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> Tensor:
