@@ -179,10 +179,12 @@ def _with_setting(runner, module, name: str, value):
     return setting, sync
 
 
-# choices of ggrad's own (ggrad.ops attributes) that --without can undo: the value without it
+# choices of ggrad's own (module attributes) that --without can undo: the value without it
 PYTHON_CHOICES = {
-    "batched_transposes": ("_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
-    "gemm_parts": ("VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
+    "batched_transposes": ("ggrad.ops", "_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
+    "gemm_parts": ("ggrad.ops", "VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
+    # stride-1 convolutions' input gradients as convolutions (CUDA), not folded columns
+    "input_gradient_conv": ("ggrad.functional.conv", "INPUT_GRADIENT_CONV_KINDS", frozenset()),
 }
 
 
@@ -191,11 +193,13 @@ def without_kernels(names: list[str], runner):
     forms instead), or ggml's op variants of those names (kernels.OP_VARIANTS, e.g.
     cast_x4) left unasked, or ggrad's choices in PYTHON_CHOICES undone; a compiled step's
     replays never ask again."""
-    from ggrad import lazy, ops
+    import importlib
+    from ggrad import lazy
     from ggrad.runtime import kernels
     for name in [name for name in names if name in PYTHON_CHOICES]:
-        attribute, value = PYTHON_CHOICES[name]
-        runner = _with_setting(_with_setting(runner, ops, attribute, value), lazy, "BUILD_TAG", f"without {name}")
+        module, attribute, value = PYTHON_CHOICES[name]
+        runner = _with_setting(_with_setting(runner, importlib.import_module(module), attribute, value), lazy,
+                               "BUILD_TAG", f"without {name}")
     names = [name for name in names if name not in PYTHON_CHOICES]
     refused = {getattr(kernels, name) for name in names if name not in kernels.OP_VARIANTS}
     unasked = {name for name in names if name in kernels.OP_VARIANTS}
@@ -294,7 +298,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, input_gradient_conv): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")

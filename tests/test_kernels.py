@@ -2,6 +2,7 @@
 the composed form it replaced, NaN, infinities and signed zeros included, on every device;
 and the node budgets of compiled training steps, so a change cannot grow them silently."""
 
+import ctypes
 import math
 import os
 import warnings
@@ -680,6 +681,37 @@ def test_weight_gradients_over_long_sums_equal_float64(dev, rows):
     (torch.nn.functional.conv2d(torch.tensor(images, dtype=torch.float64), wt.double()) *
      torch.tensor(out_grad, dtype=torch.float64)).sum().backward()
     np.testing.assert_allclose(kernel.grad.numpy(), wt.grad.numpy(), rtol=1e-5, atol=2e-3)
+
+
+@pytest.mark.parametrize("rows,inner,outs", [(45, 37, 33), (64, 64, 64), (3, 200, 70)])
+def test_linear_layers_with_bias_equal_float64_and_ask_for_small_products_where_trusted(dev, rows, inner, outs):
+    """A linear layer's forward (its bias added by the GEMM node) and both gradients against
+    float64, at sizes that cut 32 x 32 tiles unevenly; its GEMM nodes ask for CUDA's
+    one-kernel small product (gemm_small, op_params[4]) exactly where kernels.variant says."""
+    from ggml import ggml as G
+    if not _gemm_loaded():
+        pytest.skip(f"no GEMM kernel on {dev}")
+    rng = np.random.default_rng(rows)
+    a, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((rows, inner), (outs, inner), (outs,)))
+    g = rng.standard_normal((rows, outs)).astype(np.float32)
+    x, weight, bias = (ggrad.tensor(v, requires_grad=True) for v in (a, w, b))
+
+    @ggrad.compile
+    def step(x, weight, bias, g):
+        with ggrad.grad_tape():
+            y = F.linear(x, weight, bias)
+            y.backward(g)
+        return y, x.grad, weight.grad, bias.grad
+
+    y, gx, gw, gb = step(x, weight, bias, ggrad.tensor(g))
+    a64, w64, g64 = a.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
+    for ours, theirs in zip((y, gx, gw, gb), (a64 @ w64.T + b, g64 @ w64, g64.T @ a64, g64.sum(0))):
+        np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-4)
+    nodes = [node.contents for kept in step._captures.values() for capture in kept
+             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    gemms = [n for n in nodes if G.ggml_op_desc(ctypes.pointer(n)).decode() == "GGRAD" and n.op_params[0] == kernels.GEMM]
+    assert len(gemms) == 3, len(gemms)
+    assert all(n.op_params[4] == int(kernels.variant(ggrad.runtime.current().backend, "gemm_small")) for n in gemms)
 
 
 def test_products_propagate_nan_and_inf_as_torch(dev):
