@@ -27,6 +27,9 @@
 #                                      bf16 and float32 blocks and the bf16 ResNet timed, the bf16 block's profile
 #   bash bench/gpu/session.sh set46c   ~240 s: IM2COL's bfloat16 columns (im2col_low) tested on CUDA, the bf16
 #                                      ResNet timed with and without them
+#   bash bench/gpu/session.sh set47    ~560 s: set 47's small products (gemm_small) and the input gradients as
+#                                      convolutions tested on CUDA, the MLPs, cnn, ResNet and bf16 block timed
+#                                      with and without them; Vulkan's cnn and ResNet with them while it builds
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -213,6 +216,34 @@ case "$1" in
     echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
     cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
       --cuda-graph --blocks 2 --steps 6 --without im2col_low > $OUT/conv-cuda-bf16.txt 2>&1 ;;
+  set47)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    # while it builds: Vulkan's convolutions with their input gradients as convolutions (not yet its default)
+    setup_vulkan
+    vk timeout 150 python3 -c "import sys; sys.path.insert(0, 'bench'); import train_step, ggrad.functional.conv as c; \
+c.INPUT_GRADIENT_CONV_KINDS = frozenset({'cuda', 'vulkan'}); train_step.main()" --device vulkan --torch-device cuda \
+      --models cnn resnet --blocks 2 --steps 4 --without input_gradient_conv > $OUT/conv-vulkan.txt 2>&1
+    echo "vulkan convolutions at $(el) s"
+    cuda_wheel_installed 360 || exit 1
+    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      tests/test_amp.py -k "cuda and (products or small or budget or conv or test_equals_torch or stride_one or reversed \
+or autocast)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models mlp-small \
+      mlp-mnist --cuda-graph --blocks 5 --without gemm_small > $OUT/mlp-cuda-high.txt 2>&1
+    cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision highest --models mlp-small \
+      mlp-mnist --cuda-graph --blocks 3 > $OUT/mlp-cuda-highest.txt 2>&1
+    echo "mlps at $(el) s"
+    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn resnet \
+      --cuda-graph --blocks 2 --steps 8 --without input_gradient_conv > $OUT/conv-cuda.txt 2>&1
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 6 --without input_gradient_conv > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "convolutions at $(el) s"
+    cu timeout 20 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels --repeats 5 \
+      > $OUT/profile-mlp-small.txt 2>&1
+    cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 3 > $OUT/block-cuda.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -224,6 +255,6 @@ case "$1" in
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
