@@ -472,9 +472,9 @@ def _with_input_gradient(y: Tensor, x: Tensor, weight: Tensor, geometry: tuple) 
 
     def rule(ctx, g):
         back = tuple((d * (k - 1) - before, d * (k - 1) - after) for (before, after), k, d in zip(pads, (kh, kw), dilation))
-        return g, _conv2d(g, _reversed_kernel(weight.detach()), None, (1, 1), back, dilation, 1, arg)
+        return g, _conv2d(g, _reversed_kernel(weight.detach()), None, (1, 1), back, dilation, 1, arg), None
     out = Tensor._wrap(y.node)
-    record(out, "conv2d", rule, (y, x))
+    record(out, "conv2d", rule, (y, x, weight))  # the weight a parent too: its version is checked
     return out
 
 
