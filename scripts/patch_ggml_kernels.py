@@ -54,9 +54,6 @@
   dequantize functions): W read in its blocks, no float32 rows of it (16 MiB chunks through
   GET_ROWS before). Set 42: the shader for those eight types only (41 built Q2_K, Q3_K and
   IQ4_NL too, which ggrad never loads).
-- On CUDA (set 47): a float32 product of at most 2^20 multiply-adds whose GEMM node asks
-  (op_params[4] = 1) runs as one kernel of ggrad's, the bias added in it (cuBLAS split
-  mlp-small's products into a kernel and a reduction, and the bias was a third launch).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.

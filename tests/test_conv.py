@@ -206,12 +206,20 @@ def test_unfold_nodes_ask_for_the_row_kernels_where_the_backend_trusts_them(dev)
         assert folds and kernels.variant(backend, "im2col_rows") == (kernels.version() >= 44)
 
 
-STRIDE_ONE = ["conv2d", "conv2d_same", "conv2d_same_even_kernel", "conv2d_valid", "conv2d_unbatched", "conv2d_1x1",
-              "conv1d_same_dilated"]
+# stride-1 convolutions whose input gradient may be a convolution (out channels <= in)
+STRIDE_ONE = {
+    "3x3": (lambda m, x, w, b: m.conv2d(x, w, b, padding=1), [X4, f32(4, 4, 3, 3), f32(4)]),
+    "fewer outputs, valid": (lambda m, x, w: m.conv2d(x, w), [X4, f32(3, 4, 2, 5)]),
+    "same, even kernel, dilated": (lambda m, x, w: m.conv2d(x, w, padding="same", dilation=(1, 2)), [X4, f32(4, 4, 4, 2)]),
+    "dilated, padded less": (lambda m, x, w: m.conv2d(x, w, padding=(1, 2), dilation=2), [X4, f32(2, 4, 3, 3)]),
+    "unbatched": (lambda m, x, w: m.conv2d(x, w, padding=1), [X4[0], f32(4, 4, 3, 3)]),
+    "1x1": (lambda m, x, w: m.conv2d(x, w), [X4, f32(4, 4, 1, 1)]),
+    "conv1d same, dilated": (lambda m, x, w: m.conv1d(x, w, padding="same", dilation=3), [X3, f32(4, 4, 3)]),
+}
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same'")
-@pytest.mark.parametrize("name", STRIDE_ONE)
+@pytest.mark.parametrize("name", list(STRIDE_ONE))
 def test_stride_one_input_gradients_as_convolutions_equal_torchs(dev, name, monkeypatch):
     """conv.INPUT_GRADIENT_CONV_KINDS (CUDA's way): a stride-1 convolution's input gradient
     is the convolution of the output's gradient by the reversed kernel, padded by
@@ -224,8 +232,18 @@ def test_stride_one_input_gradients_as_convolutions_equal_torchs(dev, name, monk
     reversed_kernels = []
     reverse = conv._reversed_kernel
     monkeypatch.setattr(conv, "_reversed_kernel", lambda w: reversed_kernels.append(w.shape) or reverse(w))
+    monkeypatch.setitem(CASES, name, STRIDE_ONE[name])
     test_equals_torch(dev, name)
     assert reversed_kernels or kind == "cpu", "no input gradient was made as a convolution"
+
+
+def test_wider_gradients_keep_the_fold(dev, monkeypatch):
+    """More output channels than input ones: the gradient's windows would be wider than the
+    input's, so the product's columns are folded as before."""
+    from ggrad.functional import conv
+    monkeypatch.setattr(conv, "INPUT_GRADIENT_CONV_KINDS", frozenset({ggrad.runtime.current().backend.info.kind}))
+    monkeypatch.setattr(conv, "_reversed_kernel", lambda w: pytest.fail("a wider gradient was made as a convolution"))
+    test_equals_torch(dev, "conv2d")
 
 
 def test_reversed_kernel_turns_each_kernel_half_a_turn_and_swaps_the_channel_axes(dev):
@@ -244,7 +262,9 @@ def test_an_input_gradient_convolution_made_after_autocast_multiplies_as_the_for
     from ggrad.runtime import kernels
     supported = kernels.supported
     monkeypatch.setattr(kernels, "supported", lambda backend, k: k not in (kernels.CONV, kernels.COLUMNS) and supported(backend, k))
-    x, w, seed = f32(2, 3, 9, 8), f32(5, 3, 3, 3), f32(2, 5, 9, 8)
+    x, w, seed = f32(2, 3, 9, 8), f32(3, 3, 3, 3), f32(2, 3, 9, 8)
+    reversed_kernels, reverse = [], conv._reversed_kernel
+    monkeypatch.setattr(conv, "_reversed_kernel", lambda w: reversed_kernels.append(w.shape) or reverse(w))
     grads = []
     for kinds in (frozenset(), frozenset({ggrad.runtime.current().backend.info.kind})):
         monkeypatch.setattr(conv, "INPUT_GRADIENT_CONV_KINDS", kinds)
@@ -257,5 +277,6 @@ def test_an_input_gradient_convolution_made_after_autocast_multiplies_as_the_for
     exact = TF.conv_transpose2d(torch.tensor(seed, dtype=torch.float64),
                                 torch.tensor(w, dtype=torch.float64), padding=1).numpy()
     scale = np.abs(exact).max()
+    assert reversed_kernels == [(3, 3, 3, 3)]
     assert np.abs(grads[0] - exact).max() > 1e-4 * scale, "the operands were not rounded"
     np.testing.assert_allclose(grads[1], grads[0], rtol=0, atol=2e-6 * scale)

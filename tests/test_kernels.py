@@ -2,7 +2,6 @@
 the composed form it replaced, NaN, infinities and signed zeros included, on every device;
 and the node budgets of compiled training steps, so a change cannot grow them silently."""
 
-import ctypes
 import math
 import os
 import warnings
@@ -684,13 +683,9 @@ def test_weight_gradients_over_long_sums_equal_float64(dev, rows):
 
 
 @pytest.mark.parametrize("rows,inner,outs", [(45, 37, 33), (64, 64, 64), (3, 200, 70)])
-def test_linear_layers_with_bias_equal_float64_and_ask_for_small_products_where_trusted(dev, rows, inner, outs):
-    """A linear layer's forward (its bias added by the GEMM node) and both gradients against
-    float64, at sizes that cut 32 x 32 tiles unevenly; its GEMM nodes ask for CUDA's
-    one-kernel small product (gemm_small, op_params[4]) exactly where kernels.variant says."""
-    from ggml import ggml as G
-    if not _gemm_loaded():
-        pytest.skip(f"no GEMM kernel on {dev}")
+def test_linear_layers_with_bias_equal_float64(dev, rows, inner, outs):
+    """A linear layer's forward (its bias added by the GEMM node where the kernel is loaded)
+    and both gradients against float64, at sizes that cut 32 x 32 tiles unevenly."""
     rng = np.random.default_rng(rows)
     a, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((rows, inner), (outs, inner), (outs,)))
     g = rng.standard_normal((rows, outs)).astype(np.float32)
@@ -707,11 +702,6 @@ def test_linear_layers_with_bias_equal_float64_and_ask_for_small_products_where_
     a64, w64, g64 = a.astype(np.float64), w.astype(np.float64), g.astype(np.float64)
     for ours, theirs in zip((y, gx, gw, gb), (a64 @ w64.T + b, g64 @ w64, g64.T @ a64, g64.sum(0))):
         np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-4)
-    nodes = [node.contents for kept in step._captures.values() for capture in kept
-             for graph in capture.graphs for _, node in graph.compute_nodes()]
-    gemms = [n for n in nodes if G.ggml_op_desc(ctypes.pointer(n)).decode() == "GGRAD" and n.op_params[0] == kernels.GEMM]
-    assert len(gemms) == 3, len(gemms)
-    assert all(n.op_params[4] == int(kernels.variant(ggrad.runtime.current().backend, "gemm_small")) for n in gemms)
 
 
 def test_products_propagate_nan_and_inf_as_torch(dev):
@@ -815,7 +805,7 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # The GEMM kernel reads a view of a copy in the copied tensor's storage (ops._through_copy:
 # attention's heads of a fused projection's thirds, uncopied): block 71 -> 68 (cpu).
 BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 68, "vulkan": 69, "cuda": 68},
-           "cnn": {"cpu": 32, "vulkan": 44, "cuda": 45}, "lstm": {"cpu": 90, "vulkan": 91, "cuda": 90},
+           "cnn": {"cpu": 32, "vulkan": 44, "cuda": 41}, "lstm": {"cpu": 90, "vulkan": 91, "cuda": 90},
            "batch_norm": {"cpu": 34, "vulkan": 39, "cuda": 38}}
 
 

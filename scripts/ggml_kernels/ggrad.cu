@@ -199,64 +199,12 @@ static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b,
     pc[i] = c + i*c_step;
 }
 
-// a small float32 product (GEMM's op_params[4] = 1: variant gemm_small, set 47) as one
-// kernel, the bias added in it: a block per 32 x 32 tile of C, float32 sums in k's order.
-// cuBLAS ran mlp-small's 64 x 64 x 64 products as split-K kernels with their reductions
-// and ggrad added the bias after (38 launches a step on an H100, 0.071 ms of kernel time:
-// the step is launch-bound, not arithmetic-bound). Operands read through their strides.
-#define GGRAD_GEMM_SMALL_MACS (1 << 20)
-#define GGRAD_GEMM_SMALL_TILE 32
-static __global__ void ggrad_gemm_small_f32(const float * a, const float * b, const float * bias, float * c,
-        const int M, const int N, const int K, const int64_t a_m, const int64_t a_k, const int64_t b_k, const int64_t b_n) {
-    constexpr int T = GGRAD_GEMM_SMALL_TILE, ROWS = 256/T;  // 256 threads: each 4 outputs of one column
-    __shared__ float as[T][T + 1];
-    __shared__ float bs[T][T + 1];
-    const int tx = threadIdx.x % T, ty = threadIdx.x / T;
-    const int m0 = blockIdx.y*T, n0 = blockIdx.x*T;
-    float acc[T/ROWS] = {0.0f};
-    for (int k0 = 0; k0 < K; k0 += T) {
-        for (int r = ty; r < T; r += ROWS) {  // zeros past the edges: they add nothing to a sum
-            const int m = m0 + r, ka = k0 + tx, kb = k0 + r, n = n0 + tx;
-            as[r][tx] = m < M && ka < K ? a[m*a_m + ka*a_k] : 0.0f;
-            bs[r][tx] = kb < K && n < N ? b[kb*b_k + n*b_n] : 0.0f;
-        }
-        __syncthreads();
-        for (int k = 0; k < T; ++k) {
-            const float bv = bs[k][tx];
-#pragma unroll
-            for (int i = 0; i < T/ROWS; ++i) {
-                acc[i] = fmaf(as[ty + ROWS*i][k], bv, acc[i]);
-            }
-        }
-        __syncthreads();
-    }
-    const int n = n0 + tx;
-#pragma unroll
-    for (int i = 0; i < T/ROWS; ++i) {
-        const int m = m0 + ty + ROWS*i;
-        if (m < M && n < N) {
-            c[(int64_t) m*N + n] = bias != nullptr ? acc[i] + bias[n] : acc[i];  // the sum rounded, then the bias added
-        }
-    }
-}
-
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
     GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
     const ggml_tensor * A = dst->src[0];
     const ggml_tensor * B = dst->src[1];
     cudaStream_t stream = ctx.stream();
-    if (ggml_get_op_params_i32(dst, 4) && A->type == GGML_TYPE_F32 && s.b2*s.b3 == 1 &&
-            s.M <= GGRAD_GEMM_SMALL_MACS && s.N <= GGRAD_GEMM_SMALL_MACS && s.M*s.N*s.K <= GGRAD_GEMM_SMALL_MACS) {
-        const int64_t ld_a = s.a.ld, ld_b = s.b.ld;
-        const dim3 tiles((unsigned int) ((s.N + GGRAD_GEMM_SMALL_TILE - 1)/GGRAD_GEMM_SMALL_TILE),
-                         (unsigned int) ((s.M + GGRAD_GEMM_SMALL_TILE - 1)/GGRAD_GEMM_SMALL_TILE));
-        ggrad_gemm_small_f32<<<tiles, 256, 0, stream>>>((const float *) s.a.data, (const float *) s.b.data,
-            dst->src[2] != nullptr ? (const float *) dst->src[2]->data : nullptr, (float *) dst->data, (int) s.M, (int) s.N, (int) s.K,
-            s.ta ? 1 : ld_a, s.ta ? ld_a : 1, s.tb ? 1 : ld_b, s.tb ? ld_b : 1);
-        CUDA_CHECK(cudaGetLastError());
-        return;
-    }
     cublasHandle_t handle = ctx.cublas_handle();
     CUBLAS_CHECK(cublasSetStream(handle, stream));
     CUBLAS_CHECK(cublasSetMathMode(handle, ggml_get_op_params_i32(dst, 3) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));

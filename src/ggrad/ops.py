@@ -401,9 +401,8 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added = [] if bias is None else [bias]
 
-    def product(operands, flags):  # gemm_small: CUDA's small float32 products one kernel, the bias in it
-        made = _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags))
-        return None if made is None else _asking(made, "gemm_small")
+    def product(operands, flags):
+        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags))
     if arg[1] is not None:
         if not kernels.variant(dev_backend, "gemm_low"):
             return None

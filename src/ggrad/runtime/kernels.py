@@ -194,13 +194,10 @@ UNVERIFIED: dict[str, set[int]] = {}
 # autocast's convolutions cast no columns (no slot: the output's type asks; H100, 2026-12-06:
 # test_conv's and the autocast convolution's torch equalities passed with it, and the bf16
 # ResNet's losses were the same bits with and without).
-# gemm_small: ggrad's GEMM (kernel 6) on CUDA with op_params[4] = 1 runs a float32 product
-# of at most 2^20 multiply-adds (one batch) as one kernel of its own, the bias added in it
-# (set 47): cuBLAS's split-K kernel, its reduction and the bias add were three launches.
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
-               "im2col_low": ("cuda", 46, None), "gemm_small": ("cuda", 47, 4)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"gemm_small"}}
+               "im2col_low": ("cuda", 46, None)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
