@@ -349,19 +349,22 @@ static void ggml_vk_ggrad_pool(ggml_backend_vk_context * ctx, vk_context& subctx
 static void ggml_vk_ggrad_running_stat(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     const ggml_tensor * running = dst->src[0];
     const ggml_tensor * stats = dst->src[1];
+    const ggml_tensor * counter = dst->src[2];  // optional: counted up by one (set 47)
     vk_pipeline pipeline = ctx->device->pipeline_ggrad_running_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
     vk_subbuffer r_buf = ggml_vk_tensor_subbuffer(ctx, running, true);
     vk_subbuffer s_buf = ggml_vk_tensor_subbuffer(ctx, stats, true);
     vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    vk_subbuffer c_buf = counter != nullptr ? ggml_vk_tensor_subbuffer(ctx, counter, true) : r_buf;  // unread without one
     const ggrad_running_stat r = ggrad_running_stat_of(dst);
     const uint32_t n = (uint32_t) ggml_nelements(dst);
-    struct { uint32_t n, offset; float keep, take; uint32_t r_off, s_off, d_off; } pc = {
+    struct { uint32_t n, offset; float keep, take; uint32_t r_off, s_off, d_off, count, c_off; } pc = {
         n, (uint32_t) r.offset, r.keep, r.take, ggml_vk_ggrad_misalign(r_buf, running),
-        ggml_vk_ggrad_misalign(s_buf, stats), ggml_vk_ggrad_misalign(o_buf, dst),
+        ggml_vk_ggrad_misalign(s_buf, stats), ggml_vk_ggrad_misalign(o_buf, dst), counter != nullptr ? 1u : 0u,
+        counter != nullptr ? ggml_vk_ggrad_misalign(c_buf, counter) : 0u,
     };
     const std::array<uint32_t, 3> elements = ggml_vk_ggrad_elements(n);
-    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { r_buf, s_buf, o_buf }, pc, elements);
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { r_buf, s_buf, o_buf, c_buf }, pc, elements);
 }
 
 // the window fold (ggrad_fold.comp): an invocation per image element
@@ -1278,7 +1281,7 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_fold_f32, "ggrad_fold_f32", '
          'ggrad_fold_f32_len, ggrad_fold_f32_data, "main", 2, 16 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_running_f32, "ggrad_running_f32", '
-         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 3, 7 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
+         'ggrad_running_f32_len, ggrad_running_f32_data, "main", 4, 9 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adamw_group_f32, "ggrad_adamw_group_f32", '
          'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_gemm_f32, "ggrad_gemm_f32", '

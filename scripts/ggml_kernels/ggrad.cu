@@ -591,10 +591,13 @@ static __global__ void ggrad_fold_f32(const ggrad_fold_geometry g, const float *
 // channel; the products and the sum rounded apart (no fused multiply-add), as the composed
 // SCALE, SCALE, ADD
 static __global__ void ggrad_running_stat_f32(const float * running, const float * stats, float * moved,
-                                              const float keep, const float take, const int64_t n) {
+                                              int32_t * counter, const float keep, const float take, const int64_t n) {
     const int64_t c = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
     if (c < n) {
         moved[c] = __fadd_rn(__fmul_rn(running[c], keep), __fmul_rn(stats[c], take));
+    }
+    if (counter != nullptr && c == 0) {  // BatchNorm's num_batches_tracked (set 47)
+        counter[0] += 1;
     }
 }
 
@@ -699,7 +702,7 @@ static void ggrad_move_running_stat(ggml_backend_cuda_context & ctx, ggml_tensor
     const int64_t n = ggml_nelements(dst);
     ggrad_running_stat_f32<<<(unsigned int) ((n + 255)/256), 256, 0, ctx.stream()>>>(
         (const float *) dst->src[0]->data, (const float *) dst->src[1]->data + r.offset, (float *) dst->data,
-        r.keep, r.take, n);
+        dst->src[2] != nullptr ? (int32_t *) dst->src[2]->data : nullptr, r.keep, r.take, n);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -104,6 +104,10 @@ static inline bool ggrad_running_stat_supported(const ggml_tensor * op) {
         !ggml_is_contiguous(op)) {
         return false;
     }
+    const ggml_tensor * counter = op->src[2];  // optional (set 47): BatchNorm's num_batches_tracked, counted up by one
+    if (counter != NULL && (counter->type != GGML_TYPE_I32 || ggml_nelements(counter) != 1)) {
+        return false;
+    }
     const int64_t n = ggml_nelements(running);
     const int64_t offset = ggrad_running_stat_of(op).offset;
     return ggml_nelements(op) == n && offset >= 0 && offset + n <= ggml_nelements(stats) && n <= INT32_MAX;

@@ -192,8 +192,15 @@ def apply(op: str, srcs: tuple[Node, ...], shape: tuple[int, ...], dtype=dtypes.
     return Node(tuple(shape), dtype, op=op, srcs=srcs, arg=arg, scope=local.default_scope)
 
 
-def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None) -> list[Node]:
-    """Record an effect writing `targets`' buffers; returns their new versions."""
+def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None, chained: bool = False) -> list[Node]:
+    """Record an effect writing `targets`' buffers; returns their new versions. `chained`:
+    the effect's ggml node writes its first target as its own memory (a view of it), so every
+    backend runs it after an earlier node that wrote or read there (ggml-vulkan syncs nodes
+    whose memory overlaps): a source or target that is a pending effect's version then stands
+    for that effect's buffer (the effect runs first, in the graph's order) where it would
+    otherwise run the pending graph first (BatchNorm used twice in a compiled step)."""
+    if chained:
+        srcs, targets = _buffers_of(srcs), _buffers_of(targets)
     if VERSION in [s.op for s in srcs]:
         realize()
     here = runtime.get_device()
@@ -204,6 +211,14 @@ def inplace(op: str, srcs: tuple[Node, ...], targets: tuple[Node, ...], arg=None
     versions = [Node(t.shape, t.dtype, op=VERSION, scope=t.scope) for t in targets]
     local.effects.append(Effect(op, srcs, arg, targets, versions))
     return versions
+
+
+def _buffers_of(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """Each pending effect's version in `nodes` as the buffer the effect writes."""
+    if VERSION not in [n.op for n in nodes]:
+        return nodes
+    buffers = {id(v): t for e in local.effects for t, v in zip(e.targets, e.versions)}
+    return tuple([buffers.get(id(n), n) for n in nodes])
 
 
 def store(target: Node, value: Node) -> None:

@@ -513,10 +513,11 @@ def ones_like(t: Tensor, dtype=None) -> Tensor:
     return full_like(t, 1.0, dtype)
 
 
-def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], arg=None) -> None:
+def inplace(op: str, inputs: tuple[Tensor, ...], targets: tuple[Tensor, ...], arg=None, chained: bool = False) -> None:
     """Record an op that writes `targets` (all among `inputs`) in place, like ggml's fused
-    optimizer steps; each target then holds its new value (same buffer)."""
-    versions = lazy.inplace(op, tuple([t._node for t in inputs]), tuple([t._node for t in targets]), arg)
+    optimizer steps; each target then holds its new value (same buffer). `chained`: see
+    lazy.inplace."""
+    versions = lazy.inplace(op, tuple([t._node for t in inputs]), tuple([t._node for t in targets]), arg, chained)
     for t, version in zip(targets, versions):
         t.node = version
         t._version += 1

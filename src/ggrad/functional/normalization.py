@@ -9,8 +9,10 @@ import numbers
 from ggml import ggml as G
 
 from .. import autograd, dtypes, runtime
+from ..lazy import builder
 from ..ops import compute, contiguous, contiguous_rows, reshape as ggml_reshape
 from ..runtime import kernels
+from ..tensor import inplace
 from ._core import Tensor, _apply, _as_tensor, reshape
 from .elementwise import sqrt, square
 
@@ -54,6 +56,14 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     per channel, and the running ones (where given) moved toward them in place by
     `momentum` (a number, or a tensor: BatchNorm's cumulative average), the variance
     unbiased as torch's; otherwise the running statistics."""
+    return counted_batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def counted_batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
+                       momentum=0.1, eps: float = 1e-5, counter: Tensor | None = None) -> Tensor:
+    """batch_norm that also counts `counter` (BatchNorm's num_batches_tracked) up by one
+    where it moves the running statistics: in the running mean's node where the kernel
+    counts (kernels.OP_VARIANTS' running_count), else composed."""
     x = _as_tensor(input)
     if x.ndim < 2:
         raise ValueError(f"batch_norm needs input of at least 2 dimensions (N, C, ...), got shape {x.shape}")
@@ -74,9 +84,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         else:
             y, mean, var = _normalize(x, (0,) + tuple(range(2, x.ndim)), eps)
             y = _affine(y, x, weight, bias)
-        moved = fused is not None and _move_running_stats(running_mean, running_var, stats, momentum, count)
+        moved = fused is not None and _move_running_stats(running_mean, running_var, stats, momentum, count, counter)
         if not moved and (running_mean is not None or running_var is not None):
             with autograd.no_grad():
+                if counter is not None:
+                    _count(counter)
                 if running_mean is not None:
                     running_mean.assign_(running_mean * (1 - momentum) + reshape(mean, (c,)).detach() * momentum)
                 if running_var is not None:
@@ -134,23 +146,38 @@ def _batch_norm_eval_kernel(x: Tensor, running_mean, running_var, weight, bias, 
     return _apply("batch_norm", inputs, x.shape, None, arg)
 
 
-def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, count: int) -> bool:
+def _count(counter: Tensor) -> None:
+    counter._assign(counter + 1, temporary=True)
+
+
+def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, count: int, counter=None) -> bool:
     """The running statistics moved toward the batch's `stats` by ggrad's RUNNING_STAT
-    kernel, a node each (composed: two SCALEs and an ADD), with the composed form's rounding,
-    then stored into their buffers as before: True where it did. Not for a momentum tensor
-    (BatchNorm's cumulative average) or another dtype."""
+    kernel, a node each (composed: two SCALEs and an ADD), with the composed form's rounding:
+    True where it did (and `counter` counted up). Not for a momentum tensor (BatchNorm's
+    cumulative average) or another dtype. From kernel set 47 each node writes its buffer in
+    place (an effect, as Adam's: no copy into the buffer after it) and the running mean's
+    counts `counter` too (composed, a cast, a SCALE, a cast back and a copy, before)."""
     if not isinstance(momentum, numbers.Real):  # before any arithmetic: a tensor's would record ops
         return False
     moves = [(t, offset, take) for t, offset, take in
              ((running_mean, 0, momentum), (running_var, stats.shape[1], momentum * (count / (count - 1))))
              if t is not None]
-    if not moves or not kernels.supported(runtime.current().backend, kernels.RUNNING_STAT) or \
+    backend = runtime.current().backend
+    if not moves or not kernels.supported(backend, kernels.RUNNING_STAT) or \
             any(t.dtype is not dtypes.float32 for t, _, _ in moves):
         return False
+    in_place = kernels.variant(backend, "running_count")
     with autograd.no_grad():
-        for t, offset, take in moves:
-            moved = _apply("running_stat", (t, stats), t.shape, arg=(offset, float(1 - momentum), float(take)))
-            t._assign(moved, temporary=True)  # only this holds it: stored as it is, no copy first
+        if counter is not None and not in_place:
+            _count(counter)
+        for i, (t, offset, take) in enumerate(moves):
+            arg = (offset, float(1 - momentum), float(take))
+            if in_place:
+                counted = (counter,) if counter is not None and i == 0 else ()
+                inplace("running_stat_in_place", (t, stats) + counted, (t,) + counted, arg, chained=True)
+            else:
+                moved = _apply("running_stat", (t, stats), t.shape, arg=arg)
+                t._assign(moved, temporary=True)  # only this holds it: stored as it is, no copy first
     return True
 
 
@@ -160,6 +187,14 @@ def _running_stat(ctx, s, node):
     moved = kernels.op(ctx, kernels.RUNNING_STAT, (node.shape[0], 1), [contiguous(ctx, t) for t in s],
                        [offset, keep, take])
     return ggml_reshape(ctx, moved, node.shape)
+
+
+@builder("running_stat_in_place")
+def _running_stat_in_place(ctx, s, effect):
+    """The running buffer (s[0], a kept buffer: contiguous) moved in its own memory, and a
+    counter (s[2]) counted up where given."""
+    running, stats, *counter = s
+    return [kernels.op_in_place(ctx, kernels.RUNNING_STAT, running, [contiguous(ctx, stats), *counter], list(effect.arg))]
 
 
 def _batch_norm_rule(ctx, g):

@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes
 from .. import functional as F
 from ..autograd import no_grad
-from ..functional.normalization import _normalize
+from ..functional.normalization import _normalize, counted_batch_norm
 from ..tensor import Tensor, param, tensor
 from .module import Module
 
@@ -46,17 +46,18 @@ class _BatchNorm(Module):
                              f"{c} channels on axis 1, got shape {x.shape}")
         if self.training and x.numel() // c < 2:
             raise ValueError(f"{name} in training needs more than 1 value per channel, got input {x.shape}")
-        factor = 0.0
+        factor, counter = 0.0, None
         tracking = self.training and self.track_running_stats
-        if tracking:
+        if tracking and self.momentum is None:  # the cumulative average's factor reads the count
             with no_grad():
                 self.num_batches_tracked._assign(self.num_batches_tracked + 1, temporary=True)
-            factor = float(self.momentum) if self.momentum is not None else \
-                1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
+            factor = 1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
+        elif tracking:  # counted where the running statistics move (one node on ggrad's kernels)
+            factor, counter = float(self.momentum), self.num_batches_tracked
         batch = self.training or not self.track_running_stats
-        return F.batch_norm(x, self.running_mean if tracking or not batch else None,
-                            self.running_var if tracking or not batch else None, self.weight, self.bias, batch,
-                            factor, self.eps)
+        return counted_batch_norm(x, self.running_mean if tracking or not batch else None,
+                                  self.running_var if tracking or not batch else None, self.weight, self.bias, batch,
+                                  factor, self.eps, counter)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

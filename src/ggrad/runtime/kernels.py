@@ -171,8 +171,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
-# ggml leaves 0), named here with the backend kind that has each, the kernel set that added
-# it and that slot, trusted as UNVERIFIED's kernels are.
+# ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
+# the backend kind that has each (None: every one), the kernel set that added it and that
+# slot, trusted as UNVERIFIED's kernels are.
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
 # cast_x4: CUDA's CPY with op_params[0] = 1 casts contiguous float32 <-> float16/bfloat16
@@ -194,10 +195,13 @@ UNVERIFIED: dict[str, set[int]] = {}
 # autocast's convolutions cast no columns (no slot: the output's type asks; H100, 2026-12-06:
 # test_conv's and the autocast convolution's torch equalities passed with it, and the bf16
 # ResNet's losses were the same bits with and without).
+# running_count: ggrad's RUNNING_STAT (kernel 25) counts an int32 given as src2 up by one, on
+# every backend (kind None; set 47): BatchNorm's num_batches_tracked, three nodes and a copy
+# before (no slot: the source asks).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
-               "im2col_low": ("cuda", 46, None)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+               "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"running_count"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
@@ -217,7 +221,7 @@ def variant(dev_backend, name: str) -> bool:
     """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS):
     its kind has it, the loaded kernel set has it, and it is trusted there."""
     kind, since, _ = OP_VARIANTS[name]
-    return dev_backend.info.kind == kind and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
+    return kind in (None, dev_backend.info.kind) and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
 
 
 def supported(dev_backend, kernel: int) -> bool:
