@@ -30,6 +30,9 @@
 #   bash bench/gpu/session.sh set47    ~560 s: set 47's small products (gemm_small) and the input gradients as
 #                                      convolutions tested on CUDA, the MLPs, cnn, ResNet and bf16 block timed
 #                                      with and without them; Vulkan's cnn and ResNet with them while it builds
+#   bash bench/gpu/session.sh set47b   ~500 s: BatchNorm's bookkeeping in place (running_count) tested on CUDA,
+#                                      the ResNet timed with and without it (and the input gradients as
+#                                      convolutions), its bf16 profile, the cnn
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -244,6 +247,26 @@ or autocast)" > $OUT/tests-cuda.txt 2>&1
       > $OUT/profile-mlp-small.txt 2>&1
     cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 3 > $OUT/block-cuda.txt 2>&1 ;;
+  set47b)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      tests/test_amp.py -k "cuda and (running or bookkeeping or batch_norm or budget or conv or test_equals_torch \
+or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet \
+      --cuda-graph --blocks 2 --steps 8 --without running_count > $OUT/conv-cuda.txt 2>&1
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 8 --without running_count input_gradient_conv > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "resnet at $(el) s"
+    cu timeout 45 python3 bench/train_step.py --device cuda --torch-device cuda --precision highest --models resnet \
+      --cuda-graph --blocks 2 --steps 8 > $OUT/conv-cuda-highest.txt 2>&1
+    cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn \
+      --cuda-graph --blocks 3 > $OUT/cnn-cuda.txt 2>&1
+    echo "resnet highest, cnn at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
+      --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -255,6 +278,6 @@ or autocast)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
