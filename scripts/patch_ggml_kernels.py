@@ -669,11 +669,19 @@ void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, gg
 # an H100's ResNet-18 step spent 5.7 ms of 24.5 in its 20 calls (~0.4 TB/s). Pure data
 # movement: the same bits. A node asks with op_params[7] = 1 (ggml's im2col sets 0-6), as
 # conv.py does where kernels.variant trusts "im2col_rows"; a geometry whose rows do not fit
-# in shared memory keeps ggml's kernel.
+# in shared memory keeps ggml's kernel. Set 47 (op_params[8] = 1, variant im2col_x4): each
+# thread writes four consecutive values of a column with one store (8 bytes of bfloat16, 16 of
+# float32) where a chunk's column entries come in fours; the bf16 ResNet-18's 33 IM2COL calls
+# took 2.4 ms on an H100 (~0.8 TB/s of columns written), a value a store.
 CUDA_IM2COL_ROWS = """/* """ + MARK + """: im2col a block per output row */
 #define GGRAD_IM2COL_TILE_FLOATS (48*1024/4)
 template <typename T>
-static __global__ void ggrad_im2col_rows(const float * __restrict__ x, T * __restrict__ dst,
+struct alignas(4*sizeof(T)) ggrad_quad {
+    T v[4];
+};
+
+template <typename T>
+static __global__ void ggrad_im2col_rows(const float * __restrict__ x, T * __restrict__ dst, const bool quads,
         const int IW, const int IH, const int OW, const int OH, const int KH, const int IC, const int K,
         const int64_t chan_stride, const int64_t batch_stride, const int chunk, const int width,
         const uint3 div_width, const uint3 div_kh, const uint3 div_kw, const uint3 div_per, const uint3 div_per_last,
@@ -691,6 +699,23 @@ static __global__ void ggrad_im2col_rows(const float * __restrict__ x, T * __res
     __syncthreads();
     const uint3 per = blockIdx.y + 1 == gridDim.y ? div_per_last : div_per;  // cc*KH*KW values per output column
     T * out = dst + (int64_t) row*OW*K + (int64_t) c0*(K/IC);
+    if (quads) {  /* per.z, K and out's alignment in fours: the caller checks */
+        for (int t = threadIdx.x; t < OW*(int) per.z/4; t += blockDim.x) {
+            const uint2 q = fast_div_modulo(4*t, per);   // (ow, the first of four entries)
+            uint2 a = fast_div_modulo(q.y, div_kw);      // (c*KH + kh, kw), then stepped
+            ggrad_quad<T> four;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                four.v[i] = ggrad_rows[a.x*width + q.x*s0 + a.y*d0];  /* converted as below */
+                if (++a.y == (unsigned int) div_kw.z) {
+                    a.y = 0;
+                    ++a.x;
+                }
+            }
+            *(ggrad_quad<T> *) (out + (int64_t) q.x*K + q.y) = four;
+        }
+        return;
+    }
     for (int t = threadIdx.x; t < OW*(int) per.z; t += blockDim.x) {
         const uint2 q = fast_div_modulo(t, per);         // (ow, (c*KH + kh)*KW + kw)
         const uint2 a = fast_div_modulo(q.y, div_kw);    // (c*KH + kh, kw)
@@ -702,7 +727,7 @@ static __global__ void ggrad_im2col_rows(const float * __restrict__ x, T * __res
 template <typename T>
 static bool ggrad_im2col_rows_cuda(const float * x, T * dst, int64_t IW, int64_t IH, int64_t OW, int64_t OH,
         int64_t KW, int64_t KH, int64_t IC, int64_t N, int64_t chan_stride, int64_t batch_stride,
-        int s0, int s1, int p0, int p1, int d0, int d1, cudaStream_t stream) {
+        int s0, int s1, int p0, int p1, int d0, int d1, bool quads, cudaStream_t stream) {
     const int64_t width = (OW - 1)*s0 + (KW - 1)*d0 + 1, K = IC*KH*KW;
     const int64_t chunk = std::min<int64_t>(IC, GGRAD_IM2COL_TILE_FLOATS / std::max<int64_t>(1, KH*width));
     if (chunk < 1 || N*OH > INT_MAX || OW*K > INT_MAX - 1024 || IW*IH > INT_MAX || (IC + chunk - 1)/chunk > 65535 ||
@@ -710,8 +735,9 @@ static bool ggrad_im2col_rows_cuda(const float * x, T * dst, int64_t IW, int64_t
         return false;
     }
     const int64_t chunks = (IC + chunk - 1)/chunk, last = IC - (chunks - 1)*chunk;
+    quads = quads && K % 4 == 0 && (chunk*KH*KW) % 4 == 0 && (last*KH*KW) % 4 == 0 && (uintptr_t) dst % (4*sizeof(T)) == 0;
     const dim3 grid((unsigned int) (N*OH), (unsigned int) chunks);
-    ggrad_im2col_rows<T><<<grid, 256, chunk*KH*width*sizeof(float), stream>>>(x, dst, (int) IW, (int) IH, (int) OW,
+    ggrad_im2col_rows<T><<<grid, 256, chunk*KH*width*sizeof(float), stream>>>(x, dst, quads, (int) IW, (int) IH, (int) OW,
         (int) OH, (int) KH, (int) IC, (int) K, chan_stride, batch_stride, (int) chunk, (int) width,
         init_fastdiv_values(width), init_fastdiv_values(KH), init_fastdiv_values(KW), init_fastdiv_values(chunk*KH*KW),
         init_fastdiv_values(last*KH*KW), s0, s1, p0, p1, d0, d1);
@@ -1116,11 +1142,12 @@ def patch(tree: Path) -> None:
          f"    GGML_ASSERT( dst->type == GGML_TYPE_F16 || dst->type == GGML_TYPE_F32 || dst->type == GGML_TYPE_BF16); /* {MARK} */\n\n"
          "    const int32_t s0 = ((const int32_t*)(dst->op_params))[0];\n"),
         ("    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16(",
+         "    const bool quads = ggml_get_op_params_i32(dst, 8) == 1;  /* set 47: four values a store */\n"
          "    if (ggml_get_op_params_i32(dst, 7) == 1 && (dst->type == GGML_TYPE_F16\n"
-         "            ? ggrad_im2col_rows_cuda(src1_d, (half *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream)\n"
+         "            ? ggrad_im2col_rows_cuda(src1_d, (half *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, quads, stream)\n"
          "            : dst->type == GGML_TYPE_BF16\n"
-         "            ? ggrad_im2col_rows_cuda(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream)\n"
-         "            : ggrad_im2col_rows_cuda(src1_d, (float *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream))) {\n"
+         "            ? ggrad_im2col_rows_cuda(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, quads, stream)\n"
+         "            : ggrad_im2col_rows_cuda(src1_d, (float *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, quads, stream))) {\n"
          "        return;\n    }\n"
          "    if (dst->type == GGML_TYPE_BF16) {\n"
          "        im2col_cuda<nv_bfloat16>(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream);\n"

@@ -201,9 +201,38 @@ def test_unfold_nodes_ask_for_the_row_kernels_where_the_backend_trusts_them(dev)
     folds = [n for n in nodes if G.ggml_op_desc(ctypes.pointer(n)).decode() == "GGRAD" and n.op_params[0] == kernels.FOLD]
     assert im2col and (folds or backend.info.kind == "cpu"), "no IM2COL or FOLD node"
     assert all(n.op_params[7] == int(kernels.variant(backend, "im2col_rows")) for n in im2col)
+    assert all(n.op_params[8] == int(kernels.variant(backend, "im2col_x4")) for n in im2col)
     assert all(n.op_params[12] == int(kernels.variant(backend, "fold_rows")) for n in folds)
     if backend.info.kind == "cuda":
         assert folds and kernels.variant(backend, "im2col_rows") == (kernels.version() >= 44)
+
+
+@pytest.mark.parametrize("channels, kernel", [(8, 3), (64, 3), (3, 2), (128, 1), (380, 3), (6, 3), (3, 3), (375, 3)])
+def test_columns_written_four_at_a_time_are_the_same_bits(dev, monkeypatch, channels, kernel):
+    """CUDA's im2col_x4 (four values of a column a store where every chunk's entries come in
+    fours: 8 and 64 channels of 3x3, 3 of 2x2, 128 of 1x1, 380 of 3x3 in two chunks of 372 and 8
+    on CUDA's shared memory; 6 and 3 of 3x3 and 375 (a last chunk of 3) keep a value a store),
+    forced off and on: the float32 columns and an autocast convolution's bfloat16 columns (its
+    output) are the same bits."""
+    from ggrad.amp import autocast
+    from ggrad.runtime import kernels
+    variant = kernels.variant
+    x = ggrad.tensor(f32(2, channels, 7, 9))
+    w = ggrad.tensor(f32(4, channels, kernel, kernel))
+
+    def step(x, w):
+        with autocast(dtype=ggrad.bfloat16):
+            y = F.conv2d(x, w, padding=1)
+        return F.unfold(x, kernel, padding=1), y
+    results = []
+    for on in (False, True):
+        monkeypatch.setattr(kernels, "variant", lambda b, name: (name == "im2col_x4" and on) or
+                            (name != "im2col_x4" and variant(b, name)))
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"im2col_x4 {on}")
+        compiled = ggrad.compile(step)
+        results.append([[t.numpy() for t in compiled(x, w)] for _ in range(2)][-1])
+    for off, on in zip(*results):
+        np.testing.assert_array_equal(on, off)
 
 
 # stride-1 convolutions whose input gradient may be a convolution (out channels <= in)

@@ -132,7 +132,7 @@ def _columns_as(ctx, x, ggml_type):
     # the kernel's shape (its sizes alone are read) in the columns' type: ggml's CPU asks that of float16's
     shape = G.ggml_new_tensor(ctx, ggml_type, MAX_DIMS, (ctypes.c_int64 * MAX_DIMS)(*c.src[0].contents.ne))
     columns = G.ggml_im2col(ctx, shape, c.src[1], p[0], p[1], p[2], p[3], p[4], p[5], bool(p[6]), ggml_type)
-    columns.contents.op_params[7] = p[7]  # im2col_rows, as asked of the float32 columns
+    columns.contents.op_params[7], columns.contents.op_params[8] = p[7], p[8]  # im2col_rows, im2col_x4, as asked
     return columns if made is x else G.ggml_reshape_4d(ctx, columns, *x.contents.ne)
 
 

@@ -129,9 +129,10 @@ def _kernel_shape(ctx, channels: int, kh: int, kw: int):
 def _im2col(ctx, s, node):
     kh, kw, sh, sw, ph, pw, dh, dw = node.arg
     x = s[0]
-    # im2col_rows: CUDA's columns a block per output row, staged through shared memory
-    return ops._asking(G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32),
-                       "im2col_rows")
+    # im2col_rows: CUDA's columns a block per output row, staged through shared memory;
+    # im2col_x4: four values of a column a store
+    columns = G.ggml_im2col(ctx, _kernel_shape(ctx, x.contents.ne[2], kh, kw), x, sw, sh, pw, ph, dw, dh, True, F32)
+    return ops._asking(ops._asking(columns, "im2col_rows"), "im2col_x4")
 
 
 @compute("col2im")
