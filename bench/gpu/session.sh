@@ -33,6 +33,9 @@
 #   bash bench/gpu/session.sh set47b   ~500 s: BatchNorm's bookkeeping in place (running_count) tested on CUDA,
 #                                      the ResNet timed with and without it (and the input gradients as
 #                                      convolutions), its bf16 profile, the cnn
+#   bash bench/gpu/session.sh set47c   ~420 s: set 47 on the Vulkan device (its wheel carried in .wheels: batch
+#                                      norm's bookkeeping tested and timed), then CUDA's im2col_x4 tested and
+#                                      the ResNet timed with and without it
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -267,6 +270,28 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "resnet highest, cnn at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
       --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+  set47c)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      -k "vulkan and (running or bookkeeping or batch_norm or budget or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vk timeout 130 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+      --steps 4 --without running_count > $OUT/conv-vulkan.txt 2>&1
+    echo "vulkan convolutions at $(el) s"
+    cuda_wheel_installed 360 || exit 1
+    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_conv.py tests/test_amp.py \
+      -k "cuda and (four_at_a_time or unfold or test_equals_torch or stride_one or columns or convolution)" \
+      > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet \
+      --cuda-graph --blocks 2 --steps 8 --without im2col_x4 > $OUT/conv-cuda.txt 2>&1
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 8 --without im2col_x4 > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "resnet at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
+      --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -278,6 +303,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
