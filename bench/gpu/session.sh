@@ -58,15 +58,20 @@ cuda_wheel_installed() {
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
 }
 setup_vulkan() { OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1; }
+# Vulkan's kernel and convolution tests matching $1, then the cnn and ResNet timed with and
+# without $2 (in $3 s at most)
+vulkan_conv_ab() {
+  vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+    -k "vulkan and ($1)" > $OUT/tests-vulkan.txt 2>&1
+  echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+  vk timeout $3 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+    --steps 4 --without $2 > $OUT/conv-vulkan.txt 2>&1
+  echo "conv-vulkan at $(el) s"
+}
 # ~90 s: Vulkan's few-tile products summed in parts, tested, timed against without, op by op
 vulkan_parts() {
   setup_vulkan
-  vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
-    -k "vulkan and (long_sums or budget or products or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
-  echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
-  vk timeout 80 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
-    --steps 4 --without gemm_parts > $OUT/conv-vulkan.txt 2>&1
-  echo "conv-vulkan at $(el) s"
+  vulkan_conv_ab "long_sums or budget or products or test_equals_torch" gemm_parts 80
   vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 40 python3 bench/gpu/vulkan_ops.py \
     --model resnet > $OUT/vulkan-ops-resnet.txt 2>&1
 }
@@ -274,12 +279,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
-    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
-      -k "vulkan and (running or bookkeeping or batch_norm or budget or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
-    vk timeout 130 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
-      --steps 4 --without running_count > $OUT/conv-vulkan.txt 2>&1
-    echo "vulkan convolutions at $(el) s"
+    vulkan_conv_ab "running or bookkeeping or batch_norm or budget or test_equals_torch" running_count 130
     cuda_wheel_installed 360 || exit 1
     cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_conv.py tests/test_amp.py \
       -k "cuda and (four_at_a_time or unfold or test_equals_torch or stride_one or columns or convolution)" \
