@@ -744,6 +744,42 @@ def test_a_bias_gradient_over_batch_and_sequence_is_one_sum_over_rows(dev):
     assert all(tuple(n.src[0].contents.ne[2:]) == (1, 1) for n in sums), [tuple(n.src[0].contents.ne) for n in sums]
 
 
+@pytest.mark.parametrize("rows", [2048, 3 * 1024 + 5])
+def test_sums_over_many_rows_as_products_with_ones_equal_float64(dev, monkeypatch, rows):
+    """ops.ROW_SUM_PRODUCT_KINDS (CUDA's way), forced on every device with a GEMM kernel: a
+    linear layer's bias gradient over batch x sequence rows is ones @ g on the GEMM kernel (no
+    REPEAT_BACK), summed in float32 whatever the matmul precision (TF32 would round g), equal
+    to float64's."""
+    from ggml import ggml as G
+    from ggrad import ops
+    if not _gemm_loaded():
+        pytest.skip(f"no GEMM kernel on {dev}")
+    monkeypatch.setattr(ops, "ROW_SUM_PRODUCT_KINDS", frozenset({ggrad.runtime.current().backend.info.kind}))
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "row sums as products")
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows // 4, 4, 8)).astype(np.float32) if rows % 4 == 0 else \
+        rng.standard_normal((1, rows, 8)).astype(np.float32)
+    g = (rng.standard_normal(x.shape[:2] + (6,)) * 1e3).astype(np.float32)  # TF32's rounding would miss by ~20
+    layer = nn.Linear(8, 6)
+
+    @ggrad.compile
+    def step(x, g):
+        with ggrad.grad_tape():
+            (layer(x) * g).sum().backward()
+        return layer.bias.grad
+
+    previous = ggrad.get_float32_matmul_precision()
+    ggrad.set_float32_matmul_precision("high")
+    try:
+        got = step(ggrad.tensor(x), ggrad.tensor(g)).numpy()
+    finally:
+        ggrad.set_float32_matmul_precision(previous)
+    np.testing.assert_allclose(got, g.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5, atol=1e-3)
+    nodes = [node.contents for kept in step._captures.values() for capture in kept
+             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    assert not [n for n in nodes if n.op == G.GGML_OP_REPEAT_BACK]
+
+
 def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
     opt = Adam(model.parameters(), lr=1e-3)
 
