@@ -36,6 +36,8 @@
 #   bash bench/gpu/session.sh set47c   ~420 s: set 47 on the Vulkan device (its wheel carried in .wheels: batch
 #                                      norm's bookkeeping tested and timed), then CUDA's im2col_x4 tested and
 #                                      the ResNet timed with and without it
+#   bash bench/gpu/session.sh set47d   ~400 s: CUDA's row sums as products timed (the bf16 block, mlp-large); the
+#                                      Vulkan ResNet's and mlp-large's ("medium") steps op by op while it builds
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -292,6 +294,25 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "resnet at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
       --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+  set47d)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    for model in resnet mlp-large; do
+      precision=$([ $model = resnet ] && echo highest || echo medium)
+      vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 100 python3 bench/gpu/vulkan_ops.py \
+        --model $model --precision $precision > $OUT/vulkan-ops-$model.txt 2>&1
+      echo "vulkan $model op by op at $(el) s"
+    done
+    cuda_wheel_installed 360 || exit 1
+    cu timeout 40 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
+      -k "cuda and (many_rows or bias_gradient or budget or products)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 3 --without row_sum_product > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-large mlp-small --cuda-graph --blocks 3 --without row_sum_product > $OUT/mlp-cuda.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -303,6 +324,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -24,10 +24,14 @@ def main() -> None:
     ap.add_argument("--model", default="resnet", choices=list(T.MODELS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--amp", default="none", choices=["none", "bf16", "f16"])
+    ap.add_argument("--precision", default="highest", choices=["highest", "high", "medium"],
+                    help="ggrad.set_float32_matmul_precision before the device starts ('medium': matrix cores)")
     args = ap.parse_args()
     if os.environ.get("GGML_VK_PERF_LOGGER") is None:
         raise SystemExit("set GGML_VK_PERF_LOGGER=1 (and GGML_VK_PERF_LOGGER_FREQUENCY=10)")
     every = int(os.environ.get("GGML_VK_PERF_LOGGER_FREQUENCY", "1"))
+    import ggrad
+    ggrad.set_float32_matmul_precision(args.precision)
     sample, classes, batch = T.MODELS[args.model][1:]
     step, sync = T.ggrad_step_fn(args.model, T.batches(sample, classes, batch), "vulkan", True, amp=args.amp)
     with tempfile.TemporaryFile("w+") as log:
