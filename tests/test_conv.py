@@ -266,6 +266,29 @@ def test_stride_one_input_gradients_as_convolutions_equal_torchs(dev, name, monk
     assert reversed_kernels or kind == "cpu", "no input gradient was made as a convolution"
 
 
+def test_an_input_gradient_convolution_then_its_layout_undone_equals_torchs(dev, monkeypatch):
+    """A bias-free stride-1 convolution over one image (the rows layout: its output a pending
+    permute) with its input gradient recorded as a convolution, then moved to channels-last
+    as cross_entropy does for a segmentation head: permute's shortcut (undo a pending permute
+    by returning its recorded source) must not take the convolution's rule for the permute's
+    (it handed back the NCHW output: a loss of 5.64 for torch's 8.30)."""
+    from ggrad.functional import conv
+    monkeypatch.setattr(conv, "INPUT_GRADIENT_CONV_KINDS", frozenset({ggrad.runtime.current().backend.info.kind}))
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "input gradients as convolutions")
+    x, w = f32(1, 8, 5, 5), f32(3, 8, 3, 3)
+    target = rng.integers(0, 3, (1, 5, 5))
+    g_x, g_w = ggrad.tensor(x, requires_grad=True), ggrad.tensor(w, requires_grad=True)
+    with ggrad.grad_tape():
+        loss = F.cross_entropy(F.conv2d(g_x, g_w, padding=1), ggrad.tensor(target))
+        loss.backward()
+    t_x, t_w = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    t_loss = TF.cross_entropy(TF.conv2d(t_x, t_w, padding=1), torch.tensor(target))
+    t_loss.backward()
+    np.testing.assert_allclose(loss.item(), t_loss.item(), rtol=1e-5)
+    assert_close(dev, g_x.grad.numpy(), t_x.grad.numpy())
+    assert_close(dev, g_w.grad.numpy(), t_w.grad.numpy())
+
+
 def test_wider_gradients_keep_the_fold(dev, monkeypatch):
     """More output channels than input ones: the gradient's windows would be wider than the
     input's, so the product's columns are folded as before."""

@@ -147,8 +147,9 @@ def permute(x, *axes) -> Tensor:
         return x
     node = x.node
     if node.pending and node.op == "permute" and tuple(node.arg[a] for a in axes) == tuple(range(x.ndim)):
-        # undoes a pending permute: its source itself (the recorded one, if it was recorded)
-        if x._ctx is not None:
+        # undoes a pending permute: its source itself (the recorded one, if the permute was
+        # recorded: a rule recorded over the permute's node by another op has other parents)
+        if x._ctx is not None and x._ctx.parents[0].node is node.srcs[0]:
             return x._ctx.parents[0]
         if not x.requires_grad:
             return Tensor._wrap(node.srcs[0])
