@@ -382,10 +382,10 @@ PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu", "cuda"})
 # where a stride-1 convolution's input gradient is itself a convolution (of the output's
 # gradient with the weight's taps reversed and its channel axes swapped): the gradient's
 # windows unfolded and multiplied, where the product's adjoint wrote every window's
-# columns and folded them back. Only where the gradient's windows are no wider than the
-# input's (out channels <= in channels): an H100, same process, "high": ResNet-18 10.88 vs
-# 11.06 ms, bf16 9.47 vs 9.87; the cnn (32 -> 64 channels) 0.895 vs 0.787 ms, so not
-# there. Vulkan lost (ResNet 44.6 vs 38.7 ms, cnn 2.94 vs 2.07: docs/performance.md).
+# columns and folded them back. Only where the gradient's columns are no larger than the
+# input's (out channels x input pixels <= in channels x output pixels): an H100, same
+# process, "high": ResNet-18 10.88 vs 11.06 ms, bf16 9.47 vs 9.87; the cnn (32 -> 64
+# channels) 0.895 vs 0.787 ms, so not there. Vulkan lost (ResNet 44.6 vs 38.7 ms, cnn 2.94 vs 2.07: docs/performance.md).
 # The CPU's convolution kernels have their own input gradient.
 INPUT_GRADIENT_CONV_KINDS = frozenset({"cuda"})
 
@@ -432,8 +432,8 @@ def _conv2d(x: Tensor, weight: Tensor, bias, stride: tuple, pads: tuple, dilatio
         y = _conv_kernel(x, weight, b if fused else None, (kh, kw), stride, pads, dilation, (oh, ow))
         return _finish(y, None if fused else bias, False, "conv2d")
     geometry = ((kh, kw), stride, pads, dilation, (oh, ow), groups, arg)
-    if groups == 1 and stride == (1, 1) and oc <= c and backend.info.kind in INPUT_GRADIENT_CONV_KINDS and \
-            x.requires_grad and autograd.is_recording() and \
+    if groups == 1 and stride == (1, 1) and oc * x.shape[2] * x.shape[3] <= c * oh * ow and \
+            backend.info.kind in INPUT_GRADIENT_CONV_KINDS and x.requires_grad and autograd.is_recording() and \
             all(max(p) <= d * (k - 1) for p, k, d in zip(pads, (kh, kw), dilation)):
         y = _with_input_gradient(_product_conv(x.detach(), weight, *geometry), x, weight, geometry)
     else:
