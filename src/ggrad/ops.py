@@ -1003,7 +1003,7 @@ def _class_cross_entropy(ctx, s, node):
 # a 512-wide gradient over 8192 rows in 26 us (0.6 TB/s; the bf16 block's 8 sums 0.32 ms of
 # 2.2, H100). Float32 sums ("highest"'s product, never TF32: a gradient is not rounded).
 ROW_SUM_PRODUCT_KINDS = frozenset({"cuda"})
-ROW_SUM_PRODUCT_MIN_ROWS = 512
+ROW_SUM_PRODUCT_MIN_ROWS = 2048
 
 
 def _row_sums_by_product(ctx, x):
