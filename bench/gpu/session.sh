@@ -38,6 +38,8 @@
 #                                      the ResNet timed with and without it
 #   bash bench/gpu/session.sh set47d   ~400 s: CUDA's row sums as products timed (the bf16 block, mlp-large); the
 #                                      Vulkan ResNet's and mlp-large's ("medium") steps op by op while it builds
+#   bash bench/gpu/session.sh set47e   ~290 s: the ResNet (bf16 and "high") with every layer's product per image
+#                                      against the rows layout for the deep layers
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -313,6 +315,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-large mlp-small --cuda-graph --blocks 3 --without row_sum_product > $OUT/mlp-cuda.txt 2>&1 ;;
+  set47e)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
+      --cuda-graph --blocks 2 --steps 6 --without rows_layout > $OUT/conv-cuda-bf16.txt 2>&1
+    echo "resnet bf16 at $(el) s"
+    cu timeout $(( 350 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models resnet --cuda-graph --blocks 2 --steps 6 --without rows_layout > $OUT/conv-cuda.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -324,6 +335,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -379,6 +379,8 @@ def _finish(y: Tensor, bias, unbatched: bool, what: str) -> Tensor:
 # strided batch (H100, fp32: the cnn step 1.50 -> 1.23 ms, ResNet-18 26.9 -> 24.7 ms
 # against the rows layout below, docs/performance.md); Vulkan is not measured yet
 PER_IMAGE_PRODUCT_KINDS = frozenset({"cpu", "cuda"})
+# a layer takes the product per image from this many output pixels per output channel
+PER_IMAGE_PIXELS_PER_CHANNEL = 4
 # where a stride-1 convolution's input gradient is itself a convolution (of the output's
 # gradient with the weight's taps reversed and its channel axes swapped): the gradient's
 # windows unfolded and multiplied, where the product's adjoint wrote every window's
@@ -448,8 +450,9 @@ def _product_conv(x: Tensor, weight: Tensor, kernel: tuple, stride: tuple, pads:
     oc = weight.shape[0]
     (kh, kw), (oh, ow) = kernel, out
     backend = runtime.current().backend
-    if groups == 1 and n > 1 and 0 < 4 * oc <= oh * ow and x.dtype is dtypes.float32 and \
-            backend.info.kind in PER_IMAGE_PRODUCT_KINDS and kernels.supported(backend, kernels.GEMM):
+    if groups == 1 and n > 1 and 0 < oc and PER_IMAGE_PIXELS_PER_CHANNEL * oc <= oh * ow and \
+            x.dtype is dtypes.float32 and backend.info.kind in PER_IMAGE_PRODUCT_KINDS and \
+            kernels.supported(backend, kernels.GEMM):
         # the GEMM kernel: each image's channels as rows of pixels, NCHW as it is made (the
         # columns' gradient comes out in their own layout too): no transposed copies. A
         # product per image is for layers with many pixels per channel; a deep layer (a
