@@ -88,6 +88,11 @@ autocast_on_cuda() {
   cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
     --cuda-graph --blocks 3 --without gemm_low > $OUT/block-cuda.txt 2>&1
 }
+# the bf16 ResNet's CUDA kernels and nodes (bench/profile_step.py), until $1 s into the call
+profile_resnet_bf16() {
+  cu timeout $(( $1 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
+    --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1
+}
 case "$1" in
   vulkan)
     build_cuda_in_background
@@ -207,8 +212,7 @@ case "$1" in
     echo "block profile at $(el) s"
     cu timeout 40 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels --repeats 5 \
       > $OUT/profile-mlp-small.txt 2>&1
-    cu timeout $(( 470 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
-      --kernels --repeats 5 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+    profile_resnet_bf16 470 ;;
   set46b)
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
@@ -277,8 +281,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models cnn \
       --cuda-graph --blocks 3 > $OUT/cnn-cuda.txt 2>&1
     echo "resnet highest, cnn at $(el) s"
-    cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
-      --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+    profile_resnet_bf16 585 ;;
   set47c)
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
@@ -294,8 +297,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models resnet \
       --cuda-graph --blocks 2 --steps 8 --without im2col_x4 > $OUT/conv-cuda-bf16.txt 2>&1
     echo "resnet at $(el) s"
-    cu timeout $(( 585 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
-      --kernels --repeats 3 > $OUT/profile-resnet-bf16.txt 2>&1 ;;
+    profile_resnet_bf16 585 ;;
   set47d)
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
