@@ -149,6 +149,12 @@ def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e
         np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol, err_msg=err_msg)
 
 
+def compiled_nodes(step) -> list:
+    """The ggml compute nodes (their structs) of a compiled step's kept graphs, every capture's."""
+    return [node.contents for kept in step._captures.values() for capture in kept
+            for graph in capture.graphs for _, node in graph.compute_nodes()]
+
+
 def assert_resident_training(forward, parameters, x, y) -> None:
     """A compiled cross-entropy training step of `forward` (Adam over `parameters`), warm,
     with the batch on the device: one dispatch, no crossing, and the loss goes down."""

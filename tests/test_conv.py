@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
-from conftest import assert_close, assert_resident_training  # noqa: E402
+from conftest import assert_close, assert_resident_training, compiled_nodes  # noqa: E402
 
 TF = torch.nn.functional
 rng = np.random.default_rng(0)
@@ -195,8 +195,7 @@ def test_unfold_nodes_ask_for_the_row_kernels_where_the_backend_trusts_them(dev)
 
     step(x)
     step(x)
-    nodes = [node.contents for kept in step._captures.values() for capture in kept
-             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    nodes = compiled_nodes(step)
     im2col = [n for n in nodes if n.op == G.GGML_OP_IM2COL]
     folds = [n for n in nodes if G.ggml_op_desc(ctypes.pointer(n)).decode() == "GGRAD" and n.op_params[0] == kernels.FOLD]
     assert im2col and (folds or backend.info.kind == "cpu"), "no IM2COL or FOLD node"

@@ -16,6 +16,7 @@ from ggrad import nn
 from ggrad.functional import elementwise
 from ggrad.optim import Adam
 from ggrad.runtime import kernels
+from conftest import compiled_nodes
 
 needs_kernels = pytest.mark.skipif(kernels.version() < 1, reason="ggml built without ggrad's kernel set")
 
@@ -720,6 +721,16 @@ def test_products_propagate_nan_and_inf_as_torch(dev):
     np.testing.assert_allclose(ours[finite], theirs[finite], rtol=1e-5, atol=1e-4)
 
 
+def _bias_gradient_step(layer):
+    """A compiled step: the bias gradient of sum(layer(x) * g) (accumulated over calls)."""
+    @ggrad.compile
+    def step(x, g):
+        with ggrad.grad_tape():
+            (layer(x) * g).sum().backward()
+        return layer.bias.grad
+    return step
+
+
 def test_a_bias_gradient_over_batch_and_sequence_is_one_sum_over_rows(dev):
     """A linear layer's bias gradient over (batch, sequence) sums one axis of rows: CUDA's
     REPEAT_BACK keeps its loads in flight over rows, and over two axes divided by each per
@@ -727,19 +738,11 @@ def test_a_bias_gradient_over_batch_and_sequence_is_one_sum_over_rows(dev):
     from ggml import ggml as G
     rng = np.random.default_rng(6)
     x, g = rng.standard_normal((3, 5, 8)).astype(np.float32), rng.standard_normal((3, 5, 4)).astype(np.float32)
-    layer = nn.Linear(8, 4)
-
-    @ggrad.compile
-    def step(x, g):
-        with ggrad.grad_tape():
-            (layer(x) * g).sum().backward()
-        return layer.bias.grad
-
+    step = _bias_gradient_step(nn.Linear(8, 4))
     step(ggrad.tensor(x), ggrad.tensor(g))
     got = step(ggrad.tensor(x), ggrad.tensor(g)).numpy()
     np.testing.assert_allclose(got, 2 * g.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5, atol=1e-5)  # two steps
-    nodes = [node.contents for kept in step._captures.values() for capture in kept
-             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    nodes = compiled_nodes(step)
     sums = [n for n in nodes if n.op == G.GGML_OP_REPEAT_BACK]
     assert all(tuple(n.src[0].contents.ne[2:]) == (1, 1) for n in sums), [tuple(n.src[0].contents.ne) for n in sums]
 
@@ -760,14 +763,7 @@ def test_sums_over_many_rows_as_products_with_ones_equal_float64(dev, monkeypatc
     x = rng.standard_normal((rows // 4, 4, 8)).astype(np.float32) if rows % 4 == 0 else \
         rng.standard_normal((1, rows, 8)).astype(np.float32)
     g = (rng.standard_normal(x.shape[:2] + (6,)) * 1e3).astype(np.float32)  # TF32's rounding would miss by ~20
-    layer = nn.Linear(8, 6)
-
-    @ggrad.compile
-    def step(x, g):
-        with ggrad.grad_tape():
-            (layer(x) * g).sum().backward()
-        return layer.bias.grad
-
+    step = _bias_gradient_step(nn.Linear(8, 6))
     previous = ggrad.get_float32_matmul_precision()
     ggrad.set_float32_matmul_precision("high")
     try:
@@ -775,8 +771,7 @@ def test_sums_over_many_rows_as_products_with_ones_equal_float64(dev, monkeypatc
     finally:
         ggrad.set_float32_matmul_precision(previous)
     np.testing.assert_allclose(got, g.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5, atol=1e-3)
-    nodes = [node.contents for kept in step._captures.values() for capture in kept
-             for graph in capture.graphs for _, node in graph.compute_nodes()]
+    nodes = compiled_nodes(step)
     assert not [n for n in nodes if n.op == G.GGML_OP_REPEAT_BACK]
 
 

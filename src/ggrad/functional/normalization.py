@@ -88,7 +88,7 @@ def counted_batch_norm(input, running_mean, running_var, weight=None, bias=None,
         if not moved and (running_mean is not None or running_var is not None):
             with autograd.no_grad():
                 if counter is not None:
-                    _count(counter)
+                    _count_up(counter)
                 if running_mean is not None:
                     running_mean.assign_(running_mean * (1 - momentum) + reshape(mean, (c,)).detach() * momentum)
                 if running_var is not None:
@@ -146,7 +146,8 @@ def _batch_norm_eval_kernel(x: Tensor, running_mean, running_var, weight, bias, 
     return _apply("batch_norm", inputs, x.shape, None, arg)
 
 
-def _count(counter: Tensor) -> None:
+def _count_up(counter: Tensor) -> None:
+    """`counter` (BatchNorm's num_batches_tracked) plus one, stored in its buffer."""
     counter._assign(counter + 1, temporary=True)
 
 
@@ -169,7 +170,7 @@ def _move_running_stats(running_mean, running_var, stats: Tensor, momentum, coun
     in_place = kernels.variant(backend, "running_count")
     with autograd.no_grad():
         if counter is not None and not in_place:
-            _count(counter)
+            _count_up(counter)
         for i, (t, offset, take) in enumerate(moves):
             arg = (offset, float(1 - momentum), float(take))
             if in_place:

@@ -11,7 +11,7 @@ import numpy as np
 from .. import dtypes
 from .. import functional as F
 from ..autograd import no_grad
-from ..functional.normalization import _normalize, counted_batch_norm
+from ..functional.normalization import _count_up, _normalize, counted_batch_norm
 from ..tensor import Tensor, param, tensor
 from .module import Module
 
@@ -50,7 +50,7 @@ class _BatchNorm(Module):
         tracking = self.training and self.track_running_stats
         if tracking and self.momentum is None:  # the cumulative average's factor reads the count
             with no_grad():
-                self.num_batches_tracked._assign(self.num_batches_tracked + 1, temporary=True)
+                _count_up(self.num_batches_tracked)
             factor = 1.0 / F.cast(self.num_batches_tracked, dtypes.float32)
         elif tracking:  # counted where the running statistics move (one node on ggrad's kernels)
             factor, counter = float(self.momentum), self.num_batches_tracked
