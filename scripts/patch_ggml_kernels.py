@@ -54,6 +54,11 @@
   dequantize functions): W read in its blocks, no float32 rows of it (16 MiB chunks through
   GET_ROWS before). Set 42: the shader for those eight types only (41 built Q2_K, Q3_K and
   IQ4_NL too, which ggrad never loads).
+- On Vulkan (set 48): the GEMM kernel's large products on tiles of 128 (ggrad_gemm_wide.comp:
+  128x128, 128x64 and 64x128 tiles, 8x8 outputs an invocation at most, shared memory read as
+  vec4, the next slice loaded while one is multiplied; the same sums in the same order as the
+  64x64 shader), the tile named by op_params[4] (ggrad chooses it); ggml-vulkan's perf logger
+  names ggrad's kernels by number, a product's by its sizes and FLOPs.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -72,7 +77,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 47
+KERNELS_VERSION = 48
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -89,6 +94,9 @@ KERNELS_VERSION = 47
 # all IEEE's); elsewhere (NaN, inf, zero, the extremes) the driver's result stands. DIV,
 # SQRT and the exact AdamW shaders (OPT_STEP_ADAMW's, ADAMW_GROUP's) include it.
 IEEE_INCLUDE = '#include "ggrad_ieee.glsl"  // ' + MARK + "\n"
+
+# ggrad_gemm_wide.comp's tiles (rows x columns of C), op_params[4] 1, 2, 3 in this order
+GEMM_WIDE_TILES = ("128x128", "128x64", "64x128")
 
 
 VULKAN_DISPATCH = """
@@ -402,15 +410,19 @@ static void ggml_vk_ggrad_qmatmul_back(ggml_backend_vk_context * ctx, vk_context
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { w_buf, g_buf, o_buf }, pc, { CEIL_DIV(n_in, 512), CEIL_DIV(T, 16), 1 });
 }
 
-// a float32 product (ggrad_gemm.comp, as the CPU's and CUDA's kernel 6): a workgroup per 64x64
-// tile of C and per batch
+// a float32 product (ggrad_gemm.comp, as the CPU's and CUDA's kernel 6): a workgroup per tile
+// of C (64x64, or ggrad_gemm_wide.comp's where op_params[4] asks) and per batch
 static void ggml_vk_ggrad_gemm(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
     GGML_ASSERT(ggrad_gemm_plan(dst, &s));
     const ggml_tensor * A = dst->src[0];
     const ggml_tensor * B = dst->src[1];
     const ggml_tensor * bias = dst->src[2];
-    vk_pipeline pipeline = ctx->device->pipeline_ggrad_gemm_f32;
+    // op_params[4]: the tile (0: 64x64; 1: 128x128, 2: 128 rows x 64 columns, 3: 64 x 128)
+    const int tile = ggml_get_op_params_i32(dst, 4);
+    const uint32_t tm = tile == 1 || tile == 2 ? 128 : 64, tn = tile == 1 || tile == 3 ? 128 : 64;
+    vk_pipeline pipeline = tile >= 1 && tile <= 3 ? ctx->device->pipeline_ggrad_gemm_wide_f32[tile - 1]
+                                                  : ctx->device->pipeline_ggrad_gemm_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
     const auto misalign = ggml_vk_ggrad_misalign;
     vk_subbuffer a_buf = ggml_vk_tensor_subbuffer(ctx, A, true);
@@ -426,7 +438,7 @@ static void ggml_vk_ggrad_gemm(ggml_backend_vk_context * ctx, vk_context& subctx
         misalign(a_buf, A), misalign(b_buf, B), misalign(o_buf, dst), bias ? misalign(bias_buf, bias) : 0u,
     };
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { a_buf, b_buf, bias_buf, o_buf }, pc,
-                              { (uint32_t) CEIL_DIV(s.N, 64), (uint32_t) CEIL_DIV(s.M, 64), (uint32_t) (s.b2*s.b3) });
+                              { (uint32_t) CEIL_DIV(s.N, tn), (uint32_t) CEIL_DIV(s.M, tm), (uint32_t) (s.b2*s.b3) });
 }
 
 // Adam over one or two parameters (ggrad_adamw_group.comp): an invocation per element of
@@ -1189,7 +1201,8 @@ def patch(tree: Path) -> None:
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
                  "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
-                 "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_qmatmul_back.comp", "ggrad_ieee.glsl"):
+                 "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_gemm_wide.comp", "ggrad_qmatmul_back.comp",
+                 "ggrad_ieee.glsl"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
     for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
@@ -1219,7 +1232,9 @@ def patch(tree: Path) -> None:
          '    string_to_spv("ggrad_fold_f32", "ggrad_fold.comp", {});\n'
          '    string_to_spv("ggrad_running_f32", "ggrad_running.comp", {});\n'
          '    string_to_spv("ggrad_adamw_group_f32", "ggrad_adamw_group.comp", {});\n'
-         '    string_to_spv("ggrad_gemm_f32", "ggrad_gemm.comp", {});\n'),
+         '    string_to_spv("ggrad_gemm_f32", "ggrad_gemm.comp", {});\n'
+         + "".join(f'    string_to_spv("ggrad_gemm_{tm}x{tn}_f32", "ggrad_gemm_wide.comp", {{{{"TM", "{tm}u"}}, {{"TN", "{tn}u"}}}});\n'
+                   for tm, tn in (tile.split("x") for tile in GEMM_WIDE_TILES))),
     ])
     _patch_file(vk / "vulkan-shaders" / "vulkan-shaders-gen.cpp", [
         ('        string_to_spv("get_rows_" + tname + "_f32", shader, merge_maps(base_dict, {{"TEMP_TYPE", "FLOAT_TYPE"}, '
@@ -1260,6 +1275,20 @@ def patch(tree: Path) -> None:
          "FLOAT_TYPE(data_b[get_boffset() + src1_idx(i00, i01, i02, i03)])))"),
     ])
     _patch_file(vk / "ggml-vulkan.cpp", [
+        # GGML_VK_PERF_LOGGER names ggrad's nodes by kernel, a GEMM by its tile, sizes and FLOPs
+        ("class vk_perf_logger {\n", f'#include "ggrad_gemm.h"  // {MARK}: the perf logger\n\nclass vk_perf_logger {{\n'),
+        ("        if (node->op == GGML_OP_UNARY) {\n            return fusion_str + ggml_unary_op_name(ggml_get_unary_op(node));\n"
+         "        }\n",
+         "        if (node->op == GGML_OP_UNARY) {\n            return fusion_str + ggml_unary_op_name(ggml_get_unary_op(node));\n"
+         f"        }}\n        if (node->op == GGML_OP_GGRAD) {{  // {MARK}\n"
+         "            const int kernel = ggml_get_op_params_i32(node, 0);\n"
+         '            std::string name = fusion_str + "GGRAD " + std::to_string(kernel);\n'
+         "            ggrad_gemm_shape s;\n"
+         "            if (kernel == 6 && ggrad_gemm_plan(node, &s)) {\n"
+         '                name += " tile=" + std::to_string(ggml_get_op_params_i32(node, 4)) + " m=" + std::to_string(s.M) +\n'
+         '                        " n=" + std::to_string(s.N) + " k=" + std::to_string(s.K) + " batch=" + std::to_string(s.b2*s.b3);\n'
+         "                *n_flops = 2 * (uint64_t) s.M * s.N * s.K * s.b2 * s.b3;\n"
+         "            }\n            return name;\n        }\n"),
         ("GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0, 0.0f, 0.0f, 0.0f, 0.0f });\n}\n",
          "GGML_OP_SILU_BACK, { (uint32_t)ggml_nelements(src0), 0,\n"
          f"        (float)ggml_get_op_params_i32(dst, 0), ggml_get_op_params_f32(dst, 1), 0.0f, 0.0f }}); /* {MARK} */\n}}\n"
@@ -1273,6 +1302,7 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
          "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32, pipeline_ggrad_gemm_f32;\n"
+         "    vk_pipeline pipeline_ggrad_gemm_wide_f32[3];\n"
          "    vk_pipeline pipeline_ggrad_qmatmul_back[GGML_TYPE_COUNT];\n"),
         ("struct vk_op_push_constants {\n",
          "struct vk_op_ggrad_push_constants {\n    uint32_t C, N, x_stride, t_stride, d_stride, o_stride;\n"
@@ -1318,6 +1348,9 @@ def patch(tree: Path) -> None:
          'ggrad_adamw_group_f32_len, ggrad_adamw_group_f32_data, "main", 9, 11 * sizeof(uint32_t), {256, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_gemm_f32, "ggrad_gemm_f32", '
          'ggrad_gemm_f32_len, ggrad_gemm_f32_data, "main", 4, 19 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         + "".join(f'    ggml_vk_create_pipeline(device, device->pipeline_ggrad_gemm_wide_f32[{i}], "ggrad_gemm_{tile}_f32", '
+                   f'ggrad_gemm_{tile}_f32_len, ggrad_gemm_{tile}_f32_data, "main", 4, 19 * sizeof(uint32_t), {{1, 1, 1}}, {{}}, 1);\n'
+                   for i, tile in enumerate(GEMM_WIDE_TILES))
          + "".join(f'    ggml_vk_create_pipeline(device, device->pipeline_ggrad_qmatmul_back[GGML_TYPE_{name.upper()}], '
                    f'"ggrad_qmatmul_back_{name}", ggrad_qmatmul_back_{name}_len, ggrad_qmatmul_back_{name}_data, '
                    f'"main", 3, 7 * sizeof(uint32_t), {{1, 1, 1}}, {{}}, 1);\n' for name in QMATMUL_BACK_TYPES)),

@@ -705,6 +705,50 @@ def test_linear_layers_with_bias_equal_float64(dev, rows, inner, outs):
         np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-4)
 
 
+# products for Vulkan's wide tiles: (A's shape as stored, B's, read transposed?, bias?, the tile)
+WIDE_TILE_PRODUCTS = {
+    "128x128, partial tiles, k not in slices of 8": ((200, 37), (37, 300), (False, False), False, 1),
+    "128x128, both transposed": ((37, 200), (300, 37), (True, True), False, 1),
+    "128x64 rows, B transposed, bias": ((260, 45), (70, 45), (False, True), True, 2),
+    "64x128 columns, A transposed, k of 5": ((5, 33), (5, 260), (True, False), False, 3),
+    "128x128 batched, B shared": ((3, 130, 24), (24, 129), (False, False), False, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(WIDE_TILE_PRODUCTS))
+def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
+    """Vulkan's GEMM on set 48's tiles of 128 (gemm_wide, forced on and for every size): the
+    tile asked in op_params[4], and the same bits as the 64x64 shader (the same fma's in k
+    order), which equal float64's; tiles cut unevenly, transposed reads, a bias, a batch over
+    one shared operand, a sum shorter than the shader's slice of 8."""
+    from ggrad import ops
+    if dev.split(":")[0] != "vulkan" or not _gemm_loaded() or kernels.version() < 48:
+        pytest.skip(f"{dev}: not a Vulkan device with set 48's GEMM shaders")
+    shape_a, shape_b, (ta, tb), with_bias, tile = WIDE_TILE_PRODUCTS[case]
+    rng = np.random.default_rng(len(case))
+    a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
+    bias = rng.standard_normal(shape_b[0]).astype(np.float32)
+
+    def product(a, b, bias):
+        a, b = (a.transpose(-1, -2) if ta else a), b.T if tb else b
+        return F.linear(a, b.T, bias) if with_bias else a @ b
+    variant = kernels.variant
+    results = []
+    for wide in (False, True):
+        monkeypatch.setattr(kernels, "variant", lambda backend, name: (name == "gemm_wide" and wide) or
+                            (name != "gemm_wide" and variant(backend, name)))
+        monkeypatch.setattr(ops, "VULKAN_GEMM_WIDE_MIN_TILES", 1)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"gemm_wide {wide}")
+        step = ggrad.compile(product)
+        results.append(step(*(ggrad.tensor(v) for v in (a, b, bias))).numpy())
+        gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        assert [n.op_params[4] for n in gemms] == [tile if wide else 0], [n.op_params[4] for n in gemms]
+    np.testing.assert_array_equal(results[1], results[0])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    a64, b64 = (np.swapaxes(a64, -1, -2) if ta else a64), b64.T if tb else b64
+    np.testing.assert_allclose(results[1], a64 @ b64 + (bias if with_bias else 0), rtol=1e-5, atol=1e-4)
+
+
 def test_products_propagate_nan_and_inf_as_torch(dev):
     """NaN and infinities in either operand: the same outputs are NaN and infinite as
     torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""

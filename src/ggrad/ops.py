@@ -350,6 +350,21 @@ VULKAN_GEMM_LONG_K = 4096
 VULKAN_GEMM_SPLIT_TILES = 4
 VULKAN_GEMM_SPLIT_WORKGROUPS = 256  # parts times tiles, at most (~2 a multiprocessor of an H200)
 VULKAN_GEMM_SPLIT_ROWS = 256  # rows of the sum a part, at least
+# Larger products take ggrad_gemm_wide.comp's tiles of 128 rows and/or columns (set 48: up to
+# 8x8 outputs an invocation, twice the multiply-adds per value read of the 64x64 tile's 4x4),
+# where they still give this many workgroups (~one a multiprocessor of an H100, 132).
+VULKAN_GEMM_WIDE_MIN_TILES = 128
+_WIDE_TILES = {(128, 128): 1, (128, 64): 2, (64, 128): 3}  # (rows, columns) -> op_params[4]
+
+
+def _vulkan_tile(dev_backend, m: int, n: int, batches: int) -> int:
+    """The GEMM shader's tile for an m x n product (op_params[4]: 0 for 64x64, else
+    _WIDE_TILES's): 128 along each side of at least 128, where enough tiles remain."""
+    tm, tn = 128 if m >= 128 else 64, 128 if n >= 128 else 64
+    if (tm, tn) not in _WIDE_TILES or not kernels.variant(dev_backend, "gemm_wide") or \
+            -(-m // tm) * -(-n // tn) * batches < VULKAN_GEMM_WIDE_MIN_TILES:
+        return 0
+    return _WIDE_TILES[tm, tn]
 
 
 def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int, flags: list[int]):
@@ -417,6 +432,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
                 by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k, flags) \
                     if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
                 return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
+            flags.append(_vulkan_tile(dev_backend, m, n, b2 * b3))
         in_place = [_read_in_place(ctx, a), _read_in_place(ctx, b)]
         result = None
         if in_place != [a, b]:  # the kernel reads strided rows and batches: try the views first

@@ -202,10 +202,14 @@ UNVERIFIED: dict[str, set[int]] = {}
 # im2col_x4: CUDA's IM2COL a block per row (im2col_rows) with op_params[8] = 1 writes four
 # values of a column with one store where the columns come in fours (set 47; H100, 2026-12-06:
 # the columns' bit test, forced off and on, and test_conv passed with it).
+# gemm_wide: ggrad's GEMM (kernel 6) on Vulkan with op_params[4] naming a tile of 128 rows
+# and/or columns (ggrad_gemm_wide.comp, set 48; the same sums in the same order as the 64x64
+# tile's shader).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
-               "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+               "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
+               "gemm_wide": ("vulkan", 48, 4)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"vulkan": {"gemm_wide"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
