@@ -58,7 +58,9 @@
   128x128, 128x64 and 64x128 tiles, 8x8 outputs an invocation at most, shared memory read as
   vec4, the next slice loaded while one is multiplied; the same sums in the same order as the
   64x64 shader), the tile named by op_params[4] (ggrad chooses it); ggml-vulkan's perf logger
-  names ggrad's kernels by number, a product's by its sizes and FLOPs.
+  names ggrad's kernels by number, a product's by its sizes and FLOPs. On CUDA (set 48): a
+  product with a bias (one, no batches) is one cuBLASLt call with its bias epilogue where
+  op_params[5] asks (ggml-cuda links cuBLASLt).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -1170,6 +1172,11 @@ def patch(tree: Path) -> None:
          "        im2col_cuda<nv_bfloat16>(src1_d, (nv_bfloat16 *) dst_d, IW, IH, OW, OH, KW, KH, IC, N, IC_IH_IW, IH_IW, s0, s1, p0, p1, d0, d1, stream);\n"
          "        return;\n    }\n"
          "    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16("),
+    ])
+    # cuBLASLt for the GEMM's bias epilogue (set 48); ggml's static builds link it already
+    _patch_file(cuda / "CMakeLists.txt", [
+        ("        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas)\n",
+         f"        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)  # {MARK}\n"),
     ])
     _patch_file(cuda / "binbcast.cu", [
         ("template <typename T>\nstatic void repeat_back_cuda(", CUDA_REPEAT_BACK),

@@ -749,6 +749,34 @@ def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
     np.testing.assert_allclose(results[1], a64 @ b64 + (bias if with_bias else 0), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("low", [None, "bfloat16"])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low, offset):
+    """CUDA's GEMM adding a linear layer's bias in cuBLASLt's epilogue (gemm_bias_epilogue,
+    forced off and on): op_params[5] asks for it, and both equal float64's over the operands
+    as multiplied (rounded to bfloat16 under autocast); an input one element into its rows
+    (4-byte aligned, 2 in bfloat16: cuBLASLt is told so) included."""
+    if dev.split(":")[0] != "cuda" or kernels.version() < 48:
+        pytest.skip(f"{dev}: not CUDA with set 48")
+    rng = np.random.default_rng(7 + offset)
+    a, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((70, 97), (40, 96), (40,)))
+    variant = kernels.variant
+    for on in (False, True):
+        monkeypatch.setattr(kernels, "variant", lambda backend, name: (name == "gemm_bias_epilogue" and on) or
+                            (name != "gemm_bias_epilogue" and variant(backend, name)))
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"bias epilogue {on}")
+
+        @ggrad.compile
+        def step(x, weight, bias):
+            with ggrad.autocast(dtype=ggrad.bfloat16, enabled=low is not None):
+                return F.linear(x[:, offset:offset + 96], weight, bias)
+        got = step(*(ggrad.tensor(v) for v in (a, w, b))).numpy()
+        gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        assert [n.op_params[5] for n in gemms] == [int(on)], [n.op_params[5] for n in gemms]
+        x64, w64 = (torch.tensor(v).to(torch.bfloat16).double().numpy() if low else v.astype(np.float64) for v in (a, w))
+        np.testing.assert_allclose(got, x64[:, offset:offset + 96] @ w64.T + b, rtol=1e-5, atol=1e-4)
+
+
 def test_products_propagate_nan_and_inf_as_torch(dev):
     """NaN and infinities in either operand: the same outputs are NaN and infinite as
     torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""

@@ -40,6 +40,13 @@
 #                                      Vulkan ResNet's and mlp-large's ("medium") steps op by op while it builds
 #   bash bench/gpu/session.sh set47e   ~290 s: the ResNet (bf16 and "high") with every layer's product per image
 #                                      against the rows layout for the deep layers
+#   bash bench/gpu/session.sh set48    ~420 s: set 48's wide GEMM tiles on the Vulkan device (its wheel carried in
+#                                      .wheels): tested, each product shape timed every way
+#                                      (bench/gpu/vulkan_gemm.py), the cnn, ResNet and MLPs with and without
+#                                      them, the ResNet op by op
+#   bash bench/gpu/session.sh set48b   ~450 s (~200 s after set48 on a warm machine): CUDA's bias in cuBLASLt's
+#                                      epilogue tested, the bf16 block and the MLPs timed with and without
+#                                      it, the block's kernels with programmatic dependent launch off and on
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -326,6 +333,41 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "resnet bf16 at $(el) s"
     cu timeout $(( 350 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models resnet --cuda-graph --blocks 2 --steps 6 --without rows_layout > $OUT/conv-cuda.txt 2>&1 ;;
+  set48)
+    build_cuda_in_background  # for set48b, if it follows within the machine's idle time
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 120 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      -k "vulkan and (wide or products or long_sums or linear or budget or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vk timeout 120 python3 bench/gpu/vulkan_gemm.py > $OUT/vulkan-gemm.txt 2>&1
+    echo "vulkan products at $(el) s"
+    vk timeout 120 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+      --steps 4 --without gemm_wide > $OUT/conv-vulkan.txt 2>&1
+    echo "conv-vulkan at $(el) s"
+    vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision high --models mlp-large \
+      mlp-mnist --cuda-graph --blocks 3 --without gemm_wide > $OUT/mlp-vulkan.txt 2>&1
+    echo "mlp-vulkan at $(el) s"
+    vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout $(( 585 - $(el) )) python3 \
+      bench/gpu/vulkan_ops.py --model resnet > $OUT/vulkan-ops-resnet.txt 2>&1 ;;
+  set48b)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_amp.py \
+      -k "cuda and (epilogue or linear or products or budget or bias)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 3 --without gemm_bias_epilogue > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models mlp-small \
+      mlp-mnist mlp-large --cuda-graph --blocks 3 --without gemm_bias_epilogue > $OUT/mlp-cuda.txt 2>&1
+    echo "mlps at $(el) s"
+    for pdl in 0 1; do
+      cu env GGML_CUDA_PDL=$pdl timeout 40 python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
+        --amp bf16 --precision high --kernels --repeats 3 > $OUT/profile-block-pdl$pdl.txt 2>&1
+    done
+    echo "profiles at $(el) s" ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -337,6 +379,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -46,13 +46,14 @@ def ways():
     never, always = math.inf, 0
     refuse_gemm = (kernels, "supported", lambda backend, kernel, s=kernels.supported: kernel != kernels.GEMM and s(backend, kernel))
     wide_on = (kernels, "variant", lambda backend, name, v=kernels.variant: name == "gemm_wide" or v(backend, name))
+    parts = [(ops, "VULKAN_GEMM_MIN_TILES", never), (ops, "VULKAN_GEMM_SPLIT_TILES", never)]
     return {
         "ggml mul_mat": [refuse_gemm],
         "tile 64": [(ops, "VULKAN_GEMM_WIDE_MIN_TILES", never), (ops, "VULKAN_GEMM_MIN_TILES", 0)],
         "wide": [wide_on, (ops, "VULKAN_GEMM_WIDE_MIN_TILES", always), (ops, "VULKAN_GEMM_MIN_TILES", 0)],
-        "parts 64": [(ops, "VULKAN_GEMM_MIN_TILES", never), (ops, "VULKAN_GEMM_SPLIT_TILES", never)],
-        "parts 64, 512 wg": [(ops, "VULKAN_GEMM_MIN_TILES", never), (ops, "VULKAN_GEMM_SPLIT_TILES", never),
-                             (ops, "VULKAN_GEMM_SPLIT_WORKGROUPS", 512)],
+        "parts, tile 64": parts + [(ops, "VULKAN_GEMM_WIDE_MIN_TILES", never)],
+        "parts, wide": parts + [wide_on, (ops, "VULKAN_GEMM_WIDE_MIN_TILES", always)],
+        "parts, 512 wg, tile 64": parts + [(ops, "VULKAN_GEMM_SPLIT_WORKGROUPS", 512), (ops, "VULKAN_GEMM_WIDE_MIN_TILES", never)],
         "as ggrad chooses": [wide_on],
     }
 

@@ -8,6 +8,8 @@
 #include "ggrad_pool.h"
 #include "convert.cuh"
 
+#include <cublasLt.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -199,6 +201,68 @@ static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b,
     pc[i] = c + i*c_step;
 }
 
+// the largest power of two, up to 256, that divides an address (cuBLASLt's heuristic assumes
+// 256 unless told)
+static uint32_t ggrad_alignment(const void * p) {
+    uint32_t a = 256;
+    while (a > 1 && (uintptr_t) p % a != 0) {
+        a /= 2;
+    }
+    return a;
+}
+
+// C = op(A) op(B) + bias as one cuBLASLt call with its bias epilogue (set 48; PyTorch's Linear
+// does the same), where cublasGemmEx and ggrad_add_rows_f32 were two kernels: the sum
+// rounded, then the bias added and rounded, as the ADD node it replaces. One product, no
+// batches. False where cuBLASLt offers no algorithm (the caller then adds the bias itself).
+static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggrad_gemm_shape & s, ggml_tensor * dst,
+                                     const cudaDataType_t type, const cublasComputeType_t compute) {
+    static cublasLtHandle_t handles[GGML_CUDA_MAX_DEVICES] = {};
+    if (handles[ctx.device] == nullptr) {
+        CUBLAS_CHECK(cublasLtCreate(&handles[ctx.device]));
+    }
+    const uint64_t M = s.M, N = s.N, K = s.K;
+    const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    const void * bias = dst->src[2]->data;
+    cublasLtMatmulDesc_t desc;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    // column-major, as cuBLAS: C^T (N x M) = op(B)^T op(A)^T, each operand described as it is stored
+    cublasLtMatrixLayout_t lb, la, lc;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.tb ? K : N, s.tb ? N : K, s.b.ld));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.ta ? M : K, s.ta ? K : M, s.a.ld));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    const size_t workspace = 4 << 20;
+    const uint32_t align_b = ggrad_alignment(s.b.data), align_a = ggrad_alignment(s.a.data), align_c = ggrad_alignment(dst->data);
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof(align_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof(align_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+    cublasLtMatmulHeuristicResult_t found;
+    int count = 0;
+    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handles[ctx.device], desc, lb, la, lc, lc, pref, 1, &found, &count);
+    const bool usable = asked == CUBLAS_STATUS_SUCCESS && count > 0;
+    if (usable) {
+        const float alpha = 1.0f, beta = 0.0f;
+        ggml_cuda_pool_alloc<char> scratch(ctx.pool(), found.workspaceSize > 0 ? found.workspaceSize : 1);
+        CUBLAS_CHECK(cublasLtMatmul(handles[ctx.device], desc, &alpha, s.b.data, lb, s.a.data, la, &beta, dst->data, lc,
+                                    dst->data, lc, &found.algo, scratch.get(), found.workspaceSize, ctx.stream()));
+    }
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    return usable;
+}
+
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
     GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
@@ -214,6 +278,12 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int64_t step_a = ggrad_gemm_step(A, s.a_r2), step_b = ggrad_gemm_step(B, s.b_r2);
     const bool low = A->type != GGML_TYPE_F32;
     const cudaDataType_t low_type = A->type == GGML_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cublasComputeType_t compute = !low && ggml_get_op_params_i32(dst, 3) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (dst->src[2] != nullptr && s.b2*s.b3 == 1 && ggml_get_op_params_i32(dst, 5) == 1 &&
+        ggrad_gemm_bias_epilogue(ctx, s, dst, low ? low_type : CUDA_R_32F, compute)) {
+        CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
+        return;
+    }
     if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
         const int64_t batches = s.b2*s.b3;
         ggml_cuda_pool_alloc<const void *> pointers(ctx.pool(), 3*batches);
@@ -223,7 +293,6 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*sizeof(float));
         CUDA_CHECK(cudaGetLastError());
         const cudaDataType_t type = low ? low_type : CUDA_R_32F;
-        const cublasComputeType_t compute = !low && ggml_get_op_params_i32(dst, 3) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         CUBLAS_CHECK(cublasGemmBatchedEx(handle, op_b, op_a, N, M, K, &alpha, pb, type, ldb, pa, type, lda, &beta,
                                          (void **) pc, CUDA_R_32F, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
     } else if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {  // batches along one axis, evenly strided

@@ -371,6 +371,7 @@ def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: i
     """op(a) @ op(b) (2-d, rows of unit stride) as one GEMM over `parts` batches of K/parts
     terms of the sum each, a workgroup a tile and part, the parts' products then added
     (REPEAT_BACK, in order); None where the sum does not split so."""
+    from . import runtime
     ca, cb = a.contents, b.contents
     if any(t.ne[2] != 1 or t.ne[3] != 1 or t.nb[0] != 4 for t in (ca, cb)):
         return None
@@ -388,7 +389,8 @@ def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: i
             return G.ggml_view_3d(ctx, t, c.ne[0], terms, parts, c.nb[1], c.nb[1] * terms, 0)
         return G.ggml_view_3d(ctx, t, terms, c.ne[1], parts, c.nb[1], terms * 4, 0)
     operands = [in_parts(a, trans_a), in_parts(b, not trans_b)]
-    products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, flags))
+    tile = _vulkan_tile(runtime.current().backend, m, n, parts)
+    products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, flags + [tile]))
     if products is None:
         return None
     summed = _repeat_back(ctx, G.ggml_reshape_2d(ctx, products, n * m, parts), template(ctx, (1, n * m)))
@@ -416,8 +418,11 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added = [] if bias is None else [bias]
 
+    # CUDA adds a bias in cuBLASLt's epilogue (op_params[5], set 48), not in a kernel after the product
+    epilogue = [0, 1] if bias is not None and b2 * b3 == 1 and kernels.variant(dev_backend, "gemm_bias_epilogue") else []
+
     def product(operands, flags):
-        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags))
+        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags + epilogue))
     if arg[1] is not None:
         if not kernels.variant(dev_backend, "gemm_low"):
             return None

@@ -205,11 +205,13 @@ UNVERIFIED: dict[str, set[int]] = {}
 # gemm_wide: ggrad's GEMM (kernel 6) on Vulkan with op_params[4] naming a tile of 128 rows
 # and/or columns (ggrad_gemm_wide.comp, set 48; the same sums in the same order as the 64x64
 # tile's shader).
+# gemm_bias_epilogue: ggrad's GEMM on CUDA with op_params[5] = 1 adds a bias (one product, no
+# batches) in cuBLASLt's epilogue, not in a kernel after cuBLAS's product (set 48).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
                "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
-               "gemm_wide": ("vulkan", 48, 4)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"vulkan": {"gemm_wide"}}
+               "gemm_wide": ("vulkan", 48, 4), "gemm_bias_epilogue": ("cuda", 48, 5)}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"vulkan": {"gemm_wide"}, "cuda": {"gemm_bias_epilogue"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
