@@ -183,6 +183,7 @@ def _with_setting(runner, module, name: str, value):
 PYTHON_CHOICES = {
     "batched_transposes": ("ggrad.ops", "_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
     "gemm_parts": ("ggrad.ops", "VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
+    "gemm_parts_many": ("ggrad.ops", "VULKAN_GEMM_SPLIT_TILES", 4),  # ... of up to 63 tiles, not 4 (set 47)
     # stride-1 convolutions' input gradients as convolutions (CUDA), not folded columns
     "input_gradient_conv": ("ggrad.functional.conv", "INPUT_GRADIENT_CONV_KINDS", frozenset()),
     # sums over many rows (bias gradients) as products with a row of ones (CUDA), not REPEAT_BACK
@@ -302,7 +303,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, input_gradient_conv, row_sum_product, rows_layout): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")

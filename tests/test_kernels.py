@@ -642,16 +642,17 @@ def test_vulkan_leaves_products_to_ggmls_matrix_cores_at_medium(dev, monkeypatch
     (4096, 16, 0, 1),  # the forward: a 16 x 8 output (one tile) over 4096 terms, in 16 parts
     (4095, 16, 0, 0),  # one term short of the bound
     (24, 4096, 0, 1),  # the weight's gradient, g.T @ x: 8 x 24 (one tile) over the 4096 rows, in 16 parts
+    (600, 4096, 0, 1),  # 8 x 600 (10 tiles) over 4096 rows, in parts too (set 48; set 47 split at most 4 tiles)
     (24, 4095, 0, 0),
     (24, 4097, 1, 0),  # 4097 rows do not split in parts of at least 256: ggml's
     (4097, 16, 1, 0),
 ])
 def test_vulkan_splits_or_leaves_products_of_few_tiles_over_long_sums(dev, inner, rows, ggml_products, split):
     """Vulkan's GEMM shader gives a tile one workgroup: a product of fewer than 64 output
-    tiles over 4096 terms or more goes to ggml's mul_mat, which splits the sum, except a
-    weight gradient of at most 4 tiles, which ggml splits too few ways: the shader takes
-    its rows in parts (a batched GEMM) and REPEAT_BACK adds the parts. The other products
-    of the step (64 tiles, or short sums) stay on the shader."""
+    tiles over 4096 terms or more is taken in parts, which ggml's mul_mat splits too few
+    ways: the shader takes its rows in parts (a batched GEMM) and REPEAT_BACK adds the
+    parts; a sum that does not split so goes to ggml's mul_mat. The other products of the
+    step (64 tiles, or short sums) stay on the shader."""
     if dev.split(":")[0] != "vulkan" or not _gemm_loaded():
         pytest.skip(f"{dev}: not a Vulkan device with the GEMM kernel")
     counts = _product_step_counts(inner=inner, rows=rows)
@@ -751,15 +752,19 @@ def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
 
 @pytest.mark.parametrize("low", [None, "bfloat16"])
 @pytest.mark.parametrize("offset", [0, 1])
-def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low, offset):
+@pytest.mark.parametrize("batch", [(), (3,)])
+def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low, offset, batch):
     """CUDA's GEMM adding a linear layer's bias in cuBLASLt's epilogue (gemm_bias_epilogue,
-    forced off and on): op_params[5] asks for it, and both equal float64's over the operands
-    as multiplied (rounded to bfloat16 under autocast); an input one element into its rows
-    (4-byte aligned, 2 in bfloat16: cuBLASLt is told so) included."""
+    forced off and on, at any size): op_params[5] asks for it, and both equal float64's over
+    the operands as multiplied (rounded to bfloat16 under autocast); an input one element
+    into its rows (4-byte aligned, 2 in bfloat16: cuBLASLt is told so), and batches of rows
+    (one product in the kernel) included."""
+    from ggrad import ops
     if dev.split(":")[0] != "cuda" or kernels.version() < 48:
         pytest.skip(f"{dev}: not CUDA with set 48")
+    monkeypatch.setattr(ops, "BIAS_EPILOGUE_MIN_OUTPUTS", 0)
     rng = np.random.default_rng(7 + offset)
-    a, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((70, 97), (40, 96), (40,)))
+    a, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in (batch + (70, 97), (40, 96), (40,)))
     variant = kernels.variant
     for on in (False, True):
         monkeypatch.setattr(kernels, "variant", lambda backend, name: (name == "gemm_bias_epilogue" and on) or
@@ -769,12 +774,12 @@ def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low
         @ggrad.compile
         def step(x, weight, bias):
             with ggrad.autocast(dtype=ggrad.bfloat16, enabled=low is not None):
-                return F.linear(x[:, offset:offset + 96], weight, bias)
+                return F.linear(x[..., offset:offset + 96], weight, bias)
         got = step(*(ggrad.tensor(v) for v in (a, w, b))).numpy()
         gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
         assert [n.op_params[5] for n in gemms] == [int(on)], [n.op_params[5] for n in gemms]
         x64, w64 = (torch.tensor(v).to(torch.bfloat16).double().numpy() if low else v.astype(np.float64) for v in (a, w))
-        np.testing.assert_allclose(got, x64[:, offset:offset + 96] @ w64.T + b, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(got, x64[..., offset:offset + 96] @ w64.T + b, rtol=1e-5, atol=1e-4)
 
 
 def test_products_propagate_nan_and_inf_as_torch(dev):

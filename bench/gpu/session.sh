@@ -47,6 +47,10 @@
 #   bash bench/gpu/session.sh set48b   ~450 s (~200 s after set48 on a warm machine): CUDA's bias in cuBLASLt's
 #                                      epilogue tested, the bf16 block and the MLPs timed with and without
 #                                      it, the block's kernels with programmatic dependent launch off and on
+#   bash bench/gpu/session.sh set48c   ~400 s: Vulkan's products in parts up to 63 tiles tested and timed (cnn,
+#                                      ResNet, the weight gradients' shapes), mlp-large's products at
+#                                      "medium"; CUDA's bias epilogue on the bf16 block's large products;
+#                                      the Vulkan ResNet again
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -59,8 +63,9 @@ cu() { PYTHONPATH=/tmp/ggml-cuda:/tmp/site:src "$@"; }
 # the CUDA wheel of this tree's kernels (~250 s on 16 cores), unless this machine has it
 build_cuda_in_background() {
   rm -f /tmp/build.done  # a warm machine's earlier build says nothing of this tree's
-  ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 bash scripts/build_cuda.sh .wheels/ggml_python-0.0.45.tar.gz \
-      $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
+  # niced: the timings that run meanwhile (set 48's Vulkan products moved 2x beside a build at full priority)
+  ( ls $wheel/*.whl >/dev/null 2>&1 || GGML_NO_BUILD_ISOLATION=1 nice -n 19 bash scripts/build_cuda.sh \
+      .wheels/ggml_python-0.0.45.tar.gz $wheel > /tmp/build.log 2>&1; echo "rc $? at $(el) s" > /tmp/build.done ) &
 }
 # waits for it until $1 s into the call; false (and says so) where it is not built by then
 cuda_wheel_installed() {
@@ -368,6 +373,29 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
         --amp bf16 --precision high --kernels --repeats 3 > $OUT/profile-block-pdl$pdl.txt 2>&1
     done
     echo "profiles at $(el) s" ;;
+  set48c)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
+      -k "vulkan and (splits or long_sums or budget or test_equals_torch or wide)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vk timeout 90 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
+      --steps 4 --without gemm_parts_many > $OUT/conv-vulkan.txt 2>&1
+    echo "conv-vulkan at $(el) s"
+    vk timeout 40 python3 bench/gpu/vulkan_gemm.py --shapes "resnet l1 weight" "resnet l2 weight" "resnet l3 weight" \
+      > $OUT/vulkan-gemm.txt 2>&1
+    vk timeout 40 python3 bench/gpu/vulkan_gemm.py --medium --shapes mlp-large > $OUT/vulkan-gemm-medium.txt 2>&1
+    echo "vulkan products at $(el) s"
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
+      -k "cuda and (epilogue or linear or products or budget)" > $OUT/tests-cuda.txt 2>&1
+    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
+      --cuda-graph --blocks 3 --without gemm_bias_epilogue > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    vk timeout $(( 585 - $(el) )) python3 bench/train_step.py --device vulkan --torch-device cuda --models resnet \
+      --blocks 2 --steps 4 > $OUT/resnet-vulkan-again.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -379,6 +407,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -340,15 +340,18 @@ def _vulkan_matrix_cores_take(low: int) -> bool:
 # over 131072 pixels, 9 tiles) runs on a few of the GPU's cores, where ggml's mul_mat splits
 # the sum among workgroups. H200 (2026-12-06), every float32 product on the shader against
 # ggml's: cnn 18.2 vs 8.1 ms, ResNet-18 55.4 vs 49.7 ms; the MLPs' products (sums over the
-# batch, 128-512) gained from it. Such products stay ggml's, except those of at most
-# VULKAN_GEMM_SPLIT_TILES tiles (a convolution's weight gradient over few channels, a linear
-# layer of few outputs over many inputs): ggml's mul_mat splits their sums only a few ways
-# (H200: the ResNet stem's 27 x 64 over 131072 pixels took 7.1 ms, 64 GFLOP/s; the cnn's
-# 9 x 32, 4.4 ms of a 7 ms step), so the shader takes them in parts.
+# batch, 128-512) gained from it. The shader takes such products in parts, its sums cut
+# into batches of at least VULKAN_GEMM_SPLIT_ROWS terms, the parts' products then added:
+# ggml's mul_mat splits their sums only a few ways (H200: the ResNet stem's 27 x 64 over
+# 131072 pixels took 7.1 ms, 64 GFLOP/s; the cnn's 9 x 32, 4.4 ms of a 7 ms step). Set 48
+# (H100, bench/gpu/vulkan_gemm.py): in parts up to 512 workgroups, the ResNet's weight
+# gradients of 9 and 36 tiles took 1.21 and 1.06 ms against ggml's 3.07 and 1.30 (parts
+# up to 256 workgroups: 1.65 and 1.39), so every product of fewer tiles than
+# VULKAN_GEMM_MIN_TILES is taken so (set 47: at most 4 tiles) where its sum splits.
 VULKAN_GEMM_MIN_TILES = 64
 VULKAN_GEMM_LONG_K = 4096
-VULKAN_GEMM_SPLIT_TILES = 4
-VULKAN_GEMM_SPLIT_WORKGROUPS = 256  # parts times tiles, at most (~2 a multiprocessor of an H200)
+VULKAN_GEMM_SPLIT_TILES = VULKAN_GEMM_MIN_TILES - 1
+VULKAN_GEMM_SPLIT_WORKGROUPS = 512  # parts times tiles, at most (~4 a multiprocessor of an H100)
 VULKAN_GEMM_SPLIT_ROWS = 256  # rows of the sum a part, at least
 # Larger products take ggrad_gemm_wide.comp's tiles of 128 rows and/or columns (set 48: up to
 # 8x8 outputs an invocation, twice the multiply-adds per value read of the 64x64 tile's 4x4),
@@ -397,6 +400,12 @@ def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: i
     return G.ggml_reshape_2d(ctx, summed, n, m)
 
 
+# H100 (set 48): cuBLASLt's bias epilogue made mlp-small's 64 x 64 products slower (0.093 vs
+# 0.082 ms a step, three of them) and mlp-large's 512 x 4096 neither; a separate bias add
+# takes ~35 us over the bf16 block's 8192 x 512 outputs
+BIAS_EPILOGUE_MIN_OUTPUTS = 1 << 22
+
+
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     """op(a) @ op(b) over the last two axes, in torch's terms (op transposes where asked),
     plus `bias` on every row where given, as ggrad's GEMM kernel: float32 products through
@@ -418,8 +427,10 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added = [] if bias is None else [bias]
 
-    # CUDA adds a bias in cuBLASLt's epilogue (op_params[5], set 48), not in a kernel after the product
-    epilogue = [0, 1] if bias is not None and b2 * b3 == 1 and kernels.variant(dev_backend, "gemm_bias_epilogue") else []
+    # CUDA adds a large product's bias in cuBLASLt's epilogue (op_params[5], set 48) where B is
+    # one matrix (a linear layer's weight; the kernel takes batches of A's rows as one product)
+    epilogue = [0, 1] if bias is not None and ne_b[2] * ne_b[3] == 1 and \
+        m * n * b2 * b3 >= BIAS_EPILOGUE_MIN_OUTPUTS and kernels.variant(dev_backend, "gemm_bias_epilogue") else []
 
     def product(operands, flags):
         return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags + epilogue))
