@@ -51,6 +51,9 @@
 #                                      ResNet, the weight gradients' shapes), mlp-large's products at
 #                                      "medium"; CUDA's bias epilogue on the bf16 block's large products;
 #                                      the Vulkan ResNet again
+#   bash bench/gpu/session.sh set48d   ~560 s: set 48's rows for issues 25, 28, 29: Vulkan's mlp-large at "medium"
+#                                      (timed, op by op), CUDA's ResNet, cnn, MLPs and bf16 block at
+#                                      "high", "highest" and bf16, Adam alone
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -396,6 +399,27 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     vk timeout $(( 585 - $(el) )) python3 bench/train_step.py --device vulkan --torch-device cuda --models resnet \
       --blocks 2 --steps 4 > $OUT/resnet-vulkan-again.txt 2>&1 ;;
+  set48d)
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium --models mlp-large \
+      --cuda-graph --blocks 3 > $OUT/mlp-large-vulkan-medium.txt 2>&1
+    vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 60 python3 bench/gpu/vulkan_ops.py \
+      --model mlp-large --precision medium > $OUT/vulkan-ops-mlp-large.txt 2>&1
+    echo "vulkan mlp-large at $(el) s"
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models resnet block --cuda-graph --blocks 2 --steps 6 > $OUT/bf16-cuda.txt 2>&1
+    echo "bf16 at $(el) s"
+    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet cnn \
+      mlp-small mlp-mnist mlp-large --cuda-graph --blocks 2 --steps 6 > $OUT/high-cuda.txt 2>&1
+    echo "high at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision highest --models resnet \
+      mlp-small mlp-mnist mlp-large --cuda-graph --blocks 2 --steps 6 > $OUT/highest-cuda.txt 2>&1
+    echo "highest at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e8 \
+      > $OUT/adam-cuda.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -407,6 +431,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
