@@ -409,14 +409,14 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --model mlp-large --precision medium > $OUT/vulkan-ops-mlp-large.txt 2>&1
     echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 330 || exit 1
-    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models resnet block --cuda-graph --blocks 2 --steps 6 > $OUT/bf16-cuda.txt 2>&1
-    echo "bf16 at $(el) s"
-    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet cnn \
+    cu timeout 110 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models resnet cnn \
       mlp-small mlp-mnist mlp-large --cuda-graph --blocks 2 --steps 6 > $OUT/high-cuda.txt 2>&1
     echo "high at $(el) s"
-    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision highest --models resnet \
-      mlp-small mlp-mnist mlp-large --cuda-graph --blocks 2 --steps 6 > $OUT/highest-cuda.txt 2>&1
+    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models resnet block --cuda-graph --blocks 2 --steps 6 > $OUT/bf16-cuda.txt 2>&1
+    echo "bf16 at $(el) s"
+    cu timeout $(( 550 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision highest \
+      --models resnet --cuda-graph --blocks 2 --steps 6 > $OUT/highest-cuda.txt 2>&1
     echo "highest at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e8 \
       > $OUT/adam-cuda.txt 2>&1 ;;
