@@ -76,6 +76,14 @@ cuda_wheel_installed() {
   cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; return 1; }
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
 }
+# the CUDA tests of the files $3... matching $2 (in $1 s at most), into tests-cuda.txt
+cuda_tests() {
+  local limit=$1 filter=$2
+  shift 2
+  cu timeout "$limit" python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short "$@" -k "cuda and ($filter)" \
+    > $OUT/tests-cuda.txt 2>&1
+  echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+}
 setup_vulkan() { OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1; }
 # Vulkan's kernel and convolution tests matching $1, then the cnn and ResNet timed with and
 # without $2 (in $3 s at most)
@@ -362,9 +370,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
-    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_amp.py \
-      -k "cuda and (epilogue or linear or products or budget or bias)" > $OUT/tests-cuda.txt 2>&1
-    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cuda_tests 60 "epilogue or linear or products or budget or bias" tests/test_kernels.py tests/test_amp.py
     cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
       --cuda-graph --blocks 3 --without gemm_bias_epilogue > $OUT/block-cuda.txt 2>&1
     echo "block at $(el) s"
@@ -391,9 +397,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk timeout 40 python3 bench/gpu/vulkan_gemm.py --medium --shapes mlp-large > $OUT/vulkan-gemm-medium.txt 2>&1
     echo "vulkan products at $(el) s"
     cuda_wheel_installed 330 || exit 1
-    cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_kernels.py \
-      -k "cuda and (epilogue or linear or products or budget)" > $OUT/tests-cuda.txt 2>&1
-    echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+    cuda_tests 60 "epilogue or linear or products or budget" tests/test_kernels.py
     cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
       --cuda-graph --blocks 3 --without gemm_bias_epilogue > $OUT/block-cuda.txt 2>&1
     echo "block at $(el) s"
