@@ -54,6 +54,7 @@
 #   bash bench/gpu/session.sh set48d   ~560 s: set 48's rows for issues 25, 28, 29: Vulkan's mlp-large at "medium"
 #                                      (timed, op by op), CUDA's ResNet, cnn, MLPs and bf16 block at
 #                                      "high", "highest" and bf16, Adam alone
+#   bash bench/gpu/session.sh set48e   ~100 s: Vulkan's MLPs at "medium", batches on the device against uploaded
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -424,6 +425,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "highest at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e8 \
       > $OUT/adam-cuda.txt 2>&1 ;;
+  set48e)
+    # ~100 s: Vulkan's mlp-large at "medium" with its batches uploaded each step and on the device
+    # (set48d: 1.82 ms a step against 1.09 ms of its nodes serialized)
+    setup_vulkan
+    for data in device host; do
+      vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large mlp-mnist --cuda-graph --blocks 3 --data $data > $OUT/mlp-vulkan-medium-$data.txt 2>&1
+      echo "data on the $data at $(el) s"
+    done ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -435,6 +445,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
