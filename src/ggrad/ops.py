@@ -370,7 +370,7 @@ def _vulkan_tile(dev_backend, m: int, n: int, batches: int) -> int:
     return _WIDE_TILES[tm, tn]
 
 
-def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int, flags: list[int]):
+def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int):
     """op(a) @ op(b) (2-d, rows of unit stride) as one GEMM over `parts` batches of K/parts
     terms of the sum each, a workgroup a tile and part, the parts' products then added
     (REPEAT_BACK, in order); None where the sum does not split so."""
@@ -393,7 +393,8 @@ def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: i
         return G.ggml_view_3d(ctx, t, terms, c.ne[1], parts, c.nb[1], terms * 4, 0)
     operands = [in_parts(a, trans_a), in_parts(b, not trans_b)]
     tile = _vulkan_tile(runtime.current().backend, m, n, parts)
-    products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, flags + [tile]))
+    params = _gemm_params(trans_a, trans_b, False, tile)  # Vulkan's shader: float32 sums
+    products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, params))
     if products is None:
         return None
     summed = _repeat_back(ctx, G.ggml_reshape_2d(ctx, products, n * m, parts), template(ctx, (1, n * m)))
@@ -426,39 +427,46 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     k = ne_a[1] if trans_a else ne_a[0]
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added = [] if bias is None else [bias]
+    tf32, tile = arg[1] is None and arg[0] != "highest", 0
+    # CUDA adds a large product's bias in cuBLASLt's epilogue (set 48) where B is one matrix (a
+    # linear layer's weight; the kernel takes batches of A's rows over it as one product)
+    epilogue = bias is not None and ne_b[2] * ne_b[3] == 1 and m * n * b2 * b3 >= BIAS_EPILOGUE_MIN_OUTPUTS and \
+        kernels.variant(dev_backend, "gemm_bias_epilogue")
 
-    # CUDA adds a large product's bias in cuBLASLt's epilogue (op_params[5], set 48) where B is
-    # one matrix (a linear layer's weight; the kernel takes batches of A's rows as one product)
-    epilogue = [0, 1] if bias is not None and ne_b[2] * ne_b[3] == 1 and \
-        m * n * b2 * b3 >= BIAS_EPILOGUE_MIN_OUTPUTS and kernels.variant(dev_backend, "gemm_bias_epilogue") else []
-
-    def product(operands, flags):
-        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, flags + epilogue))
+    def product(operands):
+        params = _gemm_params(trans_a, trans_b, tf32, tile, epilogue)
+        return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, params))
     if arg[1] is not None:
         if not kernels.variant(dev_backend, "gemm_low"):
             return None
-        result = _gemm_low(ctx, a, b, DTYPES[arg[1]], [int(trans_a), int(trans_b), 0], product)
+        result = _gemm_low(ctx, a, b, DTYPES[arg[1]], product)
     else:
-        flags = [int(trans_a), int(trans_b), int(arg[0] != "highest")]
         if dev_backend.info.kind == "vulkan":
             tiles = -(-m // 64) * -(-n // 64) * b2 * b3
             if precision.vulkan_float16_on(dev_backend.info.name):
                 return None
             if tiles < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K:
-                by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k, flags) \
+                by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k) \
                     if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
                 return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
-            flags.append(_vulkan_tile(dev_backend, m, n, b2 * b3))
+            tile = _vulkan_tile(dev_backend, m, n, b2 * b3)
         in_place = [_read_in_place(ctx, a), _read_in_place(ctx, b)]
         result = None
         if in_place != [a, b]:  # the kernel reads strided rows and batches: try the views first
-            result = product(in_place, flags)
+            result = product(in_place)
         if result is None:
-            result = product([a, b], flags)
+            result = product([a, b])
     return None if result is None else G.ggml_reshape_4d(ctx, result, n, m, b2, b3)
 
 
-def _gemm_low(ctx, a, b, low: int, flags: list[int], product):
+def _gemm_params(trans_a: bool, trans_b: bool, tf32: bool, tile: int = 0, bias_epilogue: bool = False) -> list[int]:
+    """The GEMM node's op_params[1:6]: A and B read transposed; TF32 allowed (CUDA, float32
+    operands); Vulkan's tile (set 48, _vulkan_tile); CUDA's bias in cuBLASLt's epilogue (set 48).
+    Every backend's node has every slot; each reads its own."""
+    return [int(trans_a), int(trans_b), int(tf32), tile, int(bias_epilogue)]
+
+
+def _gemm_low(ctx, a, b, low: int, product):
     """_gemm's product under autocast (CUDA, set 46): the operands in the low type `low`,
     float32 sums into a float32 result, each operand read as the view it is (a transpose,
     attention's heads) of its storage cast whole, once in the graph: a weight, an activation
@@ -467,7 +475,7 @@ def _gemm_low(ctx, a, b, low: int, flags: list[int], product):
     flags)` is _gemm's GEMM node over them, or None."""
     copies = [lambda x=x: as_type(ctx, x, low) for x in (a, b)]  # the operands as they are, cast (copies of views)
     views = [_low_view(ctx, _read_in_place(ctx, x), low) or copy() for x, copy in zip((a, b), copies)]
-    return product(views, flags) or product([copy() for copy in copies], flags)
+    return product(views) or product([copy() for copy in copies])
 
 
 def _read_in_place(ctx, t):
