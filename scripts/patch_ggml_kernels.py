@@ -1173,7 +1173,7 @@ def patch(tree: Path) -> None:
          "        return;\n    }\n"
          "    if(dst->type == GGML_TYPE_F16) {\n        im2col_cuda_f16("),
     ])
-    # cuBLASLt for the GEMM's bias epilogue (set 48); ggml's static builds link it already
+    # cuBLASLt for the GEMM's bias epilogue (set 48); ggml's static builds off Windows link it already
     _patch_file(cuda / "CMakeLists.txt", [
         ("        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas)\n",
          f"        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)  # {MARK}\n"),

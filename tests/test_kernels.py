@@ -660,14 +660,14 @@ def test_vulkan_splits_or_leaves_products_of_few_tiles_over_long_sums(dev, inner
     assert counts.get("REPEAT_BACK", 0) == split, counts
 
 
-@pytest.mark.parametrize("rows", [4096, 8192 + 256])
-def test_weight_gradients_over_long_sums_equal_float64(dev, rows):
+@pytest.mark.parametrize("rows, features", [(4096, 24), (8192 + 256, 24), (4096, 600)])
+def test_weight_gradients_over_long_sums_equal_float64(dev, rows, features):
     """A linear layer's weight gradient over thousands of rows and its output over thousands
     of inputs, and a convolution's weight gradient (Vulkan: sums in parts, the parts added
-    after) equal float64's."""
+    after; 600 features: 10 tiles of the weight's gradient) equal float64's."""
     rng = np.random.default_rng(4)
-    x, g = rng.standard_normal((rows, 24)), rng.standard_normal((rows, 8))
-    w = ggrad.tensor(np.zeros((8, 24), np.float32), requires_grad=True)
+    x, g = rng.standard_normal((rows, features)), rng.standard_normal((rows, 8))
+    w = ggrad.tensor(np.zeros((8, features), np.float32), requires_grad=True)
     with ggrad.grad_tape():
         ((ggrad.tensor(x.astype(np.float32)) @ w.T) * ggrad.tensor(g.astype(np.float32))).sum().backward()
     np.testing.assert_allclose(w.grad.numpy(), g.T @ x, rtol=1e-5, atol=2e-3)  # sums of ~100 (float32: ~1e-5 each)
@@ -706,13 +706,18 @@ def test_linear_layers_with_bias_equal_float64(dev, rows, inner, outs):
         np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-4)
 
 
-# products for Vulkan's wide tiles: (A's shape as stored, B's, read transposed?, bias?, the tile)
+# products for Vulkan's wide tiles: (A's shape as stored, B's, read transposed?, bias?, the
+# tile, A's first element into its rows)
 WIDE_TILE_PRODUCTS = {
-    "128x128, partial tiles, k not in slices of 8": ((200, 37), (37, 300), (False, False), False, 1),
-    "128x128, both transposed": ((37, 200), (300, 37), (True, True), False, 1),
-    "128x64 rows, B transposed, bias": ((260, 45), (70, 45), (False, True), True, 2),
-    "64x128 columns, A transposed, k of 5": ((5, 33), (5, 260), (True, False), False, 3),
-    "128x128 batched, B shared": ((3, 130, 24), (24, 129), (False, False), False, 1),
+    "128x128, partial tiles, k not in slices of 8": ((200, 37), (37, 300), (False, False), False, 1, 0),
+    "128x128, both transposed": ((37, 200), (300, 37), (True, True), False, 1, 0),
+    "128x64 rows, B transposed, bias": ((260, 45), (70, 45), (False, True), True, 2, 0),
+    "64x128 columns, A transposed, k of 5": ((5, 33), (5, 260), (True, False), False, 3, 0),
+    "128x128 batched, B shared": ((3, 130, 24), (24, 129), (False, False), False, 1, 0),
+    "128x128 batched, both batched": ((3, 130, 24), (3, 24, 129), (False, False), False, 1, 0),
+    "128x64 rows, B as stored": ((140, 30), (30, 40), (False, False), False, 2, 0),
+    "64x128 columns, A as stored": ((50, 19), (19, 200), (False, False), False, 3, 0),
+    "128x128, A one element into its rows": ((200, 38), (37, 300), (False, False), False, 1, 1),
 }
 
 
@@ -720,18 +725,19 @@ WIDE_TILE_PRODUCTS = {
 def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
     """Vulkan's GEMM on set 48's tiles of 128 (gemm_wide, forced on and for every size): the
     tile asked in op_params[4], and the same bits as the 64x64 shader (the same fma's in k
-    order), which equal float64's; tiles cut unevenly, transposed reads, a bias, a batch over
-    one shared operand, a sum shorter than the shader's slice of 8."""
+    order), which equal float64's; tiles cut unevenly, each operand read transposed and as
+    stored, a bias, batches of both operands and over one shared operand, a sum shorter than
+    the shader's slice of 8, an operand at an offset into its storage."""
     from ggrad import ops
     if dev.split(":")[0] != "vulkan" or not _gemm_loaded() or kernels.version() < 48:
         pytest.skip(f"{dev}: not a Vulkan device with set 48's GEMM shaders")
-    shape_a, shape_b, (ta, tb), with_bias, tile = WIDE_TILE_PRODUCTS[case]
+    shape_a, shape_b, (ta, tb), with_bias, tile, offset = WIDE_TILE_PRODUCTS[case]
     rng = np.random.default_rng(len(case))
     a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
     bias = rng.standard_normal(shape_b[0]).astype(np.float32)
 
     def product(a, b, bias):
-        a, b = (a.transpose(-1, -2) if ta else a), b.T if tb else b
+        a, b = (a.transpose(-1, -2) if ta else a[..., offset:]), b.T if tb else b
         return F.linear(a, b.T, bias) if with_bias else a @ b
     variant = kernels.variant
     results = []
@@ -744,9 +750,9 @@ def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
         results.append(step(*(ggrad.tensor(v) for v in (a, b, bias))).numpy())
         gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
         assert [n.op_params[4] for n in gemms] == [tile if wide else 0], [n.op_params[4] for n in gemms]
-    np.testing.assert_array_equal(results[1], results[0])
+    np.testing.assert_array_equal(results[1].view(np.uint32), results[0].view(np.uint32))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    a64, b64 = (np.swapaxes(a64, -1, -2) if ta else a64), b64.T if tb else b64
+    a64, b64 = (np.swapaxes(a64, -1, -2) if ta else a64[..., offset:]), b64.T if tb else b64
     np.testing.assert_allclose(results[1], a64 @ b64 + (bias if with_bias else 0), rtol=1e-5, atol=1e-4)
 
 

@@ -214,9 +214,19 @@ static uint32_t ggrad_alignment(const void * p) {
 // C = op(A) op(B) + bias as one cuBLASLt call with its bias epilogue (set 48; PyTorch's Linear
 // does the same), where cublasGemmEx and ggrad_add_rows_f32 were two kernels: the sum
 // rounded, then the bias added and rounded, as the ADD node it replaces. One product, no
-// batches. False where cuBLASLt offers no algorithm (the caller then adds the bias itself).
+// batches. False where it does not serve (the caller then adds the bias itself): a bias
+// not 16-byte aligned (the epilogue's loads; its heuristic has no preference for it), a
+// cuBLASLt before CUDA 12.1 (PyTorch keeps its epilogue off there for known bugs), no
+// algorithm, or a failed call.
 static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggrad_gemm_shape & s, ggml_tensor * dst,
                                      const cudaDataType_t type, const cublasComputeType_t compute) {
+#if CUDART_VERSION < 12010
+    GGML_UNUSED_VARS(ctx, s, dst, type, compute);
+    return false;
+#else
+    if ((uintptr_t) dst->src[2]->data % 16 != 0) {
+        return false;
+    }
     static cublasLtHandle_t handles[GGML_CUDA_MAX_DEVICES] = {};
     if (handles[ctx.device] == nullptr) {
         CUBLAS_CHECK(cublasLtCreate(&handles[ctx.device]));
@@ -248,19 +258,21 @@ static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggra
     cublasLtMatmulHeuristicResult_t found;
     int count = 0;
     const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handles[ctx.device], desc, lb, la, lc, lc, pref, 1, &found, &count);
-    const bool usable = asked == CUBLAS_STATUS_SUCCESS && count > 0;
-    if (usable) {
+    bool done = false;
+    if (asked == CUBLAS_STATUS_SUCCESS && count > 0) {
         const float alpha = 1.0f, beta = 0.0f;
         ggml_cuda_pool_alloc<char> scratch(ctx.pool(), found.workspaceSize > 0 ? found.workspaceSize : 1);
-        CUBLAS_CHECK(cublasLtMatmul(handles[ctx.device], desc, &alpha, s.b.data, lb, s.a.data, la, &beta, dst->data, lc,
-                                    dst->data, lc, &found.algo, scratch.get(), found.workspaceSize, ctx.stream()));
+        done = cublasLtMatmul(handles[ctx.device], desc, &alpha, s.b.data, lb, s.a.data, la, &beta, dst->data, lc,
+                              dst->data, lc, &found.algo, scratch.get(), found.workspaceSize, ctx.stream()) ==
+               CUBLAS_STATUS_SUCCESS;
     }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lc));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
-    return usable;
+    return done;
+#endif
 }
 
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {

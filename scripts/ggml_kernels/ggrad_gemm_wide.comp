@@ -7,7 +7,9 @@
 // the multiply-adds, shared memory is read as vec4 (rows and columns of an invocation lie
 // in runs of four, 64 apart), and the next slice of the operands is loaded into registers
 // while the current one is multiplied. The same sums as ggrad_gemm.comp, in k order, fma by
-// fma: both shaders give the same bits.
+// fma: both shaders give the same bits (on the H100's driver and lavapipe; neither declares
+// its sums precise), except a sum that comes to -0 where K is 8 past a multiple of 16 (the
+// 64x64 shader's zero padding then adds +0).
 
 layout(local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 
