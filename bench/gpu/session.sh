@@ -55,6 +55,7 @@
 #                                      (timed, op by op), CUDA's ResNet, cnn, MLPs and bf16 block at
 #                                      "high", "highest" and bf16, Adam alone
 #   bash bench/gpu/session.sh set48e   ~100 s: Vulkan's MLPs at "medium", batches on the device against uploaded
+#   bash bench/gpu/session.sh set48f   ~300 s: every Vulkan test of the suite on the device
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -434,6 +435,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
         --models mlp-large mlp-mnist --cuda-graph --blocks 3 --data $data > $OUT/mlp-vulkan-medium-$data.txt 2>&1
       echo "data on the $data at $(el) s"
     done ;;
+  set48f)
+    # ~300 s: the whole suite's Vulkan tests on the device with set 48
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 270 python3 -m pytest -q -n 12 -p no:cacheprovider --tb=short tests -k "vulkan" \
+      > $OUT/tests-vulkan-all.txt 2>&1
+    echo "vulkan suite at $(el) s: $(tail -1 $OUT/tests-vulkan-all.txt)" ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -445,6 +453,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
