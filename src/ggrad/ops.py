@@ -167,6 +167,24 @@ def template(ctx, shape, dtype=F32):
     return G.ggml_new_tensor(ctx, dtype, MAX_DIMS, ne)
 
 
+# backends whose readers of a per-row vector through its stride (the cross-entropy kernel's
+# gradient, set 48) are verified with a vector of stride 0; CUDA's kernel reads it so too, not
+# yet run on a GPU
+STRIDE_ZERO_KINDS = frozenset({"cpu", "vulkan"})
+
+
+def repeated_view(ctx, x, n: int):
+    """A one-value `x` seen as `n` values, a view of stride 0 (no copy), for a kernel that
+    reads a vector through its stride; None where the backend is not in STRIDE_ZERO_KINDS.
+    ggml's view checks its size against the source's as if contiguous, so the view is made
+    of one value and then widened."""
+    if backend_kind() not in STRIDE_ZERO_KINDS:
+        return None
+    view = G.ggml_view_1d(ctx, x, 1, 0)
+    view.contents.ne[0], view.contents.nb[0] = n, 0
+    return view
+
+
 def expand(ctx, x, shape):
     """`x` repeated (numpy broadcasting) to `shape`, unless it already has it."""
     if tuple(x.contents.ne) == ggml_ne(shape):

@@ -9,7 +9,7 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import autograd, checks, dtypes, replay, runtime
-from ..ops import compute, contiguous_rows, once_per_graph, template
+from ..ops import compute, contiguous_rows, once_per_graph, repeated_view, template
 from ..runtime import kernels
 from ._core import Tensor, _apply, _as_tensor, _float, cast, reshape, result_type, tensor
 from .compare import eq, ne, where
@@ -433,10 +433,12 @@ def _class_total_back(ctx, s, node):
     g, both = s
     if node.arg:
         g = G.ggml_div(ctx, g, _weights_sum(ctx, _class_sums(ctx, both)))
-    losses = G.ggml_repeat(ctx, g, template(ctx, (both.contents.ne[0],)))
-    padded = G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, both.contents.ne[0], 1), 0, 1, 0, 0)
-    # the kernel's gradient reads the losses' row before its padding (the PAD then leaves the graph)
-    once_per_graph(("losses' row", ctypes.addressof(padded.contents)), lambda: losses)
+    rows = both.contents.ne[0]
+    losses = G.ggml_repeat(ctx, g, template(ctx, (rows,)))
+    padded = G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, rows, 1), 0, 1, 0, 0)
+    # the kernel's gradient reads the losses' row before its padding (the PAD then leaves the
+    # graph): g itself through a stride of 0 where the backend reads it so (the REPEAT leaves too)
+    once_per_graph(("losses' row", ctypes.addressof(padded.contents)), lambda: repeated_view(ctx, g, rows) or losses)
     return padded
 
 
@@ -445,6 +447,8 @@ def _class_cross_entropy_kernel_back(ctx, s, node):
     # the losses' row of (rows, 2): class_total_back's before it was padded, else a view of it
     per_target = once_per_graph(("losses' row", ctypes.addressof(s[2].contents)),
                                 lambda: G.ggml_view_1d(ctx, s[2], s[2].contents.ne[0], 0))
-    logits, target, per_target = (contiguous_rows(ctx, x) for x in (s[0], s[1], per_target))
+    logits, target = contiguous_rows(ctx, s[0]), contiguous_rows(ctx, s[1])
+    if per_target.contents.nb[0] != 0:  # a repeated_view is read as it is
+        per_target = contiguous_rows(ctx, per_target)
     return kernels.op(ctx, kernels.CLASS_CROSS_ENTROPY_BACK, tuple(logits.contents.ne[:2]),
                       [logits, target, per_target, s[3] if len(s) > 3 else None], list(node.arg))
