@@ -489,8 +489,8 @@ def _gemm_low(ctx, a, b, low: int, product):
     float32 sums into a float32 result, each operand read as the view it is (a transpose,
     attention's heads) of its storage cast whole, once in the graph: a weight, an activation
     or a gradient is cast once for every product that reads it, where a cast of each view
-    copied it again (the bf16 block's 25 transposing copies and casts). `product(operands,
-    flags)` is _gemm's GEMM node over them, or None."""
+    copied it again (the bf16 block's 25 transposing copies and casts). `product(operands)`
+    is _gemm's GEMM node over them, or None."""
     copies = [lambda x=x: as_type(ctx, x, low) for x in (a, b)]  # the operands as they are, cast (copies of views)
     views = [_low_view(ctx, _read_in_place(ctx, x), low) or copy() for x, copy in zip((a, b), copies)]
     return product(views) or product([copy() for copy in copies])
