@@ -115,11 +115,13 @@ def test_llama_cpp_computes_what_ggrad_does(tmp_path):
 
 def test_llama_cpp_runs_quantized_bases_and_their_adapters_as_ggrad_does(tmp_path):
     """Legacy and K-quant bases (rows of 256 for the K-quants) kept in their blocks, with and
-    without a LoRA adapter: llama.cpp's logits at 1e-4 of the largest, the same greedy tokens.
-    Not Q4_0 and Q4_1: llama.cpp's CPU logits for them were 5.3e-3 and 3.9e-3 of the largest
-    off ggrad's (greedy tokens equal), each as far from the float model of the dequantized
-    weights as ggrad's (5.2e-3..5.9e-3: the activations' 8-bit rounding), so the two round
-    differently, not one wrongly (docs/llama_cpp.md)."""
+    without a LoRA adapter: llama.cpp's logits at 1e-4 of the largest (Q5_1: 1e-3), the same
+    greedy tokens. Not Q4_0 and Q4_1: llama.cpp's CPU logits for them were 5.3e-3 and 3.9e-3
+    of the largest off ggrad's (greedy tokens equal), each as far from the float model of the
+    dequantized weights as ggrad's (5.2e-3..5.9e-3: the activations' 8-bit rounding), so the
+    two round differently, not one wrongly (docs/llama_cpp.md). Q5_1 the same, less so: on
+    an AVX2-only machine (2026-12-06) 3.6e-4 apart, both 5.75e-3 from the float model (the
+    K-quants 2.7e-7 apart)."""
     ggrad.set_device("cpu")
     ggrad.manual_seed(2)
     float_model = Llama(LlamaConfig(**{**CONFIG.__dict__, "dim": 256, "ffn_dim": 256, "n_layers": 1}))
@@ -131,7 +133,8 @@ def test_llama_cpp_runs_quantized_bases_and_their_adapters_as_ggrad_does(tmp_pat
     theirs = llama_cpp(tmp_path, [(files[kind], "", TOKENS) for kind in kinds] + [(files["q4_k"], adapter, TOKENS)])
     for i, (name, model) in enumerate([*models.items(), ("q4_k+lora", adapted)]):
         logits, greedy = ggrad_run(model)
-        assert relative(logits, theirs[f"logits{i}"]) < 1e-4, (name, relative(logits, theirs[f"logits{i}"]))
+        tolerance = 1e-3 if name == "q5_1" else 1e-4
+        assert relative(logits, theirs[f"logits{i}"]) < tolerance, (name, relative(logits, theirs[f"logits{i}"]))
         assert greedy == theirs[f"greedy{i}"].tolist(), name
     assert relative(ggrad_run(models["q4_k"])[0], theirs[f"logits{len(kinds)}"]) > 1e-2  # the adapter moved them
 
