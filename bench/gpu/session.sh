@@ -56,6 +56,7 @@
 #                                      "high", "highest" and bf16, Adam alone
 #   bash bench/gpu/session.sh set48e   ~100 s: Vulkan's MLPs at "medium", batches on the device against uploaded
 #   bash bench/gpu/session.sh set48f   ~300 s: every Vulkan test of the suite on the device
+#   bash bench/gpu/session.sh set48g   ~80 s: the cross-entropy tests on the Vulkan device (its gradient's stride 0)
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -442,6 +443,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk timeout 270 python3 -m pytest -q -n 12 -p no:cacheprovider --tb=short tests -k "vulkan" \
       > $OUT/tests-vulkan-all.txt 2>&1
     echo "vulkan suite at $(el) s: $(tail -1 $OUT/tests-vulkan-all.txt)" ;;
+  set48g)
+    # ~80 s: the cross-entropy gradient through a stride of 0 on the Vulkan device
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_losses.py \
+      tests/test_train.py -k "vulkan and (cross_entropy or budget or nll or loss)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)" ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -453,6 +461,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
