@@ -149,6 +149,15 @@ def assert_close(dev: str, actual, desired, rtol: float = 1e-5, atol: float = 1e
         np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol, err_msg=err_msg)
 
 
+def set_variant(monkeypatch, name: str, on: bool) -> None:
+    """ggrad's nodes ask for the op variant `name` (kernels.OP_VARIANTS) where `on` and never
+    where not, whatever the device and the kernel set say (graphs built after this); the
+    other variants as before."""
+    from ggrad.runtime import kernels
+    variant = kernels.variant
+    monkeypatch.setattr(kernels, "variant", lambda backend, asked: on if asked == name else variant(backend, asked))
+
+
 def compiled_nodes(step) -> list:
     """The ggml compute nodes (their structs) of a compiled step's kept graphs, every capture's."""
     return [node.contents for kept in step._captures.values() for capture in kept

@@ -15,7 +15,7 @@ from ggrad.amp import GradScaler, autocast
 from ggrad.optim import SGD, Adam
 from ggrad.runtime import backend
 
-from conftest import run_in_child
+from conftest import run_in_child, set_variant
 
 LOW = {"bfloat16": (ggrad.bfloat16, ml_dtypes.bfloat16), "float16": (ggrad.float16, np.float16)}
 rng = np.random.default_rng(13)
@@ -316,11 +316,10 @@ def test_columns_written_in_the_low_type_equal_the_cast_columns(dev, monkeypatch
     def step(x):
         with autocast(dtype=ggrad.float16):
             return conv(x), conv1d(x[:, :, 0])
-    variant = kernels.variant
-    monkeypatch.setattr(kernels, "variant", lambda backend, name: name != "im2col_low" and variant(backend, name))
+    set_variant(monkeypatch, "im2col_low", False)
     plain = ggrad.compile(step)
     expected = [[y.numpy() for y in plain(ggrad.tensor(x_np))] for _ in range(2)][-1]
-    monkeypatch.setattr(kernels, "variant", lambda backend, name: name == "im2col_low" or variant(backend, name))
+    set_variant(monkeypatch, "im2col_low", True)
     monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "columns in float16")
     direct = ggrad.compile(step)
     got = [[y.numpy() for y in direct(ggrad.tensor(x_np))] for _ in range(2)][-1]

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="torch (the test oracle) is not inst
 
 import ggrad  # noqa: E402
 import ggrad.functional as F  # noqa: E402
-from conftest import assert_close, assert_resident_training, compiled_nodes  # noqa: E402
+from conftest import assert_close, assert_resident_training, compiled_nodes, set_variant  # noqa: E402
 
 TF = torch.nn.functional
 rng = np.random.default_rng(0)
@@ -214,8 +214,6 @@ def test_columns_written_four_at_a_time_are_the_same_bits(dev, monkeypatch, chan
     forced off and on: the float32 columns and an autocast convolution's bfloat16 columns (its
     output) are the same bits."""
     from ggrad.amp import autocast
-    from ggrad.runtime import kernels
-    variant = kernels.variant
     x = ggrad.tensor(f32(2, channels, 7, 9))
     w = ggrad.tensor(f32(4, channels, kernel, kernel))
 
@@ -225,8 +223,7 @@ def test_columns_written_four_at_a_time_are_the_same_bits(dev, monkeypatch, chan
         return F.unfold(x, kernel, padding=1), y
     results = []
     for on in (False, True):
-        monkeypatch.setattr(kernels, "variant", lambda b, name: (name == "im2col_x4" and on) or
-                            (name != "im2col_x4" and variant(b, name)))
+        set_variant(monkeypatch, "im2col_x4", on)
         monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"im2col_x4 {on}")
         compiled = ggrad.compile(step)
         results.append([[t.numpy() for t in compiled(x, w)] for _ in range(2)][-1])

@@ -16,7 +16,7 @@ from ggrad import nn
 from ggrad.functional import elementwise
 from ggrad.optim import Adam
 from ggrad.runtime import kernels
-from conftest import compiled_nodes
+from conftest import compiled_nodes, set_variant
 
 needs_kernels = pytest.mark.skipif(kernels.version() < 1, reason="ggml built without ggrad's kernel set")
 
@@ -162,12 +162,6 @@ def test_casts_between_float32_and_half_types_round_as_torchs(dev, low, n):
     np.testing.assert_array_equal(back[~np.isnan(rounded)].view(np.uint32), rounded[~np.isnan(rounded)].view(np.uint32))
 
 
-def _without_variant(monkeypatch, name: str) -> None:
-    """ggrad's nodes stop asking for ggml's changed op `name` (graphs built after this)."""
-    variant = kernels.variant
-    monkeypatch.setattr(kernels, "variant", lambda backend, asked: asked != name and variant(backend, asked))
-
-
 def test_a_transpose_over_four_axes_is_copied_as_one_over_three(dev):
     """A batch of transposed matrices spread over four axes (NHWC -> NCHW) is copied through
     a view of at most three axes with its rows' stride one value and its matrices packed:
@@ -219,7 +213,7 @@ def test_copies_of_views_equal_numpys_bit_for_bit(dev, monkeypatch, name, cast):
         return view(ggrad.tensor(x)).to(getattr(ggrad, cast)).float().numpy()
     got = copied()
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    _without_variant(monkeypatch, "copy_rows")
+    set_variant(monkeypatch, "copy_rows", False)
     np.testing.assert_array_equal(copied().view(np.uint32), got.view(np.uint32))
 
 
@@ -240,7 +234,7 @@ def test_a_graph_is_reused_only_under_the_choices_it_was_built_with(monkeypatch)
     monkeypatch.setattr(lazy, "BUILD_TAG", "another path")
     run()
     assert len(built) == 2
-    _without_variant(monkeypatch, "copy_rows")
+    set_variant(monkeypatch, "copy_rows", False)
     run()
     monkeypatch.setenv("GGRAD_UNVERIFIED_KERNELS", "1" if os.environ.get("GGRAD_UNVERIFIED_KERNELS") != "1" else "0")
     run()
@@ -768,11 +762,9 @@ def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
     def product(a, b, bias):
         a, b = (a.transpose(-1, -2) if ta else a[..., offset:]), b.T if tb else b
         return F.linear(a, b.T, bias) if with_bias else a @ b
-    variant = kernels.variant
     results = []
     for wide in (False, True):
-        monkeypatch.setattr(kernels, "variant", lambda backend, name: (name == "gemm_wide" and wide) or
-                            (name != "gemm_wide" and variant(backend, name)))
+        set_variant(monkeypatch, "gemm_wide", wide)
         monkeypatch.setattr(ops, "VULKAN_GEMM_WIDE_MIN_TILES", 1)
         monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"gemm_wide {wide}")
         step = ggrad.compile(product)
@@ -800,10 +792,8 @@ def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low
     monkeypatch.setattr(ops, "BIAS_EPILOGUE_MIN_OUTPUTS", 0)
     rng = np.random.default_rng(7 + offset)
     a, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in (batch + (70, 97), (40, 96), (40,)))
-    variant = kernels.variant
     for on in (False, True):
-        monkeypatch.setattr(kernels, "variant", lambda backend, name: (name == "gemm_bias_epilogue" and on) or
-                            (name != "gemm_bias_epilogue" and variant(backend, name)))
+        set_variant(monkeypatch, "gemm_bias_epilogue", on)
         monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"bias epilogue {on}")
 
         @ggrad.compile
@@ -1476,11 +1466,10 @@ def test_batch_norm_bookkeeping_is_two_nodes_in_the_buffers(dev, monkeypatch):
     batches = [(rng.standard_normal((4, 5, 6, 3)) * 3 + 1).astype(np.float32) for _ in range(3)]
     backend = ggrad.runtime.current().backend
     counting = kernels.variant(backend, "running_count")
-    variant = kernels.variant
     runs = []
     for counted in (True, False):
         if not counted:
-            monkeypatch.setattr(kernels, "variant", lambda b, name: name != "running_count" and variant(b, name))
+            set_variant(monkeypatch, "running_count", False)
         bn = nn.BatchNorm2d(5, momentum=0.3)
         buffers = (bn.running_mean, bn.running_var, bn.num_batches_tracked)
         pointers = [t.handle.ptr for t in buffers]
@@ -1648,7 +1637,7 @@ def test_the_fold_by_bands_sums_as_the_fold_by_values(dev, monkeypatch, shape, k
         return xs.grad.numpy()
     banded = input_gradient()
     np.testing.assert_allclose(banded, xt.grad.numpy(), rtol=1e-4, atol=1e-4)
-    _without_variant(monkeypatch, "fold_rows")
+    set_variant(monkeypatch, "fold_rows", False)
     np.testing.assert_array_equal(input_gradient().view(np.uint32), banded.view(np.uint32))
 
 
