@@ -388,11 +388,10 @@ def _vulkan_tile(dev_backend, m: int, n: int, batches: int) -> int:
     return _WIDE_TILES[tm, tn]
 
 
-def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int):
+def _gemm_by_parts(ctx, dev_backend, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: int):
     """op(a) @ op(b) (2-d, rows of unit stride) as one GEMM over `parts` batches of K/parts
     terms of the sum each, a workgroup a tile and part, the parts' products then added
     (REPEAT_BACK, in order); None where the sum does not split so."""
-    from . import runtime
     ca, cb = a.contents, b.contents
     if any(t.ne[2] != 1 or t.ne[3] != 1 or t.nb[0] != 4 for t in (ca, cb)):
         return None
@@ -410,7 +409,7 @@ def _gemm_by_parts(ctx, a, b, trans_a: bool, trans_b: bool, m: int, n: int, k: i
             return G.ggml_view_3d(ctx, t, c.ne[0], terms, parts, c.nb[1], c.nb[1] * terms, 0)
         return G.ggml_view_3d(ctx, t, terms, c.ne[1], parts, c.nb[1], terms * 4, 0)
     operands = [in_parts(a, trans_a), in_parts(b, not trans_b)]
-    tile = _vulkan_tile(runtime.current().backend, m, n, parts)
+    tile = _vulkan_tile(dev_backend, m, n, parts)
     params = _gemm_params(trans_a, trans_b, False, tile)  # Vulkan's shader: float32 sums
     products = _supported(kernels.op(ctx, kernels.GEMM, (n, m * parts), operands, params))
     if products is None:
@@ -464,7 +463,7 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
             if precision.vulkan_float16_on(dev_backend.info.name):
                 return None
             if tiles < VULKAN_GEMM_MIN_TILES and k >= VULKAN_GEMM_LONG_K:
-                by_parts = _gemm_by_parts(ctx, a, b, trans_a, trans_b, m, n, k) \
+                by_parts = _gemm_by_parts(ctx, dev_backend, a, b, trans_a, trans_b, m, n, k) \
                     if tiles <= VULKAN_GEMM_SPLIT_TILES and bias is None else None
                 return None if by_parts is None else G.ggml_reshape_4d(ctx, by_parts, n, m, 1, 1)
             tile = _vulkan_tile(dev_backend, m, n, b2 * b3)
@@ -1067,9 +1066,8 @@ ROW_SUM_PRODUCT_MIN_ROWS = 2048
 def _row_sums_by_product(ctx, x):
     """The sums of x's rows (ggml (N, R): R rows of N) as ones (1 x R) @ x on the GEMM kernel,
     (1, N); None where it does not serve (then REPEAT_BACK sums them)."""
-    from . import runtime
     rows = x.contents.ne[1]
-    if runtime.current().backend.info.kind not in ROW_SUM_PRODUCT_KINDS or rows < ROW_SUM_PRODUCT_MIN_ROWS:
+    if backend_kind() not in ROW_SUM_PRODUCT_KINDS or rows < ROW_SUM_PRODUCT_MIN_ROWS:
         return None
     ones = once_per_graph(("ones", rows), lambda: G.ggml_fill(ctx, template(ctx, (1, rows)), 1.0))
     return _gemm(ctx, ones, x, False, False, ("highest", None))

@@ -205,8 +205,9 @@ UNVERIFIED: dict[str, set[int]] = {}
 # gemm_wide: ggrad's GEMM (kernel 6) on Vulkan with op_params[4] naming a tile of 128 rows
 # and/or columns (ggrad_gemm_wide.comp, set 48; the same sums in the same order as the 64x64
 # tile's shader; H100, 2026-12-06: the wide tiles' bits and test_kernels' products passed).
-# gemm_bias_epilogue: ggrad's GEMM on CUDA with op_params[5] = 1 adds a bias (one product, no
-# batches) in cuBLASLt's epilogue, not in a kernel after cuBLAS's product (set 48; H100,
+# gemm_bias_epilogue: ggrad's GEMM on CUDA with op_params[5] = 1 adds a bias (one product after
+# the kernel took batches of rows over one B as one) in cuBLASLt's epilogue, not in a kernel
+# after cuBLAS's product (set 48; H100,
 # 2026-12-06: the epilogue's float64 equalities and test_kernels' products passed).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
