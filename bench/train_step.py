@@ -190,6 +190,8 @@ PYTHON_CHOICES = {
     "row_sum_product": ("ggrad.ops", "ROW_SUM_PRODUCT_KINDS", frozenset()),
     # the rows layout for deep convolution layers (few pixels per channel): every layer per image
     "rows_layout": ("ggrad.functional.conv", "PER_IMAGE_PIXELS_PER_CHANNEL", 0),
+    # the cross-entropy gradient reading the loss's gradient through a stride of 0, not REPEATed
+    "stride_zero": ("ggrad.ops", "STRIDE_ZERO_KINDS", frozenset()),
 }
 
 
@@ -303,7 +305,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
