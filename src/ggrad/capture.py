@@ -359,7 +359,9 @@ class _Refused(Exception):
 class Compiled:
     """A step function that is traced once per argument signature and then replayed."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, warn: bool = True) -> None:
+        """`warn`: say once when calls keep failing to be captured (library code that
+        falls back on its own passes False)."""
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.reason: str | None = None  # why the last trace was not captured
@@ -368,7 +370,7 @@ class Compiled:
         self._epoch = replay.epoch()
         self._dev = None  # the device the kept graphs belong to
         self._failures = 0
-        self._warned = False
+        self._warned = not warn
         _compiled.add(self)
 
     @property

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, capture, dtypes, lazy
+from .. import autograd, capture, dtypes, lazy, replay
 from .. import functional as F
 from ..runtime.critical import critical
 from ..tensor import Tensor, realize, zeros_like
@@ -71,6 +71,12 @@ def float32(t: Tensor | None) -> Tensor | None:
 def count_group_step(shared: dict) -> None:
     """A replayed step's advance of a group's host step count (capture.on_replay)."""
     shared["step"] += 1
+
+
+def _count_writes(writes: list[tuple[Tensor, int]]) -> None:
+    """A replayed step's in-place writes, counted as the recorded step counted them."""
+    for t, count in writes:
+        t._version += count
 
 
 def store(target: Tensor, value: Tensor) -> None:
@@ -250,9 +256,81 @@ class Optimizer:
     # ---- the step -----------------------------------------------------------------------
     def step(self) -> None:
         """Add `.grad` into the accumulator; every `accumulate_steps`-th call, update.
-        A step is recorded whole or not at all: a Ctrl-C inside it is raised after it."""
+        A step is recorded whole or not at all: a Ctrl-C inside it is raised after it.
+
+        A step over gradients already computed, with nothing else recorded (after a
+        collective averaged them, or a value was read), is not recorded again each time:
+        it runs at once as its kept graph (`_kept_step`), the same update without the
+        Python that records it."""
         with critical():
-            self._step()
+            params = self._kept_step_params()
+            if params is None:
+                self._step()
+            else:
+                self._run_kept_step(params)
+
+    # A step's kept graph, per optimizer (capture.Compiled over `_step_over`); False where
+    # the class is not ggrad's own: a subclass written elsewhere may compute from Python
+    # state (a host bias correction) that a replay would freeze, so its steps are recorded.
+    _kept_step: Any = None
+
+    def _kept_step_params(self) -> list[Tensor] | None:
+        """Every parameter, when this step can run as its kept graph: nothing recorded is
+        pending (the step would otherwise join that graph, one dispatch), each gradient is
+        a computed value, the step writes in place and nothing is being traced or taped.
+        After k refused traces in a row (state made inside the first steps, RAdam's
+        unrectified start), the next 2^k steps are recorded without trying."""
+        kept = self._kept_step
+        if kept is None:
+            kept = self._kept_step = self._make_kept_step()
+        if kept is False or not self.in_place or replay.tracing() or autograd.is_recording() or lazy.has_pending_work():
+            return None
+        if self._kept_epoch != replay.epoch():  # the step's state was replaced: try afresh
+            self._kept_refusals, self._kept_wait, self._kept_epoch = 0, 0, replay.epoch()
+        if self._kept_wait:
+            self._kept_wait -= 1
+            return None
+        params = [p for group in self.param_groups for p in group["params"]]
+        if any(p._grad is not None and p._grad.node.op is not None for p in params):
+            return None
+        return params
+
+    def _make_kept_step(self):
+        if not type(self).__module__.startswith("ggrad."):
+            return False
+        self._kept_refusals, self._kept_wait, self._kept_epoch = 0, 0, replay.epoch()
+        return capture.Compiled(self._step_over, warn=False)
+
+    def _run_kept_step(self, params: list[Tensor]) -> None:
+        """Replay the step's kept graph over this call's gradients (trace it if none fits)."""
+        kept = self._kept_step
+        which = tuple([i for i, p in enumerate(params) if p._grad is not None])
+        grads = [params[i]._grad for i in which]
+        traces = kept.traces
+        for i in which:  # passed as arguments: a gradient held before the call is not one the trace may keep
+            params[i]._grad = None
+        try:
+            kept(which, *grads)
+        finally:
+            for i, g in zip(which, grads):
+                params[i]._grad = g
+        if kept.traces > traces and kept.reason is not None:
+            self._kept_refusals += 1
+            self._kept_wait = 2 ** min(self._kept_refusals, 10)
+        else:
+            self._kept_refusals = 0
+
+    def _step_over(self, which: tuple[int, ...], *grads: Tensor) -> None:
+        """`_kept_step`'s function: the step with the given parameters' gradients. A replay
+        repeats the trace's in-place version counts (autograd checks them)."""
+        params = [p for group in self.param_groups for p in group["params"]]
+        for i, g in zip(which, grads):
+            params[i]._grad = g
+        written = params + self._state_tensors()
+        before = [t._version for t in written]
+        self._step()
+        changed = [(t, t._version - version) for t, version in zip(written, before) if t._version != version]
+        capture.on_replay(advance=functools.partial(_count_writes, changed))
 
     def _step(self) -> None:
         self._micro_steps += 1
@@ -290,7 +368,8 @@ class Optimizer:
                     updated.append(index)
                     self._update_group(index, group, items, self._lr_tensor(index))
         if capture.tracing():
-            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters()),
+            counts = self._count_offsets(stepped, updated)
+            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated, counts),
                               functools.partial(self._advance, stepped, updated))
 
     # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
@@ -320,9 +399,18 @@ class Optimizer:
             ([(k, v) for k, v in g.items() if k not in ("params", "lr")],
              tuple(p.requires_grad for p in g["params"])) for g in self.param_groups]
 
-    def _replayable(self, apply: bool, hyperparameters: list) -> bool:
+    def _count_offsets(self, stepped: list[dict], updated: list[int]) -> tuple[int, ...]:
+        """How far apart the step counts of the stepped parameters and their groups are: a
+        parameter that skipped steps since (no gradient in an eager step) has its own bias
+        corrections, which a replay of shared ones would not give it."""
+        base = stepped[0]["step"] if stepped else 0
+        return tuple([s["step"] - base for s in stepped] + [self.group_state[i].get("step", base) - base for i in updated])
+
+    def _replayable(self, apply: bool, hyperparameters: list, stepped: list[dict], updated: list[int],
+                    counts: tuple[int, ...]) -> bool:
         """Whether the next step does what the captured one did."""
-        return self.next_step_applies == apply and self._hyperparameters() == hyperparameters
+        return (self.next_step_applies == apply and self._hyperparameters() == hyperparameters
+                and self._count_offsets(stepped, updated) == counts)
 
     def _advance(self, stepped: list[dict], updated: list[int]) -> None:
         """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
