@@ -57,6 +57,9 @@
 #   bash bench/gpu/session.sh set48e   ~100 s: Vulkan's MLPs at "medium", batches on the device against uploaded
 #   bash bench/gpu/session.sh set48f   ~300 s: every Vulkan test of the suite on the device
 #   bash bench/gpu/session.sh set48g   ~80 s: the cross-entropy tests on the Vulkan device (its gradient's stride 0)
+#   bash bench/gpu/session.sh set49    ~450 s: the optimizer's kept step tested on CUDA and the Vulkan device, Adam
+#                                      alone timed on both; the cross-entropy gradient's stride 0 tested on CUDA,
+#                                      the MLPs at "high" with and without it
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -450,6 +453,24 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk timeout 120 python3 -m pytest -q -n 8 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_losses.py \
       tests/test_train.py -k "vulkan and (cross_entropy or budget or nll or loss)" > $OUT/tests-vulkan.txt 2>&1
     echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)" ;;
+  set49)
+    # ~450 s: the optimizer's kept step (Adam alone) and the cross-entropy gradient's stride 0
+    # on CUDA, tested and timed; Adam alone on the Vulkan device while the wheel builds
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_optim.py \
+      -k "vulkan and (kept or skipped or in_place_in_one or follow)" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vk timeout 60 python3 bench/adam_only.py --device vulkan --torch-device cuda --sizes 1e6 1e8 > $OUT/adam-vulkan.txt 2>&1
+    echo "vulkan adam at $(el) s"
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 90 "kept or skipped or in_place_in_one or follow or cross_entropy or budget" tests/test_optim.py \
+      tests/test_kernels.py tests/test_losses.py
+    cu timeout 60 python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e7 1e8 > $OUT/adam-cuda.txt 2>&1
+    echo "cuda adam at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 3 --without stride_zero > $OUT/mlp-cuda.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -461,6 +482,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

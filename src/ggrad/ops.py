@@ -168,9 +168,8 @@ def template(ctx, shape, dtype=F32):
 
 
 # backends whose readers of a per-row vector through its stride (the cross-entropy kernel's
-# gradient, set 48) are verified with a vector of stride 0; CUDA's kernel reads it so too, not
-# yet run on a GPU
-STRIDE_ZERO_KINDS = frozenset({"cpu", "vulkan"})
+# gradient, set 48) are verified with a vector of stride 0
+STRIDE_ZERO_KINDS = frozenset({"cpu", "vulkan", "cuda"})
 
 
 def repeated_view(ctx, x, n: int):
