@@ -108,14 +108,17 @@ def torch_model(name, seed=0):
 
 def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
     """Median seconds per step of each (step, sync) runner, timed in alternating blocks so
-    that a noisy machine slows every runner alike."""
+    that a noisy machine slows every runner alike. The order turns by one runner each block:
+    the runner timed right after PyTorch's was 10-20% slower than the same graph timed later
+    (CPU and CUDA alike; `--again` shows it), so no runner keeps that place."""
     for step, sync in runners.values():
         for i in range(warmup):
             step(i)
         sync()
     times: dict = {label: [] for label in runners}
+    order = list(runners.items())
     for b in range(blocks):
-        for label, (step, sync) in runners.items():
+        for label, (step, sync) in order[b % len(order):] + order[:b % len(order)]:
             t0 = time.perf_counter()
             for i in range(steps):
                 step(b * steps + i)
@@ -306,6 +309,10 @@ def main() -> None:
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
                          "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
+    ap.add_argument("--again", action="store_true",
+                    help="also time a second copy of ggrad's compiled step, after the other runners: an "
+                         "A/B/A that shows what the order of the runners alone does (two runners of the "
+                         "same graph have differed by 12%%)")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
@@ -357,6 +364,10 @@ def main() -> None:
             ours.append(("compiled, synchronous", True))
             runners[("ggrad", "compiled, synchronous")] = waiting_for_each_graph(ggrad_step_fn(
                 name, data, args.device, True, True, args.amp, resident))
+        if args.again:
+            ours.append(("compiled, again", True))
+            runners[("ggrad", "compiled, again")] = ggrad_step_fn(name, data, args.device, True, True, args.amp,
+                                                                  resident)
         # the losses of each runner's first steps (same weights, same batches), before any timing
         first = {key: [float(step(i).item()) for i in range(CHECKED)] for key, (step, _) in runners.items()}
         notes += [node_note(f"{label} ({tag})" if tag != "compiled" else label, runners[("ggrad", tag)][0])
