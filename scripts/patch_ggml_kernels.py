@@ -60,7 +60,9 @@
   64x64 shader), the tile named by op_params[4] (ggrad chooses it); ggml-vulkan's perf logger
   names ggrad's kernels by number, a product's by its sizes and FLOPs. On CUDA (set 48): a
   product with a bias (one, no batches) is one cuBLASLt call with its bias epilogue where
-  op_params[5] asks (ggml-cuda links cuBLASLt).
+  op_params[5] asks (ggml-cuda links cuBLASLt). On CUDA (set 49): where op_params[6] asks, a
+  product (one, no batches) takes the first cuBLASLt algorithm that does not split K: one
+  kernel, no reduction kernel after it.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -79,7 +81,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 48
+KERNELS_VERSION = 49
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a

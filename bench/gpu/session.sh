@@ -60,6 +60,9 @@
 #   bash bench/gpu/session.sh set49    ~450 s: the optimizer's kept step tested on CUDA and the Vulkan device, Adam
 #                                      alone timed on both; the cross-entropy gradient's stride 0 tested on CUDA,
 #                                      the MLPs at "high" with and without it
+#   bash bench/gpu/session.sh set49b   ~560 s: set 49's products without split K tested on CUDA and the MLPs timed
+#                                      with and without them, the bias epilogue on every product, the block;
+#                                      the kept step's and capture's tests on the Vulkan device
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -471,6 +474,33 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "cuda adam at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 3 --without stride_zero > $OUT/mlp-cuda.txt 2>&1 ;;
+  set49b)
+    # ~560 s: set 49's small products without split K (gemm_whole_k) tested on CUDA, the MLPs timed
+    # with and without it (runners in turning order, the compiled step twice), the bias epilogue on
+    # small products too, mlp-small's kernels, "highest", the bf16 block; the kept optimizer step's
+    # tests on the Vulkan device while the wheel builds
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vk timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_optim.py tests/test_capture.py \
+      -k "vulkan" > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 60 "whole_k or epilogue or products or budget or linear" tests/test_kernels.py tests/test_amp.py
+    mlps="mlp-small mlp-mnist mlp-large"
+    cu timeout 90 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
+      --cuda-graph --blocks 6 --again --without gemm_whole_k > $OUT/mlp-cuda.txt 2>&1
+    echo "mlps at $(el) s"
+    cu timeout 25 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels \
+      --repeats 3 > $OUT/profile-mlp-small.txt 2>&1
+    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
+      --cuda-graph --blocks 6 --without epilogue_min_outputs > $OUT/mlp-cuda-epilogue.txt 2>&1
+    echo "epilogue at $(el) s"
+    cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 4 > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision highest \
+      --models $mlps --cuda-graph --blocks 4 > $OUT/mlp-cuda-highest.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -482,6 +512,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

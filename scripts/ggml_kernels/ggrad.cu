@@ -211,20 +211,24 @@ static uint32_t ggrad_alignment(const void * p) {
     return a;
 }
 
-// C = op(A) op(B) + bias as one cuBLASLt call with its bias epilogue (set 48; PyTorch's Linear
-// does the same), where cublasGemmEx and ggrad_add_rows_f32 were two kernels: the sum
-// rounded, then the bias added and rounded, as the ADD node it replaces. One product, no
-// batches. False where it does not serve (the caller then adds the bias itself): a bias
-// not 16-byte aligned (the epilogue's loads; its heuristic has no preference for it), a
-// cuBLASLt before CUDA 12.1 (PyTorch keeps its epilogue off there for known bugs), no
-// algorithm, or a failed call.
-static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggrad_gemm_shape & s, ggml_tensor * dst,
-                                     const cudaDataType_t type, const cublasComputeType_t compute) {
+// C = op(A) op(B) (+ bias) as one cuBLASLt call: set 48's bias in its epilogue (PyTorch's Linear
+// does the same), where cublasGemmEx and ggrad_add_rows_f32 were two kernels: the sum rounded,
+// then the bias added and rounded, as the ADD node it replaces; set 49's `whole_k` takes the
+// first of the heuristic's algorithms that does not split K, so a small product is one kernel
+// (cuBLAS split mlp-small's 64 x 64 x 64 products and summed the parts in a second kernel).
+// One product, no batches. False where it does not serve (the caller then runs its product
+// and adds the bias itself): a bias not 16-byte aligned (the epilogue's loads; its heuristic
+// has no preference for it), a bias with a cuBLASLt before CUDA 12.1 (PyTorch keeps its
+// epilogue off there for known bugs), no such algorithm, or a failed call.
+static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shape & s, ggml_tensor * dst,
+                          const cudaDataType_t type, const cublasComputeType_t compute, const void * bias,
+                          const bool whole_k) {
 #if CUDART_VERSION < 12010
-    GGML_UNUSED_VARS(ctx, s, dst, type, compute);
-    return false;
-#else
-    if ((uintptr_t) dst->src[2]->data % 16 != 0) {
+    if (bias != nullptr) {
+        return false;
+    }
+#endif
+    if (bias != nullptr && (uintptr_t) bias % 16 != 0) {
         return false;
     }
     static cublasLtHandle_t handles[GGML_CUDA_MAX_DEVICES] = {};
@@ -233,14 +237,15 @@ static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggra
     }
     const uint64_t M = s.M, N = s.N, K = s.K;
     const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-    const void * bias = dst->src[2]->data;
     cublasLtMatmulDesc_t desc;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (bias != nullptr) {
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
     // column-major, as cuBLAS: C^T (N x M) = op(B)^T op(A)^T, each operand described as it is stored
     cublasLtMatrixLayout_t lb, la, lc;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.tb ? K : N, s.tb ? N : K, s.b.ld));
@@ -255,15 +260,27 @@ static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggra
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof(align_a)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
-    cublasLtMatmulHeuristicResult_t found;
+    cublasLtMatmulHeuristicResult_t found[8];
     int count = 0;
-    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handles[ctx.device], desc, lb, la, lc, lc, pref, 1, &found, &count);
+    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handles[ctx.device], desc, lb, la, lc, lc, pref,
+                                                                 whole_k ? 8 : 1, found, &count);
+    int chosen = -1;
+    for (int i = 0; asked == CUBLAS_STATUS_SUCCESS && i < count && chosen < 0; ++i) {
+        int32_t splits = 1;
+        size_t written = 0;
+        if (!whole_k || (cublasLtMatmulAlgoConfigGetAttribute(&found[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                                               sizeof(splits), &written) == CUBLAS_STATUS_SUCCESS &&
+                         splits <= 1)) {
+            chosen = i;
+        }
+    }
     bool done = false;
-    if (asked == CUBLAS_STATUS_SUCCESS && count > 0) {
+    if (chosen >= 0) {
         const float alpha = 1.0f, beta = 0.0f;
-        ggml_cuda_pool_alloc<char> scratch(ctx.pool(), found.workspaceSize > 0 ? found.workspaceSize : 1);
+        const size_t needed = found[chosen].workspaceSize;
+        ggml_cuda_pool_alloc<char> scratch(ctx.pool(), needed > 0 ? needed : 1);
         done = cublasLtMatmul(handles[ctx.device], desc, &alpha, s.b.data, lb, s.a.data, la, &beta, dst->data, lc,
-                              dst->data, lc, &found.algo, scratch.get(), found.workspaceSize, ctx.stream()) ==
+                              dst->data, lc, &found[chosen].algo, scratch.get(), needed, ctx.stream()) ==
                CUBLAS_STATUS_SUCCESS;
     }
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
@@ -272,7 +289,6 @@ static bool ggrad_gemm_bias_epilogue(ggml_backend_cuda_context & ctx, const ggra
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
     return done;
-#endif
 }
 
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
@@ -291,12 +307,14 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const bool low = A->type != GGML_TYPE_F32;
     const cudaDataType_t low_type = A->type == GGML_TYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     const cublasComputeType_t compute = !low && ggml_get_op_params_i32(dst, 3) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    if (dst->src[2] != nullptr && s.b2*s.b3 == 1 && ggml_get_op_params_i32(dst, 5) == 1 &&
-        ggrad_gemm_bias_epilogue(ctx, s, dst, low ? low_type : CUDA_R_32F, compute)) {
-        CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
-        return;
-    }
-    if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
+    // op_params[5]: the bias in cuBLASLt's epilogue; [6]: an algorithm that does not split K
+    const bool epilogue = dst->src[2] != nullptr && ggml_get_op_params_i32(dst, 5) == 1;
+    const bool whole_k = ggml_get_op_params_i32(dst, 6) == 1;
+    const bool by_lt = (epilogue || whole_k) && s.b2*s.b3 == 1 &&
+        ggrad_gemm_lt(ctx, s, dst, low ? low_type : CUDA_R_32F, compute, epilogue ? dst->src[2]->data : nullptr, whole_k);
+    if (by_lt) {
+        // made by the one cuBLASLt call
+    } else if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
         const int64_t batches = s.b2*s.b3;
         ggml_cuda_pool_alloc<const void *> pointers(ctx.pool(), 3*batches);
         const void ** pa = pointers.get(), ** pb = pa + batches, ** pc = pb + batches;
@@ -332,7 +350,7 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         }
     }
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
-    if (dst->src[2] != nullptr) {
+    if (dst->src[2] != nullptr && !(by_lt && epilogue)) {
         const int64_t total = ggml_nelements(dst);
         ggrad_add_rows_f32<<<(unsigned int) ((total + 255)/256), 256, 0, stream>>>(
             (float *) dst->data, (const float *) dst->src[2]->data, s.N, total);

@@ -421,6 +421,10 @@ def _gemm_by_parts(ctx, dev_backend, a, b, trans_a: bool, trans_b: bool, m: int,
 # 0.082 ms a step, three of them) and mlp-large's 512 x 4096 neither; a separate bias add
 # takes ~35 us over the bf16 block's 8192 x 512 outputs
 BIAS_EPILOGUE_MIN_OUTPUTS = 1 << 22
+# CUDA products of at most this many multiply-adds take a cuBLASLt algorithm that does not split
+# K (set 49): cuBLAS split mlp-small's 64 x 64 x 64 products, each a product kernel and a
+# reduction kernel, for ~1 us of work
+WHOLE_K_MAX_TERMS = 1 << 24
 
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
@@ -448,9 +452,10 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     # linear layer's weight; the kernel takes batches of A's rows over it as one product)
     epilogue = bias is not None and ne_b[2] * ne_b[3] == 1 and m * n * b2 * b3 >= BIAS_EPILOGUE_MIN_OUTPUTS and \
         kernels.variant(dev_backend, "gemm_bias_epilogue")
+    whole_k = b2 * b3 == 1 and m * n * k <= WHOLE_K_MAX_TERMS and kernels.variant(dev_backend, "gemm_whole_k")
 
     def product(operands):
-        params = _gemm_params(trans_a, trans_b, tf32, tile, epilogue)
+        params = _gemm_params(trans_a, trans_b, tf32, tile, epilogue, whole_k)
         return _supported(kernels.op(ctx, kernels.GEMM, (n, m * b2 * b3), operands + added, params))
     if arg[1] is not None:
         if not kernels.variant(dev_backend, "gemm_low"):
@@ -475,11 +480,13 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     return None if result is None else G.ggml_reshape_4d(ctx, result, n, m, b2, b3)
 
 
-def _gemm_params(trans_a: bool, trans_b: bool, tf32: bool, tile: int = 0, bias_epilogue: bool = False) -> list[int]:
-    """The GEMM node's op_params[1:6]: A and B read transposed; TF32 allowed (CUDA, float32
-    operands); Vulkan's tile (set 48, _vulkan_tile); CUDA's bias in cuBLASLt's epilogue (set 48).
-    Every backend's node has every slot; each reads its own."""
-    return [int(trans_a), int(trans_b), int(tf32), tile, int(bias_epilogue)]
+def _gemm_params(trans_a: bool, trans_b: bool, tf32: bool, tile: int = 0, bias_epilogue: bool = False,
+                 whole_k: bool = False) -> list[int]:
+    """The GEMM node's op_params[1:7]: A and B read transposed; TF32 allowed (CUDA, float32
+    operands); Vulkan's tile (set 48, _vulkan_tile); CUDA's bias in cuBLASLt's epilogue (set 48);
+    CUDA's product without split K (set 49). Every backend's node has every slot; each reads
+    its own."""
+    return [int(trans_a), int(trans_b), int(tf32), tile, int(bias_epilogue), int(whole_k)]
 
 
 def _gemm_low(ctx, a, b, low: int, product):
