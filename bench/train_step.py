@@ -195,8 +195,6 @@ PYTHON_CHOICES = {
     "rows_layout": ("ggrad.functional.conv", "PER_IMAGE_PIXELS_PER_CHANNEL", 0),
     # the cross-entropy gradient reading the loss's gradient through a stride of 0, not REPEATed
     "stride_zero": ("ggrad.ops", "STRIDE_ZERO_KINDS", frozenset()),
-    # CUDA's bias epilogue on large products only (ops.BIAS_EPILOGUE_MIN_OUTPUTS): without it, on every product
-    "epilogue_min_outputs": ("ggrad.ops", "BIAS_EPILOGUE_MIN_OUTPUTS", 0),
 }
 
 
@@ -310,7 +308,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, epilogue_min_outputs, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
     ap.add_argument("--again", action="store_true",
                     help="also time a second copy of ggrad's compiled step, after the other runners: an "
                          "A/B/A that shows what the order of the runners alone does (two runners of the "

@@ -786,10 +786,8 @@ def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low
     the operands as multiplied (rounded to bfloat16 under autocast); an input one element
     into its rows (4-byte aligned, 2 in bfloat16: cuBLASLt is told so), and batches of rows
     (one product in the kernel) included."""
-    from ggrad import ops
     if dev.split(":")[0] != "cuda" or kernels.version() < 48:
         pytest.skip(f"{dev}: not CUDA with set 48")
-    monkeypatch.setattr(ops, "BIAS_EPILOGUE_MIN_OUTPUTS", 0)
     rng = np.random.default_rng(7 + offset)
     a, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in (batch + (70, 97), (40, 96), (40,)))
     for on in (False, True):
@@ -816,10 +814,9 @@ def test_cuda_small_products_without_split_k_equal_float64(dev, monkeypatch, low
     over its operands as multiplied (rounded to bfloat16 under autocast): a linear layer
     with its bias (in the epilogue or added after), its weight's gradient x^T g (an operand
     read transposed in place) and a batch of inputs over the weight."""
-    from ggrad import ops
     if dev.split(":")[0] != "cuda" or kernels.version() < 49:
         pytest.skip(f"{dev}: not CUDA with set 49")
-    monkeypatch.setattr(ops, "BIAS_EPILOGUE_MIN_OUTPUTS", 0 if epilogue else 1 << 40)
+    set_variant(monkeypatch, "gemm_bias_epilogue", epilogue)
     rng = np.random.default_rng(11)
     x, w, b, g, xb = (rng.standard_normal(shape).astype(np.float32)
                       for shape in ((64, 96), (40, 96), (40,), (64, 40), (3, 64, 96)))

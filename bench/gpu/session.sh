@@ -63,6 +63,8 @@
 #   bash bench/gpu/session.sh set49b   ~560 s: set 49's products without split K tested on CUDA and the MLPs timed
 #                                      with and without them, the bias epilogue on every product, the block;
 #                                      the kept step's and capture's tests on the Vulkan device
+#   bash bench/gpu/session.sh set49c   ~500 s: set 49 as it lands tested on CUDA; issue 25's MLP rows in two
+#                                      processes and with a second copy of the step, Adam alone, the bf16 block
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
 set -uo pipefail
@@ -493,14 +495,41 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "mlps at $(el) s"
     cu timeout 25 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels \
       --repeats 3 > $OUT/profile-mlp-small.txt 2>&1
+    # (run as --without epilogue_min_outputs: ops.BIAS_EPILOGUE_MIN_OUTPUTS = 0, gone since; the epilogue
+    # is on every product now, and this line times it against none)
     cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
-      --cuda-graph --blocks 6 --without epilogue_min_outputs > $OUT/mlp-cuda-epilogue.txt 2>&1
+      --cuda-graph --blocks 6 --without gemm_bias_epilogue > $OUT/mlp-cuda-epilogue.txt 2>&1
     echo "epilogue at $(el) s"
     cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 4 > $OUT/block-cuda.txt 2>&1
     echo "block at $(el) s"
     cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision highest \
       --models $mlps --cuda-graph --blocks 4 > $OUT/mlp-cuda-highest.txt 2>&1 ;;
+  set49c)
+    # ~500 s: set 49 as it lands (every bias in the epilogue, small products without split K):
+    # tested on CUDA; issue 25's rows, one ggrad runner a model in each of two processes at "high",
+    # then with a second copy (--again), "highest", Adam alone, the bf16 block, mlp-small's kernels
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 60 "whole_k or epilogue or products or budget or linear or kept or cross_entropy" tests/test_kernels.py \
+      tests/test_amp.py tests/test_optim.py
+    mlps="mlp-small mlp-mnist mlp-large"
+    for run in 1 2; do
+      cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
+        --cuda-graph --blocks 6 > $OUT/mlp-cuda-high-$run.txt 2>&1
+      echo "high $run at $(el) s"
+    done
+    cu timeout 70 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
+      --cuda-graph --blocks 6 --again > $OUT/mlp-cuda-high-again.txt 2>&1
+    cu timeout 20 python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e7 1e8 > $OUT/adam-cuda.txt 2>&1
+    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 4 > $OUT/block-cuda.txt 2>&1
+    echo "adam and block at $(el) s"
+    cu timeout 25 python3 bench/profile_step.py --device cuda --model mlp-small --precision high --kernels \
+      --repeats 3 > $OUT/profile-mlp-small.txt 2>&1
+    cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision highest \
+      --models $mlps --cuda-graph --blocks 6 > $OUT/mlp-cuda-highest.txt 2>&1 ;;
   parts)
     vulkan_parts ;;
   vkprof)
@@ -512,6 +541,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|set49c|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -417,10 +417,6 @@ def _gemm_by_parts(ctx, dev_backend, a, b, trans_a: bool, trans_b: bool, m: int,
     return G.ggml_reshape_2d(ctx, summed, n, m)
 
 
-# H100 (set 48): cuBLASLt's bias epilogue made mlp-small's 64 x 64 products slower (0.093 vs
-# 0.082 ms a step, three of them) and mlp-large's 512 x 4096 neither; a separate bias add
-# takes ~35 us over the bf16 block's 8192 x 512 outputs
-BIAS_EPILOGUE_MIN_OUTPUTS = 1 << 22
 # CUDA products of at most this many multiply-adds take a cuBLASLt algorithm that does not split
 # K (set 49): cuBLAS split mlp-small's 64 x 64 x 64 products, each a product kernel and a
 # reduction kernel, for ~1 us of work
@@ -448,10 +444,11 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     b2, b3 = max(ne_a[2], ne_b[2]), max(ne_a[3], ne_b[3])
     added = [] if bias is None else [bias]
     tf32, tile = arg[1] is None and arg[0] != "highest", 0
-    # CUDA adds a large product's bias in cuBLASLt's epilogue (set 48) where B is one matrix (a
-    # linear layer's weight; the kernel takes batches of A's rows over it as one product)
-    epilogue = bias is not None and ne_b[2] * ne_b[3] == 1 and m * n * b2 * b3 >= BIAS_EPILOGUE_MIN_OUTPUTS and \
-        kernels.variant(dev_backend, "gemm_bias_epilogue")
+    # CUDA adds a product's bias in cuBLASLt's epilogue (set 48) where B is one matrix (a linear
+    # layer's weight; the kernel takes batches of A's rows over it as one product); at every size
+    # (H100, set49b: mlp-small 0.073 vs 0.082 ms a step, mlp-mnist 0.109 vs 0.120, mlp-large 0.734
+    # vs 0.752, against the epilogue on outputs of >= 4M values only)
+    epilogue = bias is not None and ne_b[2] * ne_b[3] == 1 and kernels.variant(dev_backend, "gemm_bias_epilogue")
     whole_k = b2 * b3 == 1 and m * n * k <= WHOLE_K_MAX_TERMS and kernels.variant(dev_backend, "gemm_whole_k")
 
     def product(operands):

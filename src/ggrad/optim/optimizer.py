@@ -283,15 +283,16 @@ class Optimizer:
         kept = self._kept_step
         if kept is None:
             kept = self._kept_step = self._make_kept_step()
-        if kept is False or not self.in_place or replay.tracing() or autograd.is_recording() or lazy.has_pending_work():
+        if kept is False or not self.in_place or replay.tracing() or autograd.is_recording():
+            return None
+        params = [p for group in self.param_groups for p in group["params"]]
+        # pending gradients first: the common case, and cheap (has_pending_work looks at every pending node)
+        if any(p._grad is not None and p._grad.node.op is not None for p in params) or lazy.has_pending_work():
             return None
         if self._kept_epoch != replay.epoch():  # the step's state was replaced: try afresh
             self._kept_refusals, self._kept_wait, self._kept_epoch = 0, 0, replay.epoch()
         if self._kept_wait:
             self._kept_wait -= 1
-            return None
-        params = [p for group in self.param_groups for p in group["params"]]
-        if any(p._grad is not None and p._grad.node.op is not None for p in params):
             return None
         return params
 
