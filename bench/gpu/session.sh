@@ -88,14 +88,18 @@ cuda_wheel_installed() {
   cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; return 1; }
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
 }
-# the CUDA tests of the files $3... matching $2 (in $1 s at most), into tests-cuda.txt
-cuda_tests() {
-  local limit=$1 filter=$2
-  shift 2
-  cu timeout "$limit" python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short "$@" -k "cuda and ($filter)" \
-    > $OUT/tests-cuda.txt 2>&1
-  echo "cuda tests at $(el) s: $(tail -1 $OUT/tests-cuda.txt)"
+# the tests on device $1 (cuda or vulkan) of the files $4... matching $3 (in $2 s at most), into
+# tests-$1.txt
+device_tests() {
+  local kind=$1 limit=$2 filter=$3 run=cu workers=6
+  shift 3
+  [ "$kind" = vulkan ] && run=vk workers=4
+  $run timeout "$limit" python3 -m pytest -q -n $workers -p no:cacheprovider --tb=short "$@" -k "$kind and ($filter)" \
+    > $OUT/tests-$kind.txt 2>&1
+  echo "$kind tests at $(el) s: $(tail -1 $OUT/tests-$kind.txt)"
 }
+cuda_tests() { device_tests cuda "$@"; }
+vulkan_tests() { device_tests vulkan "$@"; }
 setup_vulkan() { OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1; }
 # Vulkan's kernel and convolution tests matching $1, then the cnn and ResNet timed with and
 # without $2 (in $3 s at most)
@@ -365,9 +369,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background  # for set48b, if it follows within the machine's idle time
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
-    vk timeout 120 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
-      -k "vulkan and (wide or products or long_sums or linear or budget or test_equals_torch)" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vulkan_tests 120 "wide or products or long_sums or linear or budget or test_equals_torch" tests/test_kernels.py tests/test_conv.py
     vk timeout 120 python3 bench/gpu/vulkan_gemm.py > $OUT/vulkan-gemm.txt 2>&1
     echo "vulkan products at $(el) s"
     vk timeout 120 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
@@ -398,9 +400,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
-    vk timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_kernels.py tests/test_conv.py \
-      -k "vulkan and (splits or long_sums or budget or test_equals_torch or wide)" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vulkan_tests 90 "splits or long_sums or budget or test_equals_torch or wide" tests/test_kernels.py tests/test_conv.py
     vk timeout 90 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
       --steps 4 --without gemm_parts_many > $OUT/conv-vulkan.txt 2>&1
     echo "conv-vulkan at $(el) s"
@@ -465,9 +465,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
-    vk timeout 60 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_optim.py \
-      -k "vulkan and (kept or skipped or in_place_in_one or follow)" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vulkan_tests 60 "kept or skipped or in_place_in_one or follow" tests/test_optim.py
     vk timeout 60 python3 bench/adam_only.py --device vulkan --torch-device cuda --sizes 1e6 1e8 > $OUT/adam-vulkan.txt 2>&1
     echo "vulkan adam at $(el) s"
     cuda_wheel_installed 330 || exit 1
@@ -485,9 +483,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
-    vk timeout 90 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_optim.py tests/test_capture.py \
-      -k "vulkan" > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    vulkan_tests 90 "optim or capture or kept" tests/test_optim.py tests/test_capture.py
     cuda_wheel_installed 330 || exit 1
     cuda_tests 60 "whole_k or epilogue or products or budget or linear" tests/test_kernels.py tests/test_amp.py
     mlps="mlp-small mlp-mnist mlp-large"
