@@ -29,6 +29,7 @@ float32, so they agree to about 1e-2 under amp, about 1e-5 without (CPU, "highes
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import time
@@ -108,17 +109,18 @@ def torch_model(name, seed=0):
 
 def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
     """Median seconds per step of each (step, sync) runner, timed in alternating blocks so
-    that a noisy machine slows every runner alike. The order turns by one runner each block:
-    the runner timed right after PyTorch's was 10-20% slower than the same graph timed later
-    (CPU and CUDA alike; `--again` shows it), so no runner keeps that place."""
+    that a noisy machine slows every runner alike. Each block takes them in a shuffled order
+    (seeded): the runner timed right after PyTorch's was 10-20% slower than the same graph
+    timed later (CPU and CUDA alike; `--again` shows it), so no runner keeps that place."""
     for step, sync in runners.values():
         for i in range(warmup):
             step(i)
         sync()
     times: dict = {label: [] for label in runners}
-    order = list(runners.items())
+    order, shuffle = list(runners.items()), random.Random(0).shuffle
     for b in range(blocks):
-        for label, (step, sync) in order[b % len(order):] + order[:b % len(order)]:
+        shuffle(order)
+        for label, (step, sync) in order:
             t0 = time.perf_counter()
             for i in range(steps):
                 step(b * steps + i)

@@ -810,30 +810,32 @@ def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low
 def test_cuda_small_products_without_split_k_equal_float64(dev, monkeypatch, low, epilogue):
     """CUDA's small products as one cuBLASLt kernel that does not split K (gemm_whole_k,
     forced off and on): op_params[6] asks for it on single products of at most
-    ops.WHOLE_K_MAX_TERMS multiply-adds, not on batches, and every product equals float64's
-    over its operands as multiplied (rounded to bfloat16 under autocast): a linear layer
-    with its bias (in the epilogue or added after), its weight's gradient x^T g (an operand
-    read transposed in place) and a batch of inputs over the weight."""
+    ops.WHOLE_K_MAX_TERMS multiply-adds over at most WHOLE_K_MAX_K terms, not on batches,
+    and every product equals float64's over its operands as multiplied (rounded to bfloat16
+    under autocast): a linear layer with its bias (in the epilogue or added after), its
+    weight's gradient x^T g (an operand read transposed in place), a batch of inputs over
+    the weight and a weight gradient over 2048 rows."""
     if dev.split(":")[0] != "cuda" or kernels.version() < 49:
         pytest.skip(f"{dev}: not CUDA with set 49")
     set_variant(monkeypatch, "gemm_bias_epilogue", epilogue)
     rng = np.random.default_rng(11)
-    x, w, b, g, xb = (rng.standard_normal(shape).astype(np.float32)
-                      for shape in ((64, 96), (40, 96), (40,), (64, 40), (3, 64, 96)))
-    rounded = [torch.tensor(v).to(torch.bfloat16).double().numpy() if low else v.astype(np.float64) for v in (x, w, g, xb)]
-    x64, w64, g64, xb64 = rounded
+    x, w, b, g, xb, xl, gl = (rng.standard_normal(shape).astype(np.float32) for shape in
+                              ((64, 96), (40, 96), (40,), (64, 40), (3, 64, 96), (2048, 16), (2048, 8)))
+    x64, w64, g64, xb64, xl64, gl64 = [torch.tensor(v).to(torch.bfloat16).double().numpy() if low else
+                                       v.astype(np.float64) for v in (x, w, g, xb, xl, gl)]
     for on in (False, True):
         set_variant(monkeypatch, "gemm_whole_k", on)
         monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"whole k {on}")
 
         @ggrad.compile
-        def step(x, weight, bias, g, xb):
+        def step(x, weight, bias, g, xb, xl, gl):
             with ggrad.autocast(dtype=ggrad.bfloat16, enabled=low is not None):
-                return F.linear(x, weight, bias), x.T @ g, xb @ weight.T
-        got = [t.numpy() for t in step(*(ggrad.tensor(v) for v in (x, w, b, g, xb)))]
+                return F.linear(x, weight, bias), x.T @ g, xb @ weight.T, xl.T @ gl
+        got = [t.numpy() for t in step(*(ggrad.tensor(v) for v in (x, w, b, g, xb, xl, gl)))]
         gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
-        assert sorted(n.op_params[6] for n in gemms) == [0, int(on), int(on)], [n.op_params[6] for n in gemms]
-        for ours, theirs in zip(got, (x64 @ w64.T + b, x64.T @ g64, xb64 @ w64.T)):
+        # the batch and the long K (2048 terms over 16 x 8 outputs: splitting's case) are not asked
+        assert sorted(n.op_params[6] for n in gemms) == [0, 0, int(on), int(on)], [n.op_params[6] for n in gemms]
+        for ours, theirs in zip(got, (x64 @ w64.T + b, x64.T @ g64, xb64 @ w64.T, xl64.T @ gl64)):
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4)
 
 

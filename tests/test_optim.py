@@ -260,6 +260,62 @@ def test_a_step_over_computed_gradients_runs_its_kept_graph_as_recorded(dev, nam
     _assert_same_state(results[0][2], results[1][2])
 
 
+def _replace_momentum(i, opt, p, q):
+    if i == 5:
+        opt.state[p]["momentum_buffer"] = ggrad.tensor(np.zeros(P0.shape, np.float32))
+
+
+def _clear_state(i, opt, p, q):
+    if i == 5:
+        opt.state = {}
+
+
+def _cycle_betas(i, opt, p, q):
+    opt.param_groups[0]["betas"] = [(0.9, 0.999), (0.85, 0.999), (0.8, 0.999)][i % 3]  # CyclicLR's cycle_momentum
+
+
+CHANGED_BETWEEN_STEPS = {
+    "momentum buffer replaced": (SGD, dict(lr=0.1, momentum=0.9), _replace_momentum),
+    "state cleared": (SGD, dict(lr=0.1, momentum=0.9), _clear_state),
+    "betas cycled, composed Adam": (Adam, dict(lr=0.01, fused=False), _cycle_betas),
+    "betas cycled, Adam's kernel": (Adam, dict(lr=0.01, fused=True), _cycle_betas),
+    "NAdam's betas cycled": (ggrad.optim.NAdam, dict(lr=0.01), _cycle_betas),
+    # q has no gradient for two cycles, then one in a micro-step that does not apply (the 5th,
+    # recorded: p's gradient pending), which makes q's accumulator: the applying step after it,
+    # without q's gradient, applies q's accumulated one (the kept graph of the 4th did not)
+    "accumulated without a new gradient": (Adam, dict(lr=0.01, accumulate_steps=2), None),
+}
+
+
+@pytest.mark.parametrize("case", list(CHANGED_BETWEEN_STEPS))
+def test_a_kept_step_follows_what_python_changed_between_steps(dev, case):
+    """State replaced by hand, bias corrections remade when the betas cycle, an accumulated
+    gradient applied without a new one: the kept step's weights and state equal the
+    recorded steps' bit for bit, and each `.grad` is the tensor that was set."""
+    cls, kwargs, change = CHANGED_BETWEEN_STEPS[case]
+    grads = np.random.default_rng(9).standard_normal((12, 2) + P0.shape).astype(np.float32)
+    results = []
+    for kept in (False, True):
+        p, q = ggrad.param(P0), ggrad.param(P0 * 2)
+        opt = cls([p, q], **kwargs)
+        for i, (gp, gq) in enumerate(grads):
+            if change is not None:
+                change(i, opt, p, q)
+            p.grad = gp
+            q.grad = gq if change is not None or i == 4 or i >= 6 else None
+            ggrad.realize(*[t.grad for t in (p, q) if t.grad is not None])
+            if not kept or change is None and i == 4:
+                p.grad = p.grad * 1.0
+            given = (p.grad, q.grad)
+            opt.step()
+            assert (p.grad, q.grad) == given or all(a is b for a, b in zip((p.grad, q.grad), given))
+            ggrad.realize()
+        results.append((p.numpy(), q.numpy(), opt.state_dict()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    _assert_same_state(results[0][2], results[1][2])
+
+
 @pytest.mark.filterwarnings("ignore:ggrad.compile")  # the steps after the skip are refused (host constants)
 def test_a_compiled_step_after_an_eager_one_that_skipped_a_parameter_is_traced_again(dev):
     """A parameter without a gradient in an eager step between replays lags its group's

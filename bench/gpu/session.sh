@@ -485,7 +485,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     setup_vulkan
     vulkan_tests 90 "optim or capture or kept" tests/test_optim.py tests/test_capture.py
     cuda_wheel_installed 330 || exit 1
-    cuda_tests 60 "whole_k or epilogue or products or budget or linear" tests/test_kernels.py tests/test_amp.py
+    cuda_tests 60 "split_k or epilogue or products or budget or linear" tests/test_kernels.py tests/test_amp.py
     mlps="mlp-small mlp-mnist mlp-large"
     cu timeout 90 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --models $mlps \
       --cuda-graph --blocks 6 --again --without gemm_whole_k > $OUT/mlp-cuda.txt 2>&1
@@ -509,7 +509,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
-    cuda_tests 60 "whole_k or epilogue or products or budget or linear or kept or cross_entropy" tests/test_kernels.py \
+    cuda_tests 60 "split_k or epilogue or products or budget or linear or kept or cross_entropy" tests/test_kernels.py \
       tests/test_amp.py tests/test_optim.py
     mlps="mlp-small mlp-mnist mlp-large"
     for run in 1 2; do

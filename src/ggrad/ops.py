@@ -417,10 +417,12 @@ def _gemm_by_parts(ctx, dev_backend, a, b, trans_a: bool, trans_b: bool, m: int,
     return G.ggml_reshape_2d(ctx, summed, n, m)
 
 
-# CUDA products of at most this many multiply-adds take a cuBLASLt algorithm that does not split
-# K (set 49): cuBLAS split mlp-small's 64 x 64 x 64 products, each a product kernel and a
-# reduction kernel, for ~1 us of work
+# CUDA products of at most this many multiply-adds, over at most WHOLE_K_MAX_K terms each, take a
+# cuBLASLt algorithm that does not split K (set 49): cuBLAS split mlp-small's 64 x 64 x 64
+# products, each a product kernel and a reduction kernel, for ~1 us of work. A long K over few
+# outputs (a weight gradient over many rows) is what splitting is for.
 WHOLE_K_MAX_TERMS = 1 << 24
+WHOLE_K_MAX_K = 1024
 
 
 def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
@@ -449,7 +451,8 @@ def _gemm(ctx, a, b, trans_a: bool, trans_b: bool, arg, bias=None):
     # (H100, set49b: mlp-small 0.073 vs 0.082 ms a step, mlp-mnist 0.109 vs 0.120, mlp-large 0.734
     # vs 0.752, against the epilogue on outputs of >= 4M values only)
     epilogue = bias is not None and ne_b[2] * ne_b[3] == 1 and kernels.variant(dev_backend, "gemm_bias_epilogue")
-    whole_k = b2 * b3 == 1 and m * n * k <= WHOLE_K_MAX_TERMS and kernels.variant(dev_backend, "gemm_whole_k")
+    whole_k = b2 * b3 == 1 and m * n * k <= WHOLE_K_MAX_TERMS and k <= WHOLE_K_MAX_K and \
+        kernels.variant(dev_backend, "gemm_whole_k")
 
     def product(operands):
         params = _gemm_params(trans_a, trans_b, tf32, tile, epilogue, whole_k)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import operator
 import warnings
 from typing import Any
 
@@ -328,8 +329,12 @@ class Optimizer:
         for i, g in zip(which, grads):
             params[i]._grad = g
         written = params + self._state_tensors()
-        before = [t._version for t in written]
+        before, bound = [t._version for t in written], self._bindings()
         self._step()
+        after = self._bindings()
+        if len(after) != len(bound) or not all(map(operator.is_, after, bound)):
+            capture.refuse("the step made or replaced state (its first step, or bias corrections remade from "
+                           "host values when the betas change)")
         changed = [(t, t._version - version) for t, version in zip(written, before) if t._version != version]
         capture.on_replay(advance=functools.partial(_count_writes, changed))
 
@@ -370,7 +375,8 @@ class Optimizer:
                     self._update_group(index, group, items, self._lr_tensor(index))
         if capture.tracing():
             counts = self._count_offsets(stepped, updated)
-            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated, counts),
+            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated, counts,
+                                                self._bindings()),
                               functools.partial(self._advance, stepped, updated))
 
     # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
@@ -395,10 +401,24 @@ class Optimizer:
     # ---- replaying a captured step (ggrad.compile) ---------------------------------------
     def _hyperparameters(self) -> list:
         """What a step graph bakes in: the groups' settings but the lr (read on the device),
-        which parameters train, and how gradients are accumulated."""
+        which parameters train, and how gradients are accumulated (which parameters hold an
+        accumulated gradient, applied even without a new one, `_bindings` tells)."""
         return [(self.accumulate_steps, self.average)] + [
             ([(k, v) for k, v in g.items() if k not in ("params", "lr")],
              tuple(p.requires_grad for p in g["params"])) for g in self.param_groups]
+
+    def _bindings(self) -> list:
+        """What a step graph reads and writes, by identity: the state table, each group's
+        parameters, each state dict and each state tensor (whose buffer an in-place write
+        keeps). A table, a parameter or a tensor replaced by hand (`opt.state = {}`, a new
+        momentum buffer) is read from where the kept graph does not look."""
+        bound: list = [self.state]
+        for group in self.param_groups:
+            bound += group["params"]
+        for entry in [*self.state.values(), *self.group_state]:
+            bound.append(entry)
+            bound += [value for value in entry.values() if isinstance(value, Tensor)]
+        return bound
 
     def _count_offsets(self, stepped: list[dict], updated: list[int]) -> tuple[int, ...]:
         """How far apart the step counts of the stepped parameters and their groups are: a
@@ -408,10 +428,13 @@ class Optimizer:
         return tuple([s["step"] - base for s in stepped] + [self.group_state[i].get("step", base) - base for i in updated])
 
     def _replayable(self, apply: bool, hyperparameters: list, stepped: list[dict], updated: list[int],
-                    counts: tuple[int, ...]) -> bool:
-        """Whether the next step does what the captured one did."""
-        return (self.next_step_applies == apply and self._hyperparameters() == hyperparameters
-                and self._count_offsets(stepped, updated) == counts)
+                    counts: tuple[int, ...], bindings: list) -> bool:
+        """Whether the next step does what the captured one did, over the same tensors."""
+        if self.next_step_applies != apply or self._hyperparameters() != hyperparameters \
+                or self._count_offsets(stepped, updated) != counts:
+            return False
+        now = self._bindings()
+        return len(now) == len(bindings) and all(map(operator.is_, now, bindings))
 
     def _advance(self, stepped: list[dict], updated: list[int]) -> None:
         """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
