@@ -67,6 +67,8 @@
 #                                      processes and with a second copy of the step, Adam alone, the bf16 block
 #   bash bench/gpu/session.sh set49d   ~320 s: the tree as it lands tested on CUDA and the Vulkan device, the MLPs
 #                                      at "high" and Adam once more
+#   bash bench/gpu/session.sh set49e   ~300 s: cuBLASLt's alignment capped at 16, tested on CUDA (capture's eager
+#                                      and compiled steps bit for bit), the MLPs with and without set 49's paths
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -542,6 +544,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 20 python3 bench/adam_only.py --device cuda --torch-device cuda --sizes 1e6 1e8 > $OUT/adam-cuda.txt 2>&1
     cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 6 > $OUT/mlp-cuda-high.txt 2>&1 ;;
+  set49e)
+    # ~300 s: cuBLASLt's operands' alignment capped at 16 (set49d: eager and compiled steps one ulp
+    # apart with it up to 256): the products', epilogue's and capture's tests on CUDA with the
+    # variants on (GGRAD_UNVERIFIED_KERNELS=1 above), then the MLPs at "high" with and without them
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 120 "split_k or epilogue or products or budget or linear or optim or capture or amp" \
+      tests/test_kernels.py tests/test_optim.py tests/test_capture.py tests/test_amp.py
+    cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 6 --again --without gemm_whole_k gemm_bias_epilogue \
+      > $OUT/mlp-cuda-high.txt 2>&1 ;;
   lt_probe)
     # ~40 s: which cuBLASLt bias-gradient epilogues (BGRADB) exist for ggrad's layouts and types
     "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O2 -o /tmp/probe bench/gpu/probe_lt_bgrad.cu -lcublasLt > $OUT/probe-build.txt 2>&1 || { cat $OUT/probe-build.txt; exit 1; }
@@ -557,6 +571,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|set49c|set49d|lt_probe|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|set49c|set49d|set49e|lt_probe|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"

@@ -217,7 +217,11 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
                "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
                "gemm_wide": ("vulkan", 48, 4), "gemm_bias_epilogue": ("cuda", 48, 5), "gemm_whole_k": ("cuda", 49, 6)}
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+# Both cuBLASLt paths are unverified again: with the operands' alignment up to 256 given to the
+# heuristic, test_capture's eager and compiled accumulation steps came out one ulp apart on the
+# H100 (set49d); the alignment is capped at 16 since (as PyTorch's), not yet run on a GPU
+# (bench/gpu/session.sh set49e runs the tests that tell).
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"gemm_bias_epilogue", "gemm_whole_k"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
