@@ -274,13 +274,15 @@ class Optimizer:
     # the class is not ggrad's own: a subclass written elsewhere may compute from Python
     # state (a host bias correction) that a replay would freeze, so its steps are recorded.
     _kept_step: Any = None
+    KEPT_TRACES_IN_A_ROW = 3  # accumulation's micro-steps and applying steps are two variants
 
     def _kept_step_params(self) -> list[Tensor] | None:
         """Every parameter, when this step can run as its kept graph: nothing recorded is
         pending (the step would otherwise join that graph, one dispatch), each gradient is
         a computed value, the step writes in place and nothing is being traced or taped.
-        After k refused traces in a row (state made inside the first steps, RAdam's
-        unrectified start), the next 2^k steps are recorded without trying."""
+        After k refused traces (state made inside the first steps, RAdam's unrectified
+        start) or runs of traces no replay used, the next 2^k steps are recorded without
+        trying."""
         kept = self._kept_step
         if kept is None:
             kept = self._kept_step = self._make_kept_step()
@@ -291,7 +293,7 @@ class Optimizer:
         if any(p._grad is not None and p._grad.node.op is not None for p in params) or lazy.has_pending_work():
             return None
         if self._kept_epoch != replay.epoch():  # the step's state was replaced: try afresh
-            self._kept_refusals, self._kept_wait, self._kept_epoch = 0, 0, replay.epoch()
+            self._kept_refusals, self._kept_wait, self._kept_traces, self._kept_epoch = 0, 0, 0, replay.epoch()
         if self._kept_wait:
             self._kept_wait -= 1
             return None
@@ -300,7 +302,7 @@ class Optimizer:
     def _make_kept_step(self):
         if not type(self).__module__.startswith("ggrad."):
             return False
-        self._kept_refusals, self._kept_wait, self._kept_epoch = 0, 0, replay.epoch()
+        self._kept_refusals, self._kept_wait, self._kept_traces, self._kept_epoch = 0, 0, 0, replay.epoch()
         return capture.Compiled(self._step_over, warn=False)
 
     def _run_kept_step(self, params: list[Tensor]) -> None:
@@ -316,11 +318,16 @@ class Optimizer:
         finally:
             for i, g in zip(which, grads):
                 params[i]._grad = g
-        if kept.traces > traces and kept.reason is not None:
+        if kept.traces == traces:  # a replay
+            self._kept_traces = 0
+            return
+        # a trace: one refused, or the third in a row that no replay used (the parameters with
+        # gradients change from step to step), makes the next steps recorded for a while
+        self._kept_traces += 1
+        if kept.reason is not None or self._kept_traces >= self.KEPT_TRACES_IN_A_ROW:
+            self._kept_traces = 0
             self._kept_refusals += 1
             self._kept_wait = 2 ** min(self._kept_refusals, 10)
-        else:
-            self._kept_refusals = 0
 
     def _step_over(self, which: tuple[int, ...], *grads: Tensor) -> None:
         """`_kept_step`'s function: the step with the given parameters' gradients. A replay
