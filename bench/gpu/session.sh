@@ -104,6 +104,12 @@ device_tests() {
 }
 cuda_tests() { device_tests cuda "$@"; }
 vulkan_tests() { device_tests vulkan "$@"; }
+# the CUDA wheel building in the background while the Vulkan device is set up beside it
+both_devices() {
+  build_cuda_in_background
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+  setup_vulkan
+}
 setup_vulkan() { OUT=/tmp/setup BENCHES=none bash bench/gpu/h200.sh vulkan bench-only > $OUT/setup-vulkan.txt 2>&1; }
 # Vulkan's kernel and convolution tests matching $1, then the cnn and ResNet timed with and
 # without $2 (in $3 s at most)
@@ -326,9 +332,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "resnet highest, cnn at $(el) s"
     profile_resnet_bf16 585 ;;
   set47c)
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vulkan_conv_ab "running or bookkeeping or batch_norm or budget or test_equals_torch" running_count 130
     cuda_wheel_installed 360 || exit 1
     cu timeout 60 python3 -m pytest -q -n 6 -p no:cacheprovider --tb=short tests/test_conv.py tests/test_amp.py \
@@ -342,9 +346,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "resnet at $(el) s"
     profile_resnet_bf16 585 ;;
   set47d)
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     for model in resnet mlp-large; do
       precision=$([ $model = resnet ] && echo highest || echo medium)
       vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 100 python3 bench/gpu/vulkan_ops.py \
@@ -401,9 +403,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     done
     echo "profiles at $(el) s" ;;
   set48c)
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vulkan_tests 90 "splits or long_sums or budget or test_equals_torch or wide" tests/test_kernels.py tests/test_conv.py
     vk timeout 90 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
       --steps 4 --without gemm_parts_many > $OUT/conv-vulkan.txt 2>&1
@@ -420,9 +420,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk timeout $(( 585 - $(el) )) python3 bench/train_step.py --device vulkan --torch-device cuda --models resnet \
       --blocks 2 --steps 4 > $OUT/resnet-vulkan-again.txt 2>&1 ;;
   set48d)
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium --models mlp-large \
       --cuda-graph --blocks 3 > $OUT/mlp-large-vulkan-medium.txt 2>&1
     vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 60 python3 bench/gpu/vulkan_ops.py \
@@ -466,9 +464,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
   set49)
     # ~450 s: the optimizer's kept step (Adam alone) and the cross-entropy gradient's stride 0
     # on CUDA, tested and timed; Adam alone on the Vulkan device while the wheel builds
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vulkan_tests 60 "kept or skipped or in_place_in_one or follow" tests/test_optim.py
     vk timeout 60 python3 bench/adam_only.py --device vulkan --torch-device cuda --sizes 1e6 1e8 > $OUT/adam-vulkan.txt 2>&1
     echo "vulkan adam at $(el) s"
@@ -484,9 +480,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # with and without it (runners in turning order, the compiled step twice), the bias epilogue on
     # small products too, mlp-small's kernels, "highest", the bf16 block; the kept optimizer step's
     # tests on the Vulkan device while the wheel builds
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vulkan_tests 90 "optim or capture or kept" tests/test_optim.py tests/test_capture.py
     cuda_wheel_installed 330 || exit 1
     cuda_tests 60 "split_k or epilogue or products or budget or linear" tests/test_kernels.py tests/test_amp.py
@@ -534,9 +528,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
   set49d)
     # ~320 s: the tree as it lands, tested on CUDA (the optimizer's kept step after its review, the
     # whole-K products' long-K case) and on the Vulkan device; the MLPs at "high" and Adam once more
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    setup_vulkan
+    both_devices
     vulkan_tests 90 "optim or capture" tests/test_optim.py tests/test_capture.py
     cuda_wheel_installed 330 || exit 1
     cuda_tests 90 "split_k or epilogue or products or budget or linear or optim or capture" tests/test_kernels.py \
