@@ -312,8 +312,12 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // op_params[5]: the bias in cuBLASLt's epilogue; [6]: an algorithm that does not split K
     const bool epilogue = dst->src[2] != nullptr && ggml_get_op_params_i32(dst, 5) == 1;
     const bool whole_k = ggml_get_op_params_i32(dst, 6) == 1;
+    // one cuBLASLt call; where no algorithm both adds the bias and keeps K whole, the bias wins
+    const void * bias = epilogue ? dst->src[2]->data : nullptr;
+    const cudaDataType_t type = low ? low_type : CUDA_R_32F;
     const bool by_lt = (epilogue || whole_k) && s.b2*s.b3 == 1 &&
-        ggrad_gemm_lt(ctx, s, dst, low ? low_type : CUDA_R_32F, compute, epilogue ? dst->src[2]->data : nullptr, whole_k);
+        (ggrad_gemm_lt(ctx, s, dst, type, compute, bias, whole_k) ||
+         (epilogue && whole_k && ggrad_gemm_lt(ctx, s, dst, type, compute, bias, false)));
     if (by_lt) {
         // made by the one cuBLASLt call
     } else if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
@@ -324,7 +328,6 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
             s.a.data, s.b.data, (const char *) dst->data, pa, pb, pc, batches, s.b2, s.a_r2, s.a_r3, s.b_r2, s.b_r3,
             A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*sizeof(float));
         CUDA_CHECK(cudaGetLastError());
-        const cudaDataType_t type = low ? low_type : CUDA_R_32F;
         CUBLAS_CHECK(cublasGemmBatchedEx(handle, op_b, op_a, N, M, K, &alpha, pb, type, ldb, pa, type, lda, &beta,
                                          (void **) pc, CUDA_R_32F, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
     } else if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {  // batches along one axis, evenly strided
