@@ -196,7 +196,7 @@ def test_steps_are_in_place_in_one_dispatch_and_resident(dev, fused, kept):
         assert (t.dispatches, t.crossings) == (1, 0)  # both parameters, one graph, nothing crossed
         if i == 6:
             assert (p.handle.ptr, q.handle.ptr) == ptrs
-    assert opt._kept_step.traces == 1  # the first step (host gradients) traced it; the rest replayed or recorded
+    assert opt._kept_step.compiled.traces == 1  # the first step (host gradients) traced it; the rest replayed or recorded
     np.testing.assert_allclose(p.numpy(), adam_ref(P0, grads, lr=0.01)[0], rtol=1e-5, atol=1e-6)
     assert p.handle.live and p.handle.scope == "persistent"
     assert all(opt.state[p][k].handle.live for k in ("m", "v"))
@@ -253,7 +253,7 @@ def test_a_step_over_computed_gradients_runs_its_kept_graph_as_recorded(dev, nam
             ran_at_once += not ggrad.lazy.has_pending_work()
             ggrad.realize()
         results.append((p.numpy(), q.numpy(), opt.state_dict()))
-        assert ran_at_once >= (6 if kept else 0) and opt._kept_step.traces <= 3, opt._kept_step.reason
+        assert ran_at_once >= (6 if kept else 0) and opt._kept_step.compiled.traces <= 3, opt._kept_step.compiled.reason
         assert kept or ran_at_once == 0
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
@@ -334,7 +334,7 @@ def test_a_kept_step_stops_tracing_when_each_step_has_other_gradients(dev):
             weights[j] -= 0.1 * g if p.grad is not None else 0.0
         ggrad.realize(*[p.grad for p in ps if p.grad is not None])
         opt.step()
-    assert opt._kept_step.traces <= 16, opt._kept_step.traces
+    assert opt._kept_step.compiled.traces <= 16, opt._kept_step.compiled.traces
     np.testing.assert_allclose(np.stack([p.numpy() for p in ps]), weights, rtol=1e-5, atol=1e-6)
 
 
@@ -381,7 +381,7 @@ def test_a_kept_step_counts_its_in_place_writes_and_keeps_to_ggrads_own_optimize
         opt.step()
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
-    assert opt._kept_step.traces == 1
+    assert opt._kept_step.compiled.traces == 1
 
     p, q = ggrad.param(P0), ggrad.param(P0.T)
     opt = Adam([p, q], lr=0.01, fused=True)
@@ -389,7 +389,7 @@ def test_a_kept_step_counts_its_in_place_writes_and_keeps_to_ggrads_own_optimize
         p.grad, q.grad = g, (None if i == 1 else g.T)
         ggrad.realize(*[t.grad for t in (p, q) if t.grad is not None])
         opt.step()
-    assert "skipped steps" in opt._kept_step.reason
+    assert "skipped steps" in opt._kept_step.compiled.reason
     np.testing.assert_allclose(p.numpy(), adam_ref(P0, GRADS, lr=0.01)[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(q.numpy(), adam_ref(P0.T, [g.T for i, g in enumerate(GRADS) if i != 1], lr=0.01)[0],
                                rtol=1e-5, atol=1e-6)

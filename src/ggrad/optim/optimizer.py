@@ -21,7 +21,7 @@ import math
 import numbers
 import operator
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -72,6 +72,42 @@ def float32(t: Tensor | None) -> Tensor | None:
 def count_group_step(shared: dict) -> None:
     """A replayed step's advance of a group's host step count (capture.on_replay)."""
     shared["step"] += 1
+
+
+class _KeptStep:
+    """An optimizer's step kept as a graph (capture.Compiled over `Optimizer._step_over`),
+    and when to try it: after k refused traces (state made inside the first steps, RAdam's
+    unrectified start) or runs of TRACES_IN_A_ROW traces that no replay used (the parameters
+    with gradients change from step to step), the next 2^k steps are recorded without
+    trying; state replaced since (a new capture epoch) starts afresh."""
+
+    TRACES_IN_A_ROW = 3  # accumulation's micro-steps and applying steps are two variants
+
+    def __init__(self, fn: Callable) -> None:
+        self.compiled = capture.Compiled(fn, warn=False)
+        self.backoffs = self.wait = self.traces_in_a_row = 0
+        self.epoch = replay.epoch()
+
+    def ready(self) -> bool:
+        if self.epoch != replay.epoch():
+            self.backoffs = self.wait = self.traces_in_a_row = 0
+            self.epoch = replay.epoch()
+        if self.wait:
+            self.wait -= 1
+            return False
+        return True
+
+    def run(self, *args) -> None:
+        traces = self.compiled.traces
+        self.compiled(*args)
+        if self.compiled.traces == traces:  # a replay
+            self.traces_in_a_row = 0
+            return
+        self.traces_in_a_row += 1
+        if self.compiled.reason is not None or self.traces_in_a_row >= self.TRACES_IN_A_ROW:
+            self.traces_in_a_row = 0
+            self.backoffs += 1
+            self.wait = 2 ** min(self.backoffs, 10)
 
 
 def _count_writes(writes: list[tuple[Tensor, int]]) -> None:
@@ -270,64 +306,38 @@ class Optimizer:
             else:
                 self._run_kept_step(params)
 
-    # A step's kept graph, per optimizer (capture.Compiled over `_step_over`); False where
-    # the class is not ggrad's own: a subclass written elsewhere may compute from Python
-    # state (a host bias correction) that a replay would freeze, so its steps are recorded.
+    # A step's kept graph (_KeptStep over `_step_over`), made at the first step; False where the
+    # class is not ggrad's own: a subclass written elsewhere may compute from Python state (a
+    # host bias correction) that a replay would freeze, so its steps are recorded.
     _kept_step: Any = None
-    KEPT_TRACES_IN_A_ROW = 3  # accumulation's micro-steps and applying steps are two variants
 
     def _kept_step_params(self) -> list[Tensor] | None:
         """Every parameter, when this step can run as its kept graph: nothing recorded is
         pending (the step would otherwise join that graph, one dispatch), each gradient is
-        a computed value, the step writes in place and nothing is being traced or taped.
-        After k refused traces (state made inside the first steps, RAdam's unrectified
-        start) or runs of traces no replay used, the next 2^k steps are recorded without
-        trying."""
+        a computed value, the step writes in place, nothing is being traced or taped, and
+        the kept step is not backing off."""
         kept = self._kept_step
         if kept is None:
-            kept = self._kept_step = self._make_kept_step()
+            kept = self._kept_step = _KeptStep(self._step_over) if type(self).__module__.startswith("ggrad.") else False
         if kept is False or not self.in_place or replay.tracing() or autograd.is_recording():
             return None
         params = [p for group in self.param_groups for p in group["params"]]
         # pending gradients first: the common case, and cheap (has_pending_work looks at every pending node)
         if any(p._grad is not None and p._grad.node.op is not None for p in params) or lazy.has_pending_work():
             return None
-        if self._kept_epoch != replay.epoch():  # the step's state was replaced: try afresh
-            self._kept_refusals, self._kept_wait, self._kept_traces, self._kept_epoch = 0, 0, 0, replay.epoch()
-        if self._kept_wait:
-            self._kept_wait -= 1
-            return None
-        return params
-
-    def _make_kept_step(self):
-        if not type(self).__module__.startswith("ggrad."):
-            return False
-        self._kept_refusals, self._kept_wait, self._kept_traces, self._kept_epoch = 0, 0, 0, replay.epoch()
-        return capture.Compiled(self._step_over, warn=False)
+        return params if kept.ready() else None
 
     def _run_kept_step(self, params: list[Tensor]) -> None:
         """Replay the step's kept graph over this call's gradients (trace it if none fits)."""
-        kept = self._kept_step
         which = tuple([i for i, p in enumerate(params) if p._grad is not None])
         grads = [params[i]._grad for i in which]
-        traces = kept.traces
         for i in which:  # passed as arguments: a gradient held before the call is not one the trace may keep
             params[i]._grad = None
         try:
-            kept(which, *grads)
+            self._kept_step.run(which, *grads)
         finally:
             for i, g in zip(which, grads):
                 params[i]._grad = g
-        if kept.traces == traces:  # a replay
-            self._kept_traces = 0
-            return
-        # a trace: one refused, or the third in a row that no replay used (the parameters with
-        # gradients change from step to step), makes the next steps recorded for a while
-        self._kept_traces += 1
-        if kept.reason is not None or self._kept_traces >= self.KEPT_TRACES_IN_A_ROW:
-            self._kept_traces = 0
-            self._kept_refusals += 1
-            self._kept_wait = 2 ** min(self._kept_refusals, 10)
 
     def _step_over(self, which: tuple[int, ...], *grads: Tensor) -> None:
         """`_kept_step`'s function: the step with the given parameters' gradients. A replay
