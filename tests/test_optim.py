@@ -229,6 +229,44 @@ def _assert_same_state(ours: dict, theirs: dict) -> None:
             assert x == y
 
 
+def _kept_against_recorded(make_optimizer, grads, before_step=None, q_has_grad=None, recorded=()) -> list:
+    """The same steps over p and q twice: with each gradient left pending (every step
+    recorded into its gradients' graph), then computed (the kept step runs where it can),
+    and the two runs' weights and state dicts equal bit for bit. `before_step(i, opt, p, q)`
+    changes what Python holds before step i, `q_has_grad(i)` whether q has a gradient then,
+    `recorded` the steps whose gradients stay pending in the second run too. Each `.grad`
+    after a step is the tensor that was set. Returns each run's (optimizer, steps that ran
+    at once)."""
+    runs, results = [], []
+    for kept in (False, True):
+        p, q = ggrad.param(P0), ggrad.param(P0 * 2)
+        opt = make_optimizer([p, q])
+        ran_at_once = 0
+        for i, (gp, gq) in enumerate(grads):
+            if before_step is not None:
+                before_step(i, opt, p, q)
+            p.grad, q.grad = gp, (gq if q_has_grad is None or q_has_grad(i) else None)
+            ggrad.realize(*[t.grad for t in (p, q) if t.grad is not None])
+            if not kept or i in recorded:
+                p.grad = p.grad * 1.0
+            given = (p.grad, q.grad)
+            opt.step()
+            assert all(a is b for a, b in zip((p.grad, q.grad), given))
+            ran_at_once += not ggrad.lazy.has_pending_work()
+            ggrad.realize()
+        runs.append((opt, ran_at_once))
+        results.append((p.numpy(), q.numpy(), opt.state_dict()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    _assert_same_state(results[0][2], results[1][2])
+    return runs
+
+
+def _halve_lr_at_the_7th(i, opt, p, q):
+    if i == 6:
+        opt.param_groups[0]["lr"] *= 0.5
+
+
 @pytest.mark.parametrize("name,kwargs", KEPT_STEPS)
 def test_a_step_over_computed_gradients_runs_its_kept_graph_as_recorded(dev, name, kwargs):
     """With the gradients computed and nothing pending, `step()` runs its kept graph at
@@ -237,27 +275,11 @@ def test_a_step_over_computed_gradients_runs_its_kept_graph_as_recorded(dev, nam
     and most steps were replays (state made at the first step and RAdam's unrectified
     start are traced again)."""
     grads = np.random.default_rng(8).standard_normal((12, 2) + P0.shape).astype(np.float32)
-    results = []
-    for kept in (False, True):
-        p, q = ggrad.param(P0), ggrad.param(P0 * 2)
-        opt = getattr(ggrad.optim, name)([p, q], **kwargs)
-        ran_at_once = 0
-        for i, (gp, gq) in enumerate(grads):
-            if i == 6:
-                opt.param_groups[0]["lr"] *= 0.5
-            p.grad, q.grad = gp, gq
-            ggrad.realize(p.grad, q.grad)
-            if not kept:
-                p.grad = p.grad * 1.0
-            opt.step()
-            ran_at_once += not ggrad.lazy.has_pending_work()
-            ggrad.realize()
-        results.append((p.numpy(), q.numpy(), opt.state_dict()))
-        assert ran_at_once >= (6 if kept else 0) and opt._kept_step.compiled.traces <= 3, opt._kept_step.compiled.reason
-        assert kept or ran_at_once == 0
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])
-    _assert_same_state(results[0][2], results[1][2])
+    cls = getattr(ggrad.optim, name)
+    (_, recorded_at_once), (opt, kept_at_once) = _kept_against_recorded(lambda ps: cls(ps, **kwargs), grads,
+                                                                        _halve_lr_at_the_7th)
+    assert recorded_at_once == 0
+    assert kept_at_once >= 6 and opt._kept_step.compiled.traces <= 3, opt._kept_step.compiled.reason
 
 
 def _replace_momentum(i, opt, p, q):
@@ -294,26 +316,11 @@ def test_a_kept_step_follows_what_python_changed_between_steps(dev, case):
     recorded steps' bit for bit, and each `.grad` is the tensor that was set."""
     cls, kwargs, change = CHANGED_BETWEEN_STEPS[case]
     grads = np.random.default_rng(9).standard_normal((12, 2) + P0.shape).astype(np.float32)
-    results = []
-    for kept in (False, True):
-        p, q = ggrad.param(P0), ggrad.param(P0 * 2)
-        opt = cls([p, q], **kwargs)
-        for i, (gp, gq) in enumerate(grads):
-            if change is not None:
-                change(i, opt, p, q)
-            p.grad = gp
-            q.grad = gq if change is not None or i == 4 or i >= 6 else None
-            ggrad.realize(*[t.grad for t in (p, q) if t.grad is not None])
-            if not kept or change is None and i == 4:
-                p.grad = p.grad * 1.0
-            given = (p.grad, q.grad)
-            opt.step()
-            assert (p.grad, q.grad) == given or all(a is b for a, b in zip((p.grad, q.grad), given))
-            ggrad.realize()
-        results.append((p.numpy(), q.numpy(), opt.state_dict()))
-    np.testing.assert_array_equal(results[0][0], results[1][0])
-    np.testing.assert_array_equal(results[0][1], results[1][1])
-    _assert_same_state(results[0][2], results[1][2])
+    if change is not None:
+        _kept_against_recorded(lambda ps: cls(ps, **kwargs), grads, change)
+    else:
+        _kept_against_recorded(lambda ps: cls(ps, **kwargs), grads, q_has_grad=lambda i: i == 4 or i >= 6,
+                               recorded=(4,))
 
 
 def test_a_kept_step_stops_tracing_when_each_step_has_other_gradients(dev):
