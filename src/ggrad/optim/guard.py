@@ -51,8 +51,7 @@ def snapshot(optimizer) -> dict[int, Tensor]:
 
 def _changeable(optimizer) -> list[Tensor]:
     """Each parameter and optimizer state tensor."""
-    return [p for group in optimizer.param_groups for p in group["params"]] + [
-        v for s in [*optimizer.state.values(), *optimizer.group_state] for v in s.values() if isinstance(v, Tensor)]
+    return optimizer._parameters() + optimizer._state_tensors()
 
 
 @contextlib.contextmanager

@@ -227,6 +227,10 @@ class Optimizer:
         capture.invalidate()  # a kept step graph does not update the new group
         capture.track(self)
 
+    def _parameters(self) -> list[Tensor]:
+        """Every group's parameters, in order (a saved state's indices count them so)."""
+        return [p for group in self.param_groups for p in group["params"]]
+
     def make_state(self) -> None:
         """Make now whatever state the next step would make for its groups and parameters
         (a guarded step must not make state: optim/guard.py)."""
@@ -321,7 +325,7 @@ class Optimizer:
             kept = self._kept_step = _KeptStep(self._step_over) if type(self).__module__.startswith("ggrad.") else False
         if kept is False or not self.in_place or replay.tracing() or autograd.is_recording():
             return None
-        params = [p for group in self.param_groups for p in group["params"]]
+        params = self._parameters()
         # pending gradients first: the common case, and cheap (has_pending_work looks at every pending node)
         if any(p._grad is not None and p._grad.node.op is not None for p in params) or lazy.has_pending_work():
             return None
@@ -342,7 +346,7 @@ class Optimizer:
     def _step_over(self, which: tuple[int, ...], *grads: Tensor) -> None:
         """`_kept_step`'s function: the step with the given parameters' gradients. A replay
         repeats the trace's in-place version counts (autograd checks them)."""
-        params = [p for group in self.param_groups for p in group["params"]]
+        params = self._parameters()
         for i, g in zip(which, grads):
             params[i]._grad = g
         written = params + self._state_tensors()
@@ -504,7 +508,7 @@ class Optimizer:
     # ---- saving ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Host copies of every state tensor, the step counts and the hyperparameters."""
-        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        index = {id(p): i for i, p in enumerate(self._parameters())}
         state = {}
         for p, s in self.state.items():
             state[index[id(p)]] = {k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()}
@@ -519,7 +523,7 @@ class Optimizer:
         shared array of the wrong size, would reach a ggml assert at the next step).
         Moments take their parameter's dtype, as torch's do."""
         settings, states, shared = self._checked_state_dict(state_dict)
-        params = [p for g in self.param_groups for p in g["params"]]
+        params = self._parameters()
         self.state = {}
         for i, s in states.items():
             p = params[i]
@@ -549,7 +553,7 @@ class Optimizer:
             saved = {k: v for k, v in saved.items() if k != "params"}
             self._validate({**group, **saved})
             settings.append(saved)
-        params = [p for g in self.param_groups for p in g["params"]]
+        params = self._parameters()
         states = {}
         for i, s in state_dict["state"].items():
             index = _index(i, len(params))
