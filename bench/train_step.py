@@ -312,9 +312,9 @@ def main() -> None:
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
                          "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
     ap.add_argument("--again", action="store_true",
-                    help="also time a second copy of ggrad's compiled step, after the other runners: an "
-                         "A/B/A that shows what the order of the runners alone does (two runners of the "
-                         "same graph have differed by 12%%)")
+                    help="also time a second copy of ggrad's compiled step: an A/B/A that shows how far "
+                         "two runners of the same graph differ (up to ~7%% on an H100, 10-20%% on the CPU "
+                         "before the order was shuffled)")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
