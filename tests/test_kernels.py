@@ -729,6 +729,11 @@ def test_linear_layers_with_bias_equal_float64(dev, rows, inner, outs):
         np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-4)
 
 
+def _gemm_nodes(step) -> list:
+    """The ggrad GEMM nodes of a compiled step's kept graphs."""
+    return [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+
+
 # products for Vulkan's wide tiles: (A's shape as stored, B's, read transposed?, bias?, the
 # tile, A's first element into its rows)
 WIDE_TILE_PRODUCTS = {
@@ -769,7 +774,7 @@ def test_vulkan_wide_tiles_are_the_bits_of_the_64_tile(dev, monkeypatch, case):
         monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"gemm_wide {wide}")
         step = ggrad.compile(product)
         results.append(step(*(ggrad.tensor(v) for v in (a, b, bias))).numpy())
-        gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        gemms = _gemm_nodes(step)
         assert [n.op_params[4] for n in gemms] == [tile if wide else 0], [n.op_params[4] for n in gemms]
     np.testing.assert_array_equal(results[1].view(np.uint32), results[0].view(np.uint32))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -799,7 +804,7 @@ def test_cuda_bias_in_the_products_epilogue_equals_float64(dev, monkeypatch, low
             with ggrad.autocast(dtype=ggrad.bfloat16, enabled=low is not None):
                 return F.linear(x[..., offset:offset + 96], weight, bias)
         got = step(*(ggrad.tensor(v) for v in (a, w, b))).numpy()
-        gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        gemms = _gemm_nodes(step)
         assert [n.op_params[5] for n in gemms] == [int(on)], [n.op_params[5] for n in gemms]
         x64, w64 = (torch.tensor(v).to(torch.bfloat16).double().numpy() if low else v.astype(np.float64) for v in (a, w))
         np.testing.assert_allclose(got, x64[..., offset:offset + 96] @ w64.T + b, rtol=1e-5, atol=1e-4)
@@ -832,7 +837,7 @@ def test_cuda_small_products_without_split_k_equal_float64(dev, monkeypatch, low
             with ggrad.autocast(dtype=ggrad.bfloat16, enabled=low is not None):
                 return F.linear(x, weight, bias), x.T @ g, xb @ weight.T, xl.T @ gl
         got = [t.numpy() for t in step(*(ggrad.tensor(v) for v in (x, w, b, g, xb, xl, gl)))]
-        gemms = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        gemms = _gemm_nodes(step)
         # the batch and the long K (2048 terms over 16 x 8 outputs: splitting's case) are not asked
         assert sorted(n.op_params[6] for n in gemms) == [0, 0, int(on), int(on)], [n.op_params[6] for n in gemms]
         for ours, theirs in zip(got, (x64 @ w64.T + b, x64.T @ g64, xb64 @ w64.T, xl64.T @ gl64)):
