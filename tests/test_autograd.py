@@ -425,3 +425,31 @@ def test_a_value_whose_graph_failed_does_not_fail_later_graphs(dev, monkeypatch)
     with pytest.raises(NotImplementedError, match="lacks the op"):
         bad + 1
     assert not lazy.has_pending_work()
+
+
+# (shape, split sizes, axis, layout op on each piece): ops._place joins the pieces' gradients
+JOINS = {
+    "heads permuted (attention's thirds)": ((2, 5, 12), 4, -1, lambda p: p.reshape(2, 5, 2, 2).permute(0, 2, 1, 3)),
+    "rows": ((6, 4, 3), 2, 0, lambda p: p),
+    "uneven, transposed": ((3, 6, 4), [1, 2, 3], 1, lambda p: p.transpose(0, 2)),
+    "columns of one value (CONCAT)": ((4, 5, 3), 1, -1, lambda p: p * 1.0),
+}
+
+
+@pytest.mark.parametrize("case", list(JOINS))
+def test_the_gradients_of_a_splits_pieces_land_where_each_piece_came_from(dev, case):
+    """ops._place copies each piece's gradient into its part of one tensor, read through the
+    view a copy of it would have copied (or CONCATs where ggml-cuda would copy a piece as a
+    transpose): every value lands where its piece came from, bit for bit (the positions are
+    found by sending an index tensor through the same layout ops)."""
+    shape, sizes, axis, layout = JOINS[case]
+    x = ggrad.param(rng.standard_normal(shape).astype(np.float32))
+    pieces = F.split(x, sizes, axis)
+    weights = [rng.standard_normal(layout(p).shape).astype(np.float32) for p in pieces]
+    with ggrad.grad_tape():
+        sum((layout(p) * ggrad.tensor(w)).sum() for p, w in zip(F.split(x, sizes, axis), weights)).backward()
+    positions = ggrad.tensor(np.arange(x.numel(), dtype=np.float32).reshape(shape))
+    expected = np.zeros(x.numel(), np.float32)
+    for where, w in zip(F.split(positions, sizes, axis), weights):
+        expected[layout(where).numpy().astype(np.int64).ravel()] = w.ravel()
+    np.testing.assert_array_equal(x.grad.numpy(), expected.reshape(shape))
