@@ -64,8 +64,8 @@ def profile(graphs, backend, repeats: int, listed: frozenset = frozenset()) -> d
     return times
 
 
-def cuda_kernels(step, sync, steps: int = 20) -> None:
-    """The GPU kernels of `steps` replays, per step (CUPTI through torch.profiler)."""
+def cuda_kernels(step, sync, steps: int = 20, top: int = 15) -> None:
+    """The `top` GPU kernels by time of `steps` replays, per step (CUPTI through torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
     t0 = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -78,7 +78,7 @@ def cuda_kernels(step, sync, steps: int = 20) -> None:
     print(f"GPU kernels per step: {sum(e.count for e in events) / steps:.0f}, {busy:.3f} ms of device time; "
           f"step {wall * 1e3:.3f} ms under the profiler")
     print("| kernel | per step | ms per step |\n| --- | --- | --- |")
-    for e in sorted(events, key=lambda e: -e.device_time_total)[:15]:
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         print(f"| {e.key[:90]} | {e.count / steps:.0f} | {e.device_time_total / steps / 1e3:.4f} |")
 
 
@@ -104,6 +104,7 @@ def main() -> None:
     ap.add_argument("--precision", default="highest", choices=["highest", "high", "medium"],
                     help="ggrad.set_float32_matmul_precision (CUDA: high allows TF32)")
     ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
+    ap.add_argument("--top", type=int, default=15, help="how many of --kernels' kernels to list")
     ap.add_argument("--nodes", nargs="+", default=[], metavar="OP",
                     help="list each node of these ops (names as in the table) with its shapes and time")
     args = ap.parse_args()
@@ -130,7 +131,7 @@ def main() -> None:
     sync()
     replay = (time.perf_counter() - t0) / 20
     if args.kernels:
-        cuda_kernels(step, sync)
+        cuda_kernels(step, sync, top=args.top)
     backend = runtime.current().backend
     t0 = time.perf_counter()
     for _ in range(20):  # ggml alone: the step's graphs with none of ggrad's replay around them

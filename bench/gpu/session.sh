@@ -67,8 +67,9 @@
 #                                      processes and with a second copy of the step, Adam alone, the bf16 block
 #   bash bench/gpu/session.sh set49d   ~320 s: the tree as it lands tested on CUDA and the Vulkan device, the MLPs
 #                                      at "high" and Adam once more
-#   bash bench/gpu/session.sh set49e   ~300 s: cuBLASLt's alignment capped at 16, tested on CUDA (capture's eager
-#                                      and compiled steps bit for bit), the MLPs with and without set 49's paths
+#   bash bench/gpu/session.sh set49e   ~450 s: cuBLASLt's alignment capped at 16, tested on CUDA (capture's eager
+#                                      and compiled steps bit for bit), the MLPs with and without set 49's paths,
+#                                      the bf16 block timed and its kernels listed
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -543,11 +544,19 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
-    cuda_tests 120 "split_k or epilogue or products or budget or linear or optim or capture or amp" \
-      tests/test_kernels.py tests/test_optim.py tests/test_capture.py tests/test_amp.py
-    cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+    cuda_tests 120 "split_k or epilogue or products or budget or linear or optim or capture or amp or land_where or attention" \
+      tests/test_kernels.py tests/test_optim.py tests/test_capture.py tests/test_amp.py tests/test_autograd.py \
+      tests/test_attention.py
+    cu timeout 150 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist mlp-large --cuda-graph --blocks 6 --again --without gemm_whole_k gemm_bias_epilogue \
-      > $OUT/mlp-cuda-high.txt 2>&1 ;;
+      > $OUT/mlp-cuda-high.txt 2>&1
+    echo "mlp at $(el) s"
+    # the bf16 block: the q/k/v gradients copied into one tensor (no CONCAT), then its kernels
+    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 4 --without gemm_whole_k gemm_bias_epilogue > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
+      --amp bf16 --precision high --kernels --top 45 --nodes "GGRAD GEMM" CPY > $OUT/profile-block.txt 2>&1 ;;
   lt_probe)
     # ~40 s: which cuBLASLt bias-gradient epilogues (BGRADB) exist for ggrad's layouts and types
     "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O2 -o /tmp/probe bench/gpu/probe_lt_bgrad.cu -lcublasLt > $OUT/probe-build.txt 2>&1 || { cat $OUT/probe-build.txt; exit 1; }
