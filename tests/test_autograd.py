@@ -432,6 +432,8 @@ JOINS = {
     "heads permuted (attention's thirds)": ((2, 5, 12), 4, -1, lambda p: p.reshape(2, 5, 2, 2).permute(0, 2, 1, 3)),
     "rows": ((6, 4, 3), 2, 0, lambda p: p),
     "uneven, transposed": ((3, 6, 4), [1, 2, 3], 1, lambda p: p.transpose(0, 2)),
+    # the copy of a transposed matrix is read as it is (ggml-cuda would copy the view as a transpose)
+    "matrices transposed": ((6, 40), 3, 0, lambda p: p.transpose(0, 1)),
     "columns of one value (CONCAT)": ((4, 5, 3), 1, -1, lambda p: p * 1.0),
 }
 
