@@ -203,8 +203,7 @@ static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b,
 
 // the largest power of two, up to 16, that divides an address (cuBLASLt's heuristic assumes 256
 // unless told). Capped at 16 as PyTorch's is: the heuristic's choice then depends on the shapes,
-// not on where the allocator put the operands (with 256 an eager step's graphs and the compiled
-// step's got different kernels for the same product, one ulp apart: set49d)
+// not on where the allocator put the operands (ggml's allocator places them at 128-byte steps)
 static uint32_t ggrad_alignment(const void * p) {
     uint32_t a = 16;
     while (a > 1 && (uintptr_t) p % a != 0) {

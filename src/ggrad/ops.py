@@ -503,8 +503,15 @@ def _gemm_low(ctx, a, b, low: int, product):
 
 def _read_in_place(ctx, t):
     """`t` as the GEMM kernel reads it without copies: the view a CONT copies, or a view of
-    a copy re-viewed in the copied tensor's storage (_uncopied, then _through_copy)."""
-    return _through_copy(ctx, _uncopied(t))
+    a copy re-viewed in the copied tensor's storage (_uncopied, then _through_copy), through
+    as many copies as there are (attention's values read transposed: a view of the heads'
+    copy of a copy of the fused projection's third)."""
+    t = _uncopied(t)
+    while True:
+        seen = _through_copy(ctx, t)
+        if seen is t:
+            return t
+        t = seen
 
 
 def _strided_view(ctx, storage, ne, nb, offset: int):
@@ -528,11 +535,32 @@ def _low_view(ctx, t, low: int):
     kernel's output is a view of a buffer it rewrites: a cast of that buffer could run first)."""
     c = t.contents
     root = c.view_src
-    if not root or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
-            or root.contents.type != F32 or not G.ggml_is_contiguous(root) or not _pure_view(t):
-        return as_type(ctx, t, low) if not root else None
+    if not root:
+        return as_type(ctx, t, low)
+    whole = _whole_storage(t)
+    if whole is None or G.ggml_nelements(root) > LOW_VIEW_STORAGE * G.ggml_nelements(t) \
+            or root.contents.type != F32 or not G.ggml_is_contiguous(root):
+        return None
     shrink = G.ggml_type_size(F32) // G.ggml_type_size(low)
-    return _strided_view(ctx, as_type(ctx, root, low), c.ne, [nb // shrink for nb in c.nb], c.view_offs // shrink)
+    return _strided_view(ctx, as_type(ctx, whole, low), c.ne, [nb // shrink for nb in c.nb], c.view_offs // shrink)
+
+
+def _whole_storage(t):
+    """What a cast of `t`'s storage is made from: the storage itself where `t` reaches it
+    through views only (_pure_view), else the view of all of the storage, at its start and
+    contiguous, that `t` reaches through views only and that a writing node made or follows
+    (ops._joined_by_copies' result: a cast of it runs after the copies, one of the storage
+    could run before them); None where there is no such view."""
+    root, node, whole = t.contents.view_src, t, None
+    while ctypes.addressof(node.contents) != ctypes.addressof(root.contents):
+        c = node.contents
+        if c.view_offs == 0 and c.type == root.contents.type and G.ggml_is_contiguous(node) \
+                and G.ggml_nelements(node) == G.ggml_nelements(root):
+            whole = node
+        if c.op not in _PURE_VIEWS:
+            return whole
+        node = c.src[0]
+    return root
 
 
 def _uncopied(t, transposes: bool = True):
