@@ -62,7 +62,8 @@
   product with a bias (one, no batches) is one cuBLASLt call with its bias epilogue where
   op_params[5] asks (ggml-cuda links cuBLASLt). On CUDA (set 49): where op_params[6] asks, a
   product (one, no batches) takes the first cuBLASLt algorithm that does not split K: one
-  kernel, no reduction kernel after it.
+  kernel, no reduction kernel after it. On CUDA (set 50): SOFT_MAX with op_params[2] = 1 runs a
+  warp a row, its values in registers.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -81,7 +82,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 49
+KERNELS_VERSION = 50
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -769,6 +770,94 @@ static bool ggrad_im2col_rows_cuda(const float * x, T * dst, int64_t IW, int64_t
 void ggml_cuda_op_im2col(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
 """
 
+# set 50: SOFT_MAX a warp a row where op_params[2] = 1 asks (ggml's softmax sets slots 0-1):
+# ggml's kernel gives a row a block of up to 1024 threads, one value a thread, and reduces
+# twice through shared memory; an H100 ran the bf16 block's 65536 rows of 256 at ~1 TB/s
+# (0.131 ms). Here the row stays in registers and both reductions are warp shuffles. The same
+# arithmetic (x*scale + mask, expf of the difference from the row's max, times 1/sum); the
+# max and the sum taken in another order. Rows of at most 1024, no ALiBi, no sinks.
+CUDA_SOFT_MAX_ROWS = """/* """ + MARK + """: softmax a warp a row */
+struct ggrad_soft_max_rows_shape {
+    int ncols;
+    int64_t nrows, ne01, ne02, ne12, ne13, nb11, nb12, nb13;
+    float scale;
+};
+
+template <int per_lane, typename T>
+static __global__ void ggrad_soft_max_rows(const float * __restrict__ x, const T * __restrict__ mask,
+                                           float * __restrict__ dst, const ggrad_soft_max_rows_shape s) {
+    const int64_t row = (int64_t) blockIdx.x*blockDim.y + threadIdx.y;
+    if (row >= s.nrows) {
+        return;
+    }
+    const int lane = threadIdx.x;
+    const int64_t i01 = row % s.ne01, i02 = (row/s.ne01) % s.ne02, i03 = row/(s.ne01*s.ne02);
+    const T * m = mask == nullptr ? nullptr
+        : (const T *) ((const char *) mask + i01*s.nb11 + (i02 % s.ne12)*s.nb12 + (i03 % s.ne13)*s.nb13);
+    x += row*s.ncols;
+    dst += row*s.ncols;
+    float v[per_lane];
+    float top = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        v[i] = col < s.ncols ? x[col]*s.scale + (m ? t2f32(m[col]) : 0.0f) : -INFINITY;
+        top = max(top, v[i]);
+    }
+    top = warp_reduce_max(top);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        if (lane + i*WARP_SIZE < s.ncols) {
+            v[i] = expf(v[i] - top);
+            sum += v[i];
+        }
+    }
+    sum = warp_reduce_sum(sum);
+    const float inv_sum = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        if (col < s.ncols) {
+            dst[col] = v[i] * inv_sum;
+        }
+    }
+}
+
+template <int per_lane, typename T>
+static void ggrad_soft_max_rows_cuda(const float * x, const T * mask, float * dst, const ggrad_soft_max_rows_shape & s,
+                                     cudaStream_t stream) {
+    const dim3 threads(WARP_SIZE, 4, 1);
+    ggrad_soft_max_rows<per_lane, T><<<(unsigned int) ((s.nrows + 3)/4), threads, 0, stream>>>(x, mask, dst, s);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* false where the row is longer than 1024 (ggml's kernel then runs) */
+template <typename T>
+static bool ggrad_soft_max_by_rows(const float * x, const T * mask, float * dst, const ggrad_soft_max_rows_shape & s,
+                                   cudaStream_t stream) {
+    const int lanes = (s.ncols + WARP_SIZE - 1)/WARP_SIZE;
+    if (lanes <= 1) {
+        ggrad_soft_max_rows_cuda<1>(x, mask, dst, s, stream);
+    } else if (lanes <= 2) {
+        ggrad_soft_max_rows_cuda<2>(x, mask, dst, s, stream);
+    } else if (lanes <= 4) {
+        ggrad_soft_max_rows_cuda<4>(x, mask, dst, s, stream);
+    } else if (lanes <= 8) {
+        ggrad_soft_max_rows_cuda<8>(x, mask, dst, s, stream);
+    } else if (lanes <= 16) {
+        ggrad_soft_max_rows_cuda<16>(x, mask, dst, s, stream);
+    } else if (lanes <= 32) {
+        ggrad_soft_max_rows_cuda<32>(x, mask, dst, s, stream);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+void ggml_cuda_op_soft_max(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+"""
+
 CUDA_REPEAT_BACK = """template <typename T>
 static __global__ void k_repeat_back_rows(
     const T * __restrict__ src, T * __restrict__ dst, float * __restrict__ partial, const int splits,
@@ -1179,6 +1268,18 @@ def patch(tree: Path) -> None:
     _patch_file(cuda / "CMakeLists.txt", [
         ("        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas)\n",
          f"        target_link_libraries(ggml-cuda PRIVATE CUDA::cudart CUDA::cublas CUDA::cublasLt)  # {MARK}\n"),
+    ])
+    _patch_file(cuda / "softmax.cu", [
+        ("void ggml_cuda_op_soft_max(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {\n", CUDA_SOFT_MAX_ROWS),
+        ("    const bool use_f16 = (src1 && src1->type == GGML_TYPE_F16);\n",
+         "    if (ggml_get_op_params_i32(dst, 2) == 1 && max_bias == 0.0f && src2 == nullptr && ne00 > 0) {  /* set 50 */\n"
+         "        const ggrad_soft_max_rows_shape s = {(int) ne00, nrows_x, src0->ne[1], src0->ne[2],\n"
+         "            src1 ? src1->ne[2] : 1, src1 ? src1->ne[3] : 1, src1 ? (int64_t) src1->nb[1] : 0,\n"
+         "            src1 ? (int64_t) src1->nb[2] : 0, src1 ? (int64_t) src1->nb[3] : 0, scale};\n"
+         "        if (src1 && src1->type == GGML_TYPE_F16 ? ggrad_soft_max_by_rows(src0_d, (const half *) src1_d, dst_d, s, stream)\n"
+         "                                                : ggrad_soft_max_by_rows(src0_d, (const float *) src1_d, dst_d, s, stream)) {\n"
+         "            return;\n        }\n    }\n"
+         "    const bool use_f16 = (src1 && src1->type == GGML_TYPE_F16);\n"),
     ])
     _patch_file(cuda / "binbcast.cu", [
         ("template <typename T>\nstatic void repeat_back_cuda(", CUDA_REPEAT_BACK),

@@ -844,6 +844,49 @@ def test_cuda_small_products_without_split_k_equal_float64(dev, monkeypatch, low
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4)
 
 
+def _softmax64(x: np.ndarray) -> np.ndarray:
+    """softmax over the last axis in float64, NaN where ggml's is (a row with NaN or +inf,
+    or with every value -inf)."""
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize("cols", [1, 31, 33, 256, 1024, 1025])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cuda_softmax_a_warp_a_row_equals_float64(dev, monkeypatch, cols, masked):
+    """CUDA's SOFT_MAX a warp a row (softmax_rows, forced off and on): op_params[2] asks for
+    it, and attention's scaled softmax (with an (L, S) mask over batches and heads, as
+    is_causal's) and F.softmax equal float64's, NaN where it is: a row of NaN, a row with an
+    infinity, rows whose every key is masked (scaled_dot_product_attention zeroes those rows
+    itself). Rows longer than 1024 keep ggml's kernel."""
+    if dev.split(":")[0] != "cuda" or kernels.version() < 50:
+        pytest.skip(f"{dev}: not CUDA with set 50")
+    rng = np.random.default_rng(cols)
+    x = rng.standard_normal((2, 3, 5, cols)).astype(np.float32) * 4
+    x[0, 1, 2] = np.nan
+    x[1, 0, 3, 0] = np.inf
+    mask = np.where(rng.random((5, cols)) < 0.2, -np.inf, 0.0).astype(np.float32)
+    mask[4] = -np.inf
+    scale = 0.37
+    want = (_softmax64(x.astype(np.float64) * scale + (mask if masked else 0.0)), _softmax64(x.astype(np.float64)))
+    assert np.isnan(want[0]).any() and np.isfinite(want[0]).any()
+    for on in (False, True):
+        set_variant(monkeypatch, "softmax_rows", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"softmax rows {on}")
+
+        @ggrad.compile
+        def step(x, mask):
+            from ggrad.functional.attention import attention_weights
+            return attention_weights(x, scale, mask if masked else None), F.softmax(x, -1)
+        got = [t.numpy() for t in step(ggrad.tensor(x), ggrad.tensor(mask))]
+        asked = [n.op_params[2] for n in compiled_nodes(step) if n.op == ggrad.ops.G.GGML_OP_SOFT_MAX]
+        assert asked == [int(on)] * 2, asked
+        for ours, theirs in zip(got, want):
+            np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+            np.testing.assert_allclose(ours, theirs, rtol=3e-5, atol=1e-7)
+
+
 def test_products_propagate_nan_and_inf_as_torch(dev):
     """NaN and infinities in either operand: the same outputs are NaN and infinite as
     torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""

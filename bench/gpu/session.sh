@@ -70,6 +70,8 @@
 #   bash bench/gpu/session.sh set49e   ~450 s: cuBLASLt's alignment capped at 16, tested on CUDA (capture's eager
 #                                      and compiled steps bit for bit), the MLPs with and without set 49's paths,
 #                                      the bf16 block timed and its kernels listed
+#   bash bench/gpu/session.sh set50    ~420 s: set 50's softmax tested, the accumulation probe, the bf16 block A/B
+#                                      and its kernels
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -557,6 +559,23 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
       --amp bf16 --precision high --kernels --top 45 --nodes "GGRAD GEMM" CPY > $OUT/profile-block.txt 2>&1 ;;
+  set50)
+    # ~420 s: kernel set 50 (CUDA's softmax a warp a row) tested; the accumulation probe (the
+    # one-ulp CUDA failure of test_capture, open since 2026-12-05) with and without ggml-cuda's
+    # fusion; the bf16 block with and without softmax_rows, then its kernels
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 120 "warp_a_row or budget or land_where or attention or amp or softmax or capture" tests/test_kernels.py \
+      tests/test_autograd.py tests/test_attention.py tests/test_amp.py tests/test_ops.py tests/test_capture.py
+    cu timeout 60 python3 bench/gpu/accumulation_probe.py cuda:0 > $OUT/accumulation.txt 2>&1
+    cu env GGML_CUDA_DISABLE_FUSION=1 timeout 60 python3 bench/gpu/accumulation_probe.py cuda:0 >> $OUT/accumulation.txt 2>&1
+    echo "probe at $(el) s"
+    cu timeout 120 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 5 --without softmax_rows > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
+      --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1 ;;
   lt_probe)
     # ~40 s: which cuBLASLt bias-gradient epilogues (BGRADB) exist for ggrad's layouts and types
     "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O2 -o /tmp/probe bench/gpu/probe_lt_bgrad.cu -lcublasLt > $OUT/probe-build.txt 2>&1 || { cat $OUT/probe-build.txt; exit 1; }

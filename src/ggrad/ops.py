@@ -214,12 +214,18 @@ _UNARY = {
     "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
     "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
     "silu": G.ggml_silu,
-    "softmax": G.ggml_soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
+    "softmax": lambda ctx, x: soft_max(ctx, x), "floor": G.ggml_floor, "ceil": G.ggml_ceil,
     "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
 }
 for _name, _fn in _UNARY.items():
     compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
 builder("cont")(lambda ctx, s, node: G.ggml_cont(ctx, s[0]))
+
+
+def soft_max(ctx, x, mask=None, scale: float = 1.0):
+    """softmax(x * scale + mask) over each row: ggml's SOFT_MAX, asking CUDA for a warp a row
+    (softmax_rows, set 50)."""
+    return _asking(G.ggml_soft_max_ext(ctx, x, mask, scale, 0.0), "softmax_rows")
 
 
 @compute("gelu")
@@ -1194,7 +1200,7 @@ def _softmax_cross_entropy_back(ctx, s, node):
     """d/dlogits = g * (softmax * sum(target) - target), per row."""
     logits, target, g = s
     rows = logits.contents.ne[1]
-    probs = G.ggml_soft_max(ctx, logits)
+    probs = soft_max(ctx, logits)
     diff = G.ggml_sub(ctx, G.ggml_mul(ctx, probs, G.ggml_sum_rows(ctx, target)), target)
     return G.ggml_mul(ctx, diff, reshape(ctx, g, (rows, 1)))
 

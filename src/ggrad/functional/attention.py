@@ -8,7 +8,7 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes
-from ..ops import compute, contiguous, reshape
+from ..ops import compute, contiguous, reshape, soft_max
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
 from .compare import gt, where
 from .layout import matmul, matmul_nt
@@ -84,7 +84,7 @@ def _scaled_softmax_rule(ctx, g):
 @compute("scaled_softmax")
 def _scaled_softmax(ctx, s, node):
     mask = contiguous(ctx, s[1]) if len(s) > 1 else None
-    return G.ggml_soft_max_ext(ctx, contiguous(ctx, s[0]), mask, node.arg, 0.0)
+    return soft_max(ctx, contiguous(ctx, s[0]), mask, node.arg)
 
 
 @compute("scaled_softmax_back")
