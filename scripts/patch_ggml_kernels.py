@@ -784,8 +784,8 @@ struct ggrad_soft_max_rows_shape {
 };
 
 template <int per_lane, typename T>
-static __global__ void ggrad_soft_max_rows(const float * __restrict__ x, const T * __restrict__ mask,
-                                           float * __restrict__ dst, const ggrad_soft_max_rows_shape s) {
+static __global__ void ggrad_soft_max_rows(const float * x, const T * mask, float * dst,  /* x may be dst (in place) */
+                                           const ggrad_soft_max_rows_shape s) {
     const int64_t row = (int64_t) blockIdx.x*blockDim.y + threadIdx.y;
     if (row >= s.nrows) {
         return;

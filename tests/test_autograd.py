@@ -427,31 +427,44 @@ def test_a_value_whose_graph_failed_does_not_fail_later_graphs(dev, monkeypatch)
     assert not lazy.has_pending_work()
 
 
-# (shape, split sizes, axis, layout op on each piece): ops._place joins the pieces' gradients
+# (shape, split sizes, axis, layout op on each piece, joined by copies?): ops._place joins the
+# pieces' gradients
 JOINS = {
-    "heads permuted (attention's thirds)": ((2, 5, 12), 4, -1, lambda p: p.reshape(2, 5, 2, 2).permute(0, 2, 1, 3)),
-    "rows": ((6, 4, 3), 2, 0, lambda p: p),
-    "uneven, transposed": ((3, 6, 4), [1, 2, 3], 1, lambda p: p.transpose(0, 2)),
+    "heads permuted (attention's thirds)": ((2, 5, 12), 4, -1, lambda p: p.reshape(2, 5, 2, 2).permute(0, 2, 1, 3), True),
+    # rows of 32 and more: CUDA's copy a warp a row, into a strided place (attention's)
+    "heads of 32": ((2, 3, 192), 64, -1, lambda p: p.reshape(2, 3, 2, 32).permute(0, 2, 1, 3), True),
+    "rows": ((6, 4, 3), 2, 0, lambda p: p, True),
+    "uneven, transposed": ((3, 6, 4), [1, 2, 3], 1, lambda p: p.transpose(0, 2), True),
+    "the outermost of four axes": ((6, 2, 3, 4), [1, 2, 3], 0, lambda p: p.permute(2, 0, 3, 1), True),
+    # a source axis that would run across two of the piece's: that piece is copied as it is
+    "axes across two": ((3, 8), 4, 1, lambda p: p.reshape(2, 2, 3).permute(1, 0, 2), True),
     # the copy of a transposed matrix is read as it is (ggml-cuda would copy the view as a transpose)
-    "matrices transposed": ((6, 40), 3, 0, lambda p: p.transpose(0, 1)),
-    "columns of one value (CONCAT)": ((4, 5, 3), 1, -1, lambda p: p * 1.0),
+    "matrices transposed": ((6, 40), 3, 0, lambda p: p.transpose(0, 1), True),
+    "columns of one value (CONCAT)": ((4, 5, 3), 1, -1, lambda p: p * 1.0, False),
 }
 
 
 @pytest.mark.parametrize("case", list(JOINS))
-def test_the_gradients_of_a_splits_pieces_land_where_each_piece_came_from(dev, case):
+def test_the_gradients_of_a_splits_pieces_land_where_each_piece_came_from(dev, monkeypatch, case):
     """ops._place copies each piece's gradient into its part of one tensor, read through the
     view a copy of it would have copied (or CONCATs where ggml-cuda would copy a piece as a
     transpose): every value lands where its piece came from, bit for bit (the positions are
-    found by sending an index tensor through the same layout ops)."""
-    shape, sizes, axis, layout = JOINS[case]
+    found by sending an index tensor through the same layout ops). Pieces of one split with
+    both layouts (plain, permuted) included."""
+    from ggrad import ops
+    shape, sizes, axis, layout, by_copies = JOINS[case]
+    joined = []
+    join = ops._joined_by_copies
+    monkeypatch.setattr(ops, "_joined_by_copies", lambda *args: joined.append(join(*args)) or joined[-1])
     x = ggrad.param(rng.standard_normal(shape).astype(np.float32))
+    layouts = [layout if i % 2 == 0 else (lambda p: p) for i in range(len(F.split(x, sizes, axis)))]
     pieces = F.split(x, sizes, axis)
-    weights = [rng.standard_normal(layout(p).shape).astype(np.float32) for p in pieces]
+    weights = [rng.standard_normal(lay(p).shape).astype(np.float32) for p, lay in zip(pieces, layouts)]
     with ggrad.grad_tape():
-        sum((layout(p) * ggrad.tensor(w)).sum() for p, w in zip(F.split(x, sizes, axis), weights)).backward()
+        sum((lay(p) * ggrad.tensor(w)).sum() for p, w, lay in zip(F.split(x, sizes, axis), weights, layouts)).backward()
     positions = ggrad.tensor(np.arange(x.numel(), dtype=np.float32).reshape(shape))
     expected = np.zeros(x.numel(), np.float32)
-    for where, w in zip(F.split(positions, sizes, axis), weights):
-        expected[layout(where).numpy().astype(np.int64).ravel()] = w.ravel()
+    for where, w, lay in zip(F.split(positions, sizes, axis), weights, layouts):
+        expected[lay(where).numpy().astype(np.int64).ravel()] = w.ravel()
     np.testing.assert_array_equal(x.grad.numpy(), expected.reshape(shape))
+    assert [j is not None for j in joined] == [by_copies], joined

@@ -844,6 +844,24 @@ def test_cuda_small_products_without_split_k_equal_float64(dev, monkeypatch, low
             np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-4)
 
 
+@needs_kernels
+def test_a_product_reads_the_deepest_view_of_its_copies_that_its_kernel_can(dev):
+    """The GEMM reads an operand through the copies under it (ops._read_in_place) only as far
+    as its kernel reads a view in place (rows or columns of unit stride): where the deepest
+    view has neither, the one above it is read, not copies of both operands (6 nodes)."""
+    rng = np.random.default_rng(0)
+    xv, wv = rng.standard_normal((8, 6, 8, 8)).astype(np.float32), rng.standard_normal((2, 5)).astype(np.float32)
+
+    @ggrad.compile
+    def step(x, w):
+        return x[:, 3:5].permute(2, 3, 0, 1)[:, :, 0:3][5:7] @ w
+    for _ in range(2):
+        got = step(ggrad.tensor(xv), ggrad.tensor(wv)).numpy()
+    want = xv[:, 3:5].transpose(2, 3, 0, 1)[:, :, 0:3][5:7].astype(np.float64) @ wv
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert sum(step.op_counts().values()) <= 4, step.op_counts()
+
+
 def _softmax64(x: np.ndarray) -> np.ndarray:
     """softmax over the last axis in float64, NaN where ggml's is (a row with NaN or +inf,
     or with every value -inf)."""
@@ -852,7 +870,7 @@ def _softmax64(x: np.ndarray) -> np.ndarray:
         return e / e.sum(-1, keepdims=True)
 
 
-@pytest.mark.parametrize("cols", [1, 31, 33, 256, 1024, 1025])
+@pytest.mark.parametrize("cols", [1, 31, 33, 100, 256, 500, 1024, 1025])
 @pytest.mark.parametrize("masked", [False, True])
 def test_cuda_softmax_a_warp_a_row_equals_float64(dev, monkeypatch, cols, masked):
     """CUDA's SOFT_MAX a warp a row (softmax_rows, forced off and on): op_params[2] asks for

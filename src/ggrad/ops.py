@@ -515,9 +515,16 @@ def _read_in_place(ctx, t):
     t = _uncopied(t)
     while True:
         seen = _through_copy(ctx, t)
-        if seen is t:
+        if seen is t or not _gemm_readable(seen):
             return t
         t = seen
+
+
+def _gemm_readable(t) -> bool:
+    """Whether the GEMM kernels read `t`'s matrices in place: rows or columns of unit stride
+    (ggrad_gemm.h's layout rule; any batch strides)."""
+    c, size = t.contents, G.ggml_type_size(t.contents.type)
+    return c.nb[0] == size or c.ne[0] == 1 or c.nb[1] == size or c.ne[1] == 1
 
 
 def _strided_view(ctx, storage, ne, nb, offset: int):
@@ -941,7 +948,13 @@ def _joined_by_copies(ctx, pieces, starts, dim: int):
     None where a piece would be copied as a transpose (see `_copied_as_transpose`)."""
     first = pieces[0].contents
     ne = [first.ne[i] if i != dim else sum(p.contents.ne[dim] for p in pieces) for i in range(MAX_DIMS)]
+    if any(p.contents.ne[i] != ne[i] or p.contents.type != first.type for p in pieces for i in range(MAX_DIMS) if i != dim):
+        return None
     out = G.ggml_new_tensor(ctx, first.type, MAX_DIMS, (ctypes.c_int64 * MAX_DIMS)(*ne))
+    # a node, not a leaf: ggml's allocator places leaves before the graph's first node, which
+    # kept every layer's joined gradient alive through the whole forward (a 6-layer encoder's
+    # scratch +15%); the backends skip an op-NONE node
+    out.contents.flags |= G.GGML_TENSOR_FLAG_PARAM
     nb = tuple(out.contents.nb)
     sources = [_copy_source(piece, nb) for piece in pieces]
     if any(_copied_as_transpose(source) for source, _ in sources):
