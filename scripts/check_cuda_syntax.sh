@@ -66,5 +66,5 @@ tree="$(ls -d "$src"/ggml_python-*/ | head -1)"
 "$VENV/bin/python" "$ROOT/scripts/patch_ggml_kernels.py" "$tree" >/dev/null
 cd "$tree/vendor/ggml/src"
 clang++-14 -x cuda --cuda-path="$TK" --cuda-gpu-arch=sm_75 -fsyntax-only -std=c++17 -Wno-unknown-cuda-version \
-  -I. -I../include -Iggml-cuda ggml-cuda/ggrad.cu ggml-cuda/binbcast.cu ggml-cuda/cpy.cu ggml-cuda/im2col.cu ggml-cuda/softmax.cu ggml-cuda/ggml-cuda.cu
-log "ggml-cuda/ggrad.cu, binbcast.cu (REPEAT_BACK), cpy.cu (casts, rows), im2col.cu (rows), softmax.cu (rows), ggml-cuda.cu (dispatch): no compile errors (syntax and types, host and device)"
+  -I. -I../include -Iggml-cuda ggml-cuda/ggrad.cu ggml-cuda/binbcast.cu ggml-cuda/cpy.cu ggml-cuda/im2col.cu ggml-cuda/softmax.cu ggml-cuda/unary.cu ggml-cuda/ggml-cuda.cu
+log "ggml-cuda/ggrad.cu, binbcast.cu (REPEAT_BACK), cpy.cu (casts, rows), im2col.cu (rows), softmax.cu (rows), unary.cu (four a thread), ggml-cuda.cu (dispatch): no compile errors (syntax and types, host and device)"

@@ -62,6 +62,28 @@ def test_activation_kernels_are_torchs_bit_for_bit(dev, name):
     np.testing.assert_array_equal(dx, dx_t)
 
 
+@pytest.mark.parametrize("n", [44, 45])
+def test_cuda_relu_four_values_a_thread_is_torchs_bit_for_bit(dev, monkeypatch, n):
+    """CUDA's RELU four values a thread (unary_x4, forced off and on): op_params[1] asks for
+    it, and its values equal torch's bit for bit, NaN, infinities and signed zeros included;
+    a length that is no whole number of float4s keeps ggml's kernel."""
+    if dev.split(":")[0] != "cuda" or kernels.version() < 50:
+        pytest.skip(f"{dev}: not CUDA with set 50")
+    x = np.resize(SPECIAL, n)
+    want = torch.relu(torch.from_numpy(x)).numpy()
+    for on in (False, True):
+        set_variant(monkeypatch, "unary_x4", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"unary x4 {on}")
+
+        @ggrad.compile
+        def step(x):
+            return F.relu(x)
+        got = step(ggrad.tensor(x)).numpy()
+        asked = [n.op_params[1] for n in compiled_nodes(step) if n.op == ggrad.ops.G.GGML_OP_UNARY]
+        assert asked == [int(on)], asked
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 @needs_kernels
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_kernels_equal_the_composed_form(dev, name, monkeypatch):

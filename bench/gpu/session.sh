@@ -72,6 +72,8 @@
 #                                      the bf16 block timed and its kernels listed
 #   bash bench/gpu/session.sh set50    ~420 s: set 50's softmax tested, the accumulation probe, the bf16 block A/B
 #                                      and its kernels
+#   bash bench/gpu/session.sh set50b   ~300 s: set 50's relu tested, the accumulation probe without CUDA graphs and
+#                                      with cuBLAS's workspace fixed, the bf16 block A/B, mlp-small and mlp-mnist
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -576,6 +578,24 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
       --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1 ;;
+  set50b)
+    # ~300 s: set 50's relu four values a thread tested; the accumulation probe without CUDA
+    # graphs and with cuBLAS's workspace fixed (set50: the first call already differs, with
+    # and without fusion); the bf16 block with and without unary_x4; mlp-small at "high"
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 90 "four_values_a_thread or warp_a_row or activation or deepest_view or budget or land_where" \
+      tests/test_kernels.py tests/test_autograd.py
+    cu env GGML_CUDA_DISABLE_GRAPHS=1 timeout 40 python3 bench/gpu/accumulation_probe.py cuda:0 > $OUT/accumulation.txt 2>&1
+    echo "CUBLAS_WORKSPACE_CONFIG=:4096:8" >> $OUT/accumulation.txt
+    cu env CUBLAS_WORKSPACE_CONFIG=:4096:8 timeout 40 python3 bench/gpu/accumulation_probe.py cuda:0 >> $OUT/accumulation.txt 2>&1
+    echo "probe at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 5 --without unary_x4 > $OUT/block-cuda.txt 2>&1
+    echo "block at $(el) s"
+    cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda-high.txt 2>&1 ;;
   lt_probe)
     # ~40 s: which cuBLASLt bias-gradient epilogues (BGRADB) exist for ggrad's layouts and types
     "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O2 -o /tmp/probe bench/gpu/probe_lt_bgrad.cu -lcublasLt > $OUT/probe-build.txt 2>&1 || { cat $OUT/probe-build.txt; exit 1; }
