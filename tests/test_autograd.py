@@ -468,3 +468,22 @@ def test_the_gradients_of_a_splits_pieces_land_where_each_piece_came_from(dev, m
         expected[lay(where).numpy().astype(np.int64).ravel()] = w.ravel()
     np.testing.assert_array_equal(x.grad.numpy(), expected.reshape(shape))
     assert [j is not None for j in joined] == [by_copies], joined
+
+
+def test_the_gradient_of_a_tensor_times_itself_is_torchs_bit_for_bit(dev):
+    """x * x's gradient is one product whose two equal terms are summed once (2 g x, as
+    torch's g x + g x: the same bits), NaN, infinities, signed zeros and a gradient
+    accumulated onto an earlier one included."""
+    import torch
+    values = np.array([-0.0, 0.0, np.nan, -np.inf, np.inf, -1.5, 2.5, 1e-30, 3e38, -7.25], np.float32)
+    upstream = np.array([1.0, -2.0, 0.5, 3.0, -1.0, -0.0, 2.0, 1e30, 4.0, 0.1], np.float32)
+    x = ggrad.param(values)
+    xt = torch.tensor(values, requires_grad=True)
+    for _ in range(2):  # the second backward accumulates onto the first's gradient
+        with ggrad.grad_tape():
+            (x * x * ggrad.tensor(upstream)).sum().backward()
+        (xt * xt * torch.tensor(upstream)).sum().backward()
+        ours, theirs = x.grad.numpy(), xt.grad.numpy()
+        np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+        numbers = ~np.isnan(theirs)
+        np.testing.assert_array_equal(ours[numbers].view(np.uint32), theirs[numbers].view(np.uint32))

@@ -13,7 +13,7 @@ from .. import autograd, dtypes, ops, runtime
 from ..ops import compute
 from ..runtime import kernels
 from .layout import PLACEMENTS, placed_sum
-from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float, _float_result, _is_scalar,
+from ._core import (F32, Tensor, _apply, _as_tensor, _broadcast, _float_result, _is_scalar,
                     _out, cast, full_like, record, result_type, sum_to)
 
 
@@ -88,6 +88,9 @@ def addcdiv(input, tensor1, tensor2, *, value=1) -> Tensor:
 
 def _mul_rule(ctx, g):
     a, b = ctx.parents
+    if a is b:  # x * x: one product, its two equal terms summed once (exactly: v + v is 2v, -0 kept)
+        v = sum_to(g * a.detach(), a.shape) if a.requires_grad else None
+        return (None if v is None else v + v, None)
     return (sum_to(g * b.detach(), a.shape) if a.requires_grad else None,
             sum_to(g * a.detach(), b.shape) if b.requires_grad else None)
 
