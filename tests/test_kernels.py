@@ -1066,9 +1066,11 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # the projection third's: ops._read_in_place): 66 -> 65 (cpu), 67 -> 66 (lavapipe); CUDA's 65
 # passed on an H100 (set50). The loss (out * out).mean()'s gradient one product, its two equal
 # terms summed once (elementwise._mul_rule): 65 -> 64 (cpu), 66 -> 65 (lavapipe; cuda counted
-# from the same builders, not on a GPU).
-BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 64, "vulkan": 65, "cuda": 64},
-           "cnn": {"cpu": 32, "vulkan": 44, "cuda": 41}, "lstm": {"cpu": 90, "vulkan": 91, "cuda": 90},
+# from the same builders, not on a GPU). A mean's gradient divided before it is broadcast, and
+# binary ops reading a REPEAT's source broadcast (ops._binary): the loss's REPEAT leaves, block
+# 64 -> 63 (cpu), 65 -> 64 (lavapipe); lstm 90 -> 89 (cpu), 91 -> 90 (lavapipe).
+BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 63, "vulkan": 64, "cuda": 63},
+           "cnn": {"cpu": 32, "vulkan": 44, "cuda": 41}, "lstm": {"cpu": 89, "vulkan": 90, "cuda": 90},
            "batch_norm": {"cpu": 28, "vulkan": 33, "cuda": 32}}
 
 

@@ -194,14 +194,23 @@ def expand(ctx, x, shape):
 def _binary(fn, commutative: bool):
     def build(ctx, s, node):
         a, b = s
-        shape = node.shape
-        if tuple(a.contents.ne) != ggml_ne(shape):
-            if commutative and tuple(b.contents.ne) == ggml_ne(shape):
-                a, b = b, a
-            else:
-                a = expand(ctx, a, shape)
-        return fn(ctx, a, b)  # ggml broadcasts b into a
+        full = ggml_ne(node.shape)
+        if commutative and (tuple(a.contents.ne) != full or _repeated(a) is not None) \
+                and tuple(b.contents.ne) == full and _repeated(b) is None:
+            a, b = b, a
+        if tuple(a.contents.ne) != full:
+            a = expand(ctx, a, node.shape)
+        source = _repeated(b)
+        if source is not None and G.ggml_can_repeat(source, a):
+            b = source  # ggml broadcasts b into a: no copy of it repeated (a mean's gradient)
+        return fn(ctx, a, b)
     return build
+
+
+def _repeated(t):
+    """The contiguous tensor that `t` is a REPEAT of, else None."""
+    c = t.contents
+    return c.src[0] if c.op == G.GGML_OP_REPEAT and G.ggml_is_contiguous(c.src[0]) else None
 
 
 compute("add")(_binary(G.ggml_add, True))

@@ -10,7 +10,7 @@ from ggml import ggml as G
 
 from .. import autograd, dtypes, ops, runtime
 from ..ops import compute
-from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, cast, full_like, reshape
+from ._core import Tensor, _apply, _as_tensor, _axis, _float, _out, _sum_to_rule, broadcast_to, cast, full_like, reshape
 from .compare import _as_bool as as_bool, eq, gt, isinf, isnan, logical_not, ne, where
 from .elementwise import _with_rule, abs, affine, exp, log, pow, sign
 from .indexing import checked_index
@@ -70,8 +70,11 @@ def mean(x, dim=None, keepdim: bool = False, *, axis=None, keepdims=None, dtype=
     if keep == x.shape:
         return x if shape == x.shape else reshape(x, shape)
     count = x.numel() // int(np.prod(keep, dtype=np.int64))
-    return _apply("mean_to", (x,), shape, lambda ctx, g: (affine(_sum_to_rule(ctx, g)[0], 1.0 / count),),
-                  keep, x.dtype)
+    # the gradient divided before it is broadcast (the same values): a binary op then reads
+    # the small tensor broadcast, not a repeated copy scaled (ops._binary)
+    return _apply("mean_to", (x,), shape,
+                  lambda ctx, g: (broadcast_to(affine(reshape(g, ctx.arg), 1.0 / count), ctx.parents[0].shape),), keep,
+                  x.dtype)
 
 
 def _var_float32(x, dim, keepdim: bool, correction, unbiased, axis, keepdims) -> Tensor:
