@@ -74,6 +74,7 @@
 #                                      and its kernels
 #   bash bench/gpu/session.sh set50b   ~300 s: set 50's relu tested, the accumulation probe without CUDA graphs and
 #                                      with cuBLAS's workspace fixed, the bf16 block A/B, mlp-small and mlp-mnist
+#   bash bench/gpu/session.sh set50c   ~250 s: set50b cut short (relu tested, the probe without CUDA graphs, the block A/B)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -596,6 +597,16 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda-high.txt 2>&1 ;;
+  set50c)
+    # ~250 s, set50b cut to what 339 s of device time allows: relu four a thread tested, the
+    # accumulation probe without CUDA graphs, the bf16 block with and without unary_x4
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 225 || exit 1
+    cuda_tests 25 "four_values_a_thread or budget" tests/test_kernels.py
+    cu env GGML_CUDA_DISABLE_GRAPHS=1 timeout 15 python3 bench/gpu/accumulation_probe.py cuda:0 > $OUT/accumulation.txt 2>&1
+    cu timeout $(( 290 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 3 --steps 10 --without unary_x4 > $OUT/block-cuda.txt 2>&1 ;;
   lt_probe)
     # ~40 s: which cuBLASLt bias-gradient epilogues (BGRADB) exist for ggrad's layouts and types
     "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" -O2 -o /tmp/probe bench/gpu/probe_lt_bgrad.cu -lcublasLt > $OUT/probe-build.txt 2>&1 || { cat $OUT/probe-build.txt; exit 1; }
