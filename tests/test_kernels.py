@@ -14,6 +14,7 @@ import ggrad
 import ggrad.functional as F
 from ggrad import nn
 from ggrad.functional import elementwise
+from ggrad.functional.attention import attention_weights
 from ggrad.optim import Adam
 from ggrad.runtime import kernels
 from conftest import compiled_nodes, set_variant
@@ -917,7 +918,6 @@ def test_cuda_softmax_a_warp_a_row_equals_float64(dev, monkeypatch, cols, masked
 
         @ggrad.compile
         def step(x, mask):
-            from ggrad.functional.attention import attention_weights
             return attention_weights(x, scale, mask if masked else None), F.softmax(x, -1)
         got = [t.numpy() for t in step(ggrad.tensor(x), ggrad.tensor(mask))]
         asked = [n.op_params[2] for n in compiled_nodes(step) if n.op == ggrad.ops.G.GGML_OP_SOFT_MAX]

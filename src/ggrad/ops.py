@@ -218,23 +218,24 @@ compute("sub")(_binary(G.ggml_sub, False))
 compute("mul")(_binary(G.ggml_mul, True))
 compute("div")(_binary(G.ggml_div, False))
 
-_UNARY = {
-    "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
-    "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
-    "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
-    "silu": G.ggml_silu,
-    "softmax": lambda ctx, x: soft_max(ctx, x), "floor": G.ggml_floor, "ceil": G.ggml_ceil,
-    "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
-}
-for _name, _fn in _UNARY.items():
-    compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
-builder("cont")(lambda ctx, s, node: G.ggml_cont(ctx, s[0]))
-
 
 def soft_max(ctx, x, mask=None, scale: float = 1.0):
     """softmax(x * scale + mask) over each row: ggml's SOFT_MAX, asking CUDA for a warp a row
     (softmax_rows, set 50)."""
     return _asking(G.ggml_soft_max_ext(ctx, x, mask, scale, 0.0), "softmax_rows")
+
+
+_UNARY = {
+    "neg": G.ggml_neg, "exp": G.ggml_exp, "log": G.ggml_log, "sqrt": G.ggml_sqrt,
+    "sqr": G.ggml_sqr, "abs": G.ggml_abs, "sgn": G.ggml_sgn,
+    "relu": G.ggml_relu, "sigmoid": G.ggml_sigmoid, "tanh": G.ggml_tanh,
+    "silu": G.ggml_silu,
+    "softmax": soft_max, "floor": G.ggml_floor, "ceil": G.ggml_ceil,
+    "trunc": G.ggml_trunc, "sin": G.ggml_sin, "cos": G.ggml_cos,
+}
+for _name, _fn in _UNARY.items():
+    compute(_name)(lambda ctx, s, node, fn=_fn: fn(ctx, s[0]))
+builder("cont")(lambda ctx, s, node: G.ggml_cont(ctx, s[0]))
 
 
 @compute("gelu")

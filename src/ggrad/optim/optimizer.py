@@ -110,6 +110,11 @@ class _KeptStep:
             self.wait = 2 ** min(self.backoffs, 10)
 
 
+def _same_objects(a: list, b: list) -> bool:
+    """Whether two `Optimizer._bindings` lists hold the same objects, in order."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
+
+
 def _count_writes(writes: list[tuple[Tensor, int]]) -> None:
     """A replayed step's in-place writes, counted as the recorded step counted them."""
     for t, count in writes:
@@ -353,7 +358,7 @@ class Optimizer:
         before, bound = [t._version for t in written], self._bindings()
         self._step()
         after = self._bindings()
-        if len(after) != len(bound) or not all(map(operator.is_, after, bound)):
+        if not _same_objects(after, bound):
             capture.refuse("the step made or replaced state (its first step, or bias corrections remade from "
                            "host values when the betas change)")
         changed = [(t, t._version - version) for t, version in zip(written, before) if t._version != version]
@@ -454,8 +459,7 @@ class Optimizer:
         if self.next_step_applies != apply or self._hyperparameters() != hyperparameters \
                 or self._count_offsets(stepped, updated) != counts:
             return False
-        now = self._bindings()
-        return len(now) == len(bindings) and all(map(operator.is_, now, bindings))
+        return _same_objects(self._bindings(), bindings)
 
     def _advance(self, stepped: list[dict], updated: list[int]) -> None:
         """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
