@@ -582,7 +582,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
   set50b)
     # ~300 s: set 50's relu four values a thread tested; the accumulation probe without CUDA
     # graphs and with cuBLAS's workspace fixed (set50: the first call already differs, with
-    # and without fusion); the bf16 block with and without unary_x4; mlp-small at "high"
+    # and without fusion); the bf16 block with and without unary_x4 and its kernels; mlp-small at "high"
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
@@ -595,6 +595,9 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 5 --without unary_x4 > $OUT/block-cuda.txt 2>&1
     echo "block at $(el) s"
+    cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 --precision high \
+      --kernels --top 45 > $OUT/profile-block.txt 2>&1
+    echo "profile at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda-high.txt 2>&1 ;;
   set50c)
