@@ -64,7 +64,8 @@
   product (one, no batches) takes the first cuBLASLt algorithm that does not split K: one
   kernel, no reduction kernel after it. On CUDA (set 50): SOFT_MAX with op_params[2] = 1 runs a
   warp a row, its values in registers; a float32 unary op (RELU) with op_params[1] = 1 four
-  values a thread.
+  values a thread. On the CPU and CUDA (set 51): LayerNorm with its affine in one kernel (30)
+  and its gradient through the weight in one (31).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -83,7 +84,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 50
+KERNELS_VERSION = 51
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -1052,7 +1053,9 @@ def patch(tree: Path) -> None:
          "                   ((ggml_get_op_params_i32(op, 0) == 18 || ggml_get_op_params_i32(op, 0) == 19) &&\n"
          "                    ggml_ggrad_cpu_cell_supported(op)) ||\n"
          "                   (((ggml_get_op_params_i32(op, 0) >= 20 && ggml_get_op_params_i32(op, 0) <= 22) ||\n"
-         "                     ggml_get_op_params_i32(op, 0) == 25) && ggml_ggrad_cpu_bn_supported(op));\n"
+         "                     ggml_get_op_params_i32(op, 0) == 25) && ggml_ggrad_cpu_bn_supported(op)) ||\n"
+         "                   ((ggml_get_op_params_i32(op, 0) == 30 || ggml_get_op_params_i32(op, 0) == 31) &&\n"
+         "                    ggml_ggrad_cpu_layer_norm_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -1061,7 +1064,8 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_columns_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_blas_kernel_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_layer_norm_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [

@@ -127,11 +127,13 @@ static __device__ __forceinline__ float ggrad_block_sum(float v, float * shared)
     return v;
 }
 
-// LayerNorm's gradient through the normalization (ggrad_cpu.inc): one block per row
+// LayerNorm's gradient through the normalization (ggrad_cpu.inc): one block per row. With a
+// weight (kernel 31) the gradient is of xhat * w + b: dx is kernel 4's over g * w, and where gx
+// is given it takes the row's g * xhat (the weight's gradient is their sum over rows)
 template <int block_size>
 static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t x_stride, const float * g,
-                                                 const int64_t g_stride, float * out, const int64_t out_stride,
-                                                 const int D, const float eps) {
+                                                 const int64_t g_stride, const float * w, float * out,
+                                                 const int64_t out_stride, float * gx, const int D, const float eps) {
     __shared__ float shared[block_size / WARP_SIZE];
     const int64_t i = blockIdx.x;
     const float * xr = x + i*x_stride;
@@ -151,13 +153,50 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
     float sg = 0.0f;
     float sgx = 0.0f;
     for (int c = threadIdx.x; c < D; c += block_size) {
-        sg  += gr[c];
-        sgx += gr[c]*((xr[c] - mean)*rstd);
+        const float gc = w != nullptr ? __fmul_rn(gr[c], w[c]) : gr[c];
+        sg  += gc;
+        sgx += gc*((xr[c] - mean)*rstd);
     }
     const float mg  = ggrad_block_sum<block_size>(sg, shared)/D;
     const float mgx = ggrad_block_sum<block_size>(sgx, shared)/D;
     for (int c = threadIdx.x; c < D; c += block_size) {
-        o[c] = rstd*(gr[c] - mg - ((xr[c] - mean)*rstd)*mgx);
+        const float xh = (xr[c] - mean)*rstd;
+        const float gc = w != nullptr ? __fmul_rn(gr[c], w[c]) : gr[c];
+        o[c] = rstd*(gc - mg - xh*mgx);
+        if (gx != nullptr) {
+            gx[i*out_stride + c] = __fmul_rn(gr[c], xh);
+        }
+    }
+}
+
+// LayerNorm with its affine (kernel 30, ggrad_cpu.inc): one block per row, the mean and then
+// the squared deviations summed (ggml-cuda's NORM takes the variance as E[x^2] - mean^2), the
+// normalized value, its product with the weight and the sum with the bias each rounded apart
+// (the composed NORM, MUL, ADD)
+template <int block_size>
+static __global__ void ggrad_layer_norm_f32(const float * x, const int64_t x_stride, const float * w, const float * b,
+                                            float * out, const int64_t out_stride, const int D, const float eps) {
+    __shared__ float shared[block_size / WARP_SIZE];
+    const int64_t i = blockIdx.x;
+    const float * xr = x + i*x_stride;
+    float * o = out + i*out_stride;
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        sum += xr[c];
+    }
+    const float mean = ggrad_block_sum<block_size>(sum, shared)/D;
+    float sum2 = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        const float v = xr[c] - mean;
+        sum2 += v*v;
+    }
+    const float rstd = 1.0f/sqrtf(ggrad_block_sum<block_size>(sum2, shared)/D + eps);
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        float y = __fmul_rn(xr[c] - mean, rstd);
+        if (w != nullptr) {
+            y = __fmul_rn(y, w[c]);
+        }
+        o[c] = b != nullptr ? __fadd_rn(y, b[c]) : y;
     }
 }
 
@@ -779,6 +818,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 24) {
         return ggrad_qrows_supported(op);
     }
+    if (kernel == 30 || kernel == 31) {
+        return ggrad_layer_norm_supported(op);  // ggrad_bn.h
+    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -968,16 +1010,33 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         CUDA_CHECK(cudaGetLastError());
         return;
     }
-    if (kernel == 4) {
+    if (kernel == 4 || kernel == 31) {
         const ggml_tensor * g = dst->src[1];
         const float eps = ggml_get_op_params_f32(dst, 1);
+        const float * w = kernel == 31 ? (const float *) dst->src[2]->data : nullptr;
+        float * gx = kernel == 31 && ggml_get_op_params_i32(dst, 2) == 1 ? (float *) dst->data + N*(dst->nb[1]/sizeof(float)) : nullptr;
         const int64_t xs = x->nb[1]/sizeof(float), gs = g->nb[1]/sizeof(float), os = dst->nb[1]/sizeof(float);
         if (C < 1024) {
             ggrad_layer_norm_back_f32<WARP_SIZE><<<N, WARP_SIZE, 0, stream>>>(
-                (const float *) x->data, xs, (const float *) g->data, gs, (float *) dst->data, os, C, eps);
+                (const float *) x->data, xs, (const float *) g->data, gs, w, (float *) dst->data, os, gx, C, eps);
         } else {
             ggrad_layer_norm_back_f32<256><<<N, 256, 0, stream>>>(
-                (const float *) x->data, xs, (const float *) g->data, gs, (float *) dst->data, os, C, eps);
+                (const float *) x->data, xs, (const float *) g->data, gs, w, (float *) dst->data, os, gx, C, eps);
+        }
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    if (kernel == 30) {
+        const float eps = ggml_get_op_params_f32(dst, 1);
+        const float * w = dst->src[1] != nullptr ? (const float *) dst->src[1]->data : nullptr;
+        const float * b = dst->src[2] != nullptr ? (const float *) dst->src[2]->data : nullptr;
+        const int64_t xs = x->nb[1]/sizeof(float), os = dst->nb[1]/sizeof(float);
+        if (C < 1024) {
+            ggrad_layer_norm_f32<WARP_SIZE><<<N, WARP_SIZE, 0, stream>>>(
+                (const float *) x->data, xs, w, b, (float *) dst->data, os, C, eps);
+        } else {
+            ggrad_layer_norm_f32<256><<<N, 256, 0, stream>>>(
+                (const float *) x->data, xs, w, b, (float *) dst->data, os, C, eps);
         }
         CUDA_CHECK(cudaGetLastError());
         return;

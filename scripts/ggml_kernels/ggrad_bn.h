@@ -1,5 +1,6 @@
-// ggrad's batch-normalization kernels (GGML_OP_GGRAD 20, 21, 22; ggrad_cpu.inc says what
-// each computes): their sizes and the supports check the CPU and Vulkan share.
+// ggrad's normalization kernels (GGML_OP_GGRAD 20-22 and 25-29, batch norm's; 30 and 31,
+// LayerNorm's; ggrad_cpu.inc says what each computes): their sizes and the supports checks
+// the backends share.
 #pragma once
 
 struct ggrad_bn_dims {
@@ -111,4 +112,32 @@ static inline bool ggrad_running_stat_supported(const ggml_tensor * op) {
     const int64_t n = ggml_nelements(running);
     const int64_t offset = ggrad_running_stat_of(op).offset;
     return ggml_nelements(op) == n && offset >= 0 && offset + n <= ggml_nelements(stats) && n <= INT32_MAX;
+}
+
+// LayerNorm with its affine (30) and its gradient through the weight (31): float32 rows, each
+// contiguous, of at most INT32_MAX values, in a matrix (D, R); the weight and the bias (30's
+// may be absent, 31's weight may not) D contiguous values; 31's gradient x's shape, its
+// output (D, R), or (D, 2R) where op_params[2] = 1 asks for the weight's terms too
+static inline bool ggrad_layer_norm_supported(const ggml_tensor * op) {
+    const int kernel = ((const int32_t *) op->op_params)[0];
+    const ggml_tensor * x = op->src[0];
+    const bool terms = kernel == 31 && ((const int32_t *) op->op_params)[2] == 1;
+    if ((kernel != 30 && kernel != 31) || x == NULL || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) ||
+        x->ne[2] != 1 || x->ne[3] != 1 || x->ne[0] > INT32_MAX || op->type != GGML_TYPE_F32 ||
+        !ggml_is_contiguous_rows(op) || op->ne[0] != x->ne[0] || op->ne[1] != (terms ? 2 : 1)*x->ne[1] ||
+        op->ne[2] != 1 || op->ne[3] != 1) {
+        return false;
+    }
+    const ggml_tensor * g = op->src[1];
+    if (kernel == 31 && (g == NULL || g->type != GGML_TYPE_F32 || g->nb[0] != sizeof(float) ||
+                         !ggml_are_same_shape(x, g) || op->src[2] == NULL)) {
+        return false;
+    }
+    for (int i = kernel == 31 ? 2 : 1; i < 3; ++i) {
+        const ggml_tensor * t = op->src[i];
+        if (t != NULL && (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || ggml_nelements(t) != x->ne[0])) {
+            return false;
+        }
+    }
+    return true;
 }

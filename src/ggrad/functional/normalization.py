@@ -13,7 +13,7 @@ from ..lazy import builder
 from ..ops import compute, contiguous, contiguous_rows, reshape as ggml_reshape
 from ..runtime import kernels
 from ..tensor import inplace
-from ._core import Tensor, _apply, _as_tensor, reshape
+from ._core import Tensor, _apply, _as_tensor, reshape, sum_to
 from .elementwise import sqrt, square
 
 
@@ -31,6 +31,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     if x.dtype is dtypes.float32:
         width = math.prod(shape)
         rows = reshape(x, (math.prod(x.shape) // width, width))
+        fused = _layer_norm_kernel(rows, shape, weight, bias, eps)
+        if fused is not None:
+            return reshape(fused, x.shape)
         y = reshape(_apply("layer_norm_rows", (rows,), rows.shape, _layer_norm_rule, float(eps), x.dtype), x.shape)
     else:
         y = _normalize(x, axes, eps)[0]
@@ -301,6 +304,46 @@ def _normalize(x: Tensor, axes: tuple, eps: float) -> tuple[Tensor, Tensor, Tens
     return centered / sqrt(var + eps), mean, var
 
 
+def _layer_norm_kernel(rows: Tensor, shape: tuple, weight, bias, eps: float) -> Tensor | None:
+    """LayerNorm of float32 rows with its affine as ggrad's kernels (LAYER_NORM: one node where
+    NORM, MUL and ADD were three passes; its gradient LAYER_NORM_AFFINE_BACK, which also writes
+    g * xhat for the weight's sum), or None where they do not serve (then composed, their test
+    oracle): a weight or bias of `shape` in float32, on a backend that has the kernels."""
+    params = [None if t is None else _as_tensor(t) for t in (weight, bias)]
+    present = [t for t in params if t is not None]
+    if not present or any(t.dtype is not dtypes.float32 or t.shape != shape for t in present):
+        return None
+    backend = runtime.current().backend
+    needed = (kernels.LAYER_NORM, kernels.LAYER_NORM_AFFINE_BACK if params[0] is not None else kernels.LAYER_NORM_BACK)
+    if rows.shape[1] >= 2**31 or not all(kernels.supported(backend, k) for k in needed):
+        return None
+    flat = tuple(reshape(t, (rows.shape[1],)) for t in present)
+    arg = (float(eps), params[0] is not None, params[1] is not None)
+    return _apply("layer_norm", (rows,) + flat, rows.shape, _layer_norm_affine_rule, arg)
+
+
+def _layer_norm_affine_rule(ctx, g):
+    """dx through the normalization and the weight in one kernel, which writes g * xhat beside
+    it where the weight wants a gradient (its sum over the rows); the bias's, g's sum."""
+    eps, has_weight, has_bias = ctx.arg
+    x = ctx.parents[0]
+    weight = ctx.parents[1] if has_weight else None
+    bias = ctx.parents[-1] if has_bias else None
+    rows, width = x.shape
+    d_weight = d_bias = None
+    if weight is None:
+        dx = _apply("layer_norm_back_kernel", (x.detach(), g), x.shape, arg=eps, dtype=x.dtype)
+    else:
+        terms = weight.requires_grad
+        out = _apply("layer_norm_affine_back", (x.detach(), g, weight.detach()), ((2 if terms else 1) * rows, width),
+                     arg=(eps, terms))
+        dx = out[:rows] if terms else out
+        d_weight = sum_to(out[rows:], (width,)) if terms else None
+    if bias is not None and bias.requires_grad:
+        d_bias = sum_to(g, (width,))
+    return (dx if x.requires_grad else None,) + ((d_weight,) if has_weight else ()) + ((d_bias,) if has_bias else ())
+
+
 def _layer_norm_rule(ctx, g):
     """dx = rstd (g - mean(g) - xhat mean(g xhat)): ggrad's kernel, or composed."""
     x = ctx.parents[0].detach()
@@ -316,6 +359,23 @@ def _layer_norm_rule(ctx, g):
 @compute("layer_norm_rows")
 def _layer_norm_rows(ctx, s, node):
     return G.ggml_norm(ctx, contiguous_rows(ctx, s[0]), node.arg)
+
+
+@compute("layer_norm")
+def _layer_norm(ctx, s, node):
+    eps, has_weight, has_bias = node.arg
+    weight = contiguous(ctx, s[1]) if has_weight else None
+    bias = contiguous(ctx, s[-1]) if has_bias else None
+    x = contiguous_rows(ctx, s[0])
+    return kernels.op(ctx, kernels.LAYER_NORM, tuple(x.contents.ne[:2]), [x, weight, bias], [eps])
+
+
+@compute("layer_norm_affine_back")
+def _layer_norm_affine_back(ctx, s, node):
+    eps, terms = node.arg
+    x, g = contiguous_rows(ctx, s[0]), contiguous_rows(ctx, s[1])
+    return kernels.op(ctx, kernels.LAYER_NORM_AFFINE_BACK, (node.shape[1], node.shape[0]), [x, g, contiguous(ctx, s[2])],
+                      [eps, int(terms)])
 
 
 @compute("layer_norm_back_kernel")

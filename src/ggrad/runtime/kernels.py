@@ -52,13 +52,15 @@ BATCH_STATS_PARTS = 26        # x; S, C, N, eps, P -> each part's mean, then its
 BATCH_STATS_JOIN = 27         # those; as BATCH_STATS_PARTS -> BATCH_STATS' statistics (2C)
 BATCH_NORM_BACK_PARTS = 28    # x, g, mean, var; as BATCH_STATS_PARTS -> each part's sum(g), then sum(g xhat)
 BATCH_NORM_BACK_JOIN = 29     # x, g, mean, var, [weight], those; as BATCH_STATS_PARTS -> BATCH_NORM_BACK's
+LAYER_NORM = 30               # x (D, R), [weight (D)], [bias (D)]; eps -> xhat * weight + bias (cpu, cuda)
+LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 1 -> dx, then g * xhat (D, 2R) (cpu, cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
          CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
-         BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
@@ -168,7 +170,8 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # (2026-12-05, H100: the suite passed with sets 22-30's CUDA kernels, which left it; H200, later:
 # QROWS, GEMM, ADAMW_GROUP and RUNNING_STAT passed their tests on cuda:0 and left it too;
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
-UNVERIFIED: dict[str, set[int]] = {}
+# LayerNorm's kernels (set 51) are compile-checked on CUDA.
+UNVERIFIED: dict[str, set[int]] = {"cuda": {LAYER_NORM, LAYER_NORM_AFFINE_BACK}}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -218,7 +221,8 @@ UNVERIFIED: dict[str, set[int]] = {}
 # rows of 256, 0.131 ms on an H100; H100, set50: 0.060 ms, test_cuda_softmax_a_warp_a_row_equals_float64,
 # the attention and autocast tests passed with it).
 # unary_x4: CUDA's float32 unary ops (RELU asks) with op_params[1] = 1 four values a thread
-# (set 50; ggml's, one a thread: the bf16 block's relu 0.080 ms on an H100). Not yet run on a GPU.
+# (set 50; ggml's, one a thread: the bf16 block's relu 0.080 ms on an H100; H100, set50b: the
+# relu's bit test passed, 0.047 ms).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
                "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
@@ -228,7 +232,7 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
 # test_amp, test_autograd's and test_attention's CUDA cases passed with both cuBLASLt paths,
 # 235 tests, but test_capture's accumulation iteration one ulp off eager's: a failure seen on
 # CUDA since 2026-12-05, before set 48, with these paths off too.)
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"unary_x4"}}
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
@@ -282,6 +286,10 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (4, 2), [logits, targets, grad], [-100, 1.0, 0.0])
         elif kernel == LAYER_NORM_BACK:
             node = op(ctx, kernel, (4, 2), [logits, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2)], [1e-5])
+        elif kernel == LAYER_NORM:
+            node = op(ctx, kernel, (4, 2), [logits, vec(4), vec(4)], [1e-5])
+        elif kernel == LAYER_NORM_AFFINE_BACK:
+            node = op(ctx, kernel, (4, 4), [logits, G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 4, 2), vec(4)], [1e-5, 1])
         elif kernel == TRANSPOSE:
             node = op(ctx, kernel, (2, 4), [logits], [])
         elif kernel == GEMM:
