@@ -65,7 +65,8 @@
   kernel, no reduction kernel after it. On CUDA (set 50): SOFT_MAX with op_params[2] = 1 runs a
   warp a row, its values in registers; a float32 unary op (RELU) with op_params[1] = 1 four
   values a thread. On the CPU and CUDA (set 51): LayerNorm with its affine in one kernel (30)
-  and its gradient through the weight in one (31).
+  and its gradient through the weight in one (31). On CUDA (set 52): a contiguous cast of
+  float32 to float16 or bfloat16 with op_params[2] = 1 applies relu to each value first.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -84,7 +85,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 51
+KERNELS_VERSION = 52
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -588,7 +589,21 @@ def _replace_all(path: Path, old: str, new: str, count: int) -> None:
 # 22 casts, 1.63 ms of the bf16 block's 7.5). A node asks with op_params[0] = 1 (ggml's CPY
 # leaves it 0), as ops.as_type does where kernels.variant trusts "cast_x4".
 CUDA_CAST_X4 = """/* """ + MARK + """: contiguous casts, four values a thread */
-template <typename src_t, typename dst_t>
+#include <type_traits>
+
+/* set 52: with relu (op_params[2] = 1, float32 sources only) each value is torch's relu of it,
+   x < 0 ? 0 : x (NaN and -0 kept, as ggrad's RELU), before it is converted: the cast of relu's
+   output without that output written */
+template <bool relu, typename src_t>
+static __device__ __forceinline__ src_t ggrad_relu_if(const src_t x) {
+    if constexpr (relu) {
+        return x < 0.0f ? 0.0f : x;
+    } else {
+        return x;
+    }
+}
+
+template <typename src_t, typename dst_t, bool relu>
 static __global__ void ggrad_cpy_contiguous_x4(const src_t * __restrict__ x, dst_t * __restrict__ dst, const int64_t ne) {
     struct alignas(4*sizeof(src_t)) src4 { src_t v[4]; };
     struct alignas(4*sizeof(dst_t)) dst4 { dst_t v[4]; };
@@ -598,27 +613,51 @@ static __global__ void ggrad_cpy_contiguous_x4(const src_t * __restrict__ x, dst
         dst4 b;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            b.v[k] = ggml_cuda_cast<dst_t>(a.v[k]);
+            b.v[k] = ggml_cuda_cast<dst_t>(ggrad_relu_if<relu>(a.v[k]));
         }
         *(dst4 *) (dst + i) = b;
     } else {
         for (int64_t k = i; k < ne; ++k) {
-            dst[k] = ggml_cuda_cast<dst_t>(x[k]);
+            dst[k] = ggml_cuda_cast<dst_t>(ggrad_relu_if<relu>(x[k]));
         }
     }
 }
 
-/* ggml's one-value-a-thread kernel unless asked and both ends take 4-value vectors */
+/* relu and a cast, a value a thread: either end not at a 4-value vector's address */
+template <typename dst_t>
+static __global__ void ggrad_cpy_relu_scalar(const float * __restrict__ x, dst_t * __restrict__ dst, const int64_t ne) {
+    const int64_t i = (int64_t) blockDim.x*blockIdx.x + threadIdx.x;
+    if (i < ne) {
+        dst[i] = ggml_cuda_cast<dst_t>(ggrad_relu_if<true>(x[i]));
+    }
+}
+
+/* ggml's one-value-a-thread kernel unless asked and both ends take 4-value vectors; relu
+   (float32 to float16 or bfloat16 only: supports_op) in ggrad's kernels either way */
 template <typename src_t, typename dst_t>
 static void ggrad_cpy_contiguous_cuda(const char * cx, char * cdst, const int64_t ne, cudaStream_t stream,
-                                      const bool vectorized) {
-    if (!vectorized || (uintptr_t) cx % (4*sizeof(src_t)) != 0 || (uintptr_t) cdst % (4*sizeof(dst_t)) != 0) {
+                                      const bool vectorized, const bool relu) {
+    const bool x4 = vectorized && (uintptr_t) cx % (4*sizeof(src_t)) == 0 && (uintptr_t) cdst % (4*sizeof(dst_t)) == 0;
+    const int64_t blocks = x4 ? ((ne + 3)/4 + 255)/256 : (ne + 255)/256;
+    GGML_ASSERT(blocks <= INT_MAX);
+    if constexpr (std::is_same<src_t, float>::value && !std::is_same<dst_t, float>::value) {
+        if (relu) {
+            if (x4) {
+                ggrad_cpy_contiguous_x4<float, dst_t, true><<<(unsigned int) blocks, 256, 0, stream>>>(
+                    (const float *) cx, (dst_t *) cdst, ne);
+            } else {
+                ggrad_cpy_relu_scalar<dst_t><<<(unsigned int) blocks, 256, 0, stream>>>((const float *) cx, (dst_t *) cdst, ne);
+            }
+            CUDA_CHECK(cudaGetLastError());
+            return;
+        }
+    }
+    GGML_ASSERT(!relu);
+    if (!x4) {
         ggml_cpy_scalar_contiguous_cuda<src_t, dst_t>(cx, cdst, ne, stream);
         return;
     }
-    const int64_t blocks = ((ne + 3)/4 + 255)/256;
-    GGML_ASSERT(blocks <= INT_MAX);
-    ggrad_cpy_contiguous_x4<src_t, dst_t><<<(unsigned int) blocks, 256, 0, stream>>>((const src_t *) cx, (dst_t *) cdst, ne);
+    ggrad_cpy_contiguous_x4<src_t, dst_t, false><<<(unsigned int) blocks, 256, 0, stream>>>((const src_t *) cx, (dst_t *) cdst, ne);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -681,7 +720,7 @@ static bool ggrad_cpy_by_rows(const ggml_tensor * src0, ggml_tensor * src1, cuda
 }
 
 void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1, bool vectorized,
-                   bool rows) {
+                   bool rows, bool relu) {
 """
 
 
@@ -1235,7 +1274,15 @@ def patch(tree: Path) -> None:
          "        case GGML_OP_GGRAD:\n            ggml_cuda_op_ggrad(ctx, dst);\n            break;\n"),
         ("            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1]);\n",
          "            ggml_cuda_cpy(ctx, dst->src[0], dst->src[1], ggml_get_op_params_i32(dst, 0) == 1,\n"
-         "                          ggml_get_op_params_i32(dst, 1) == 1);\n"),
+         "                          ggml_get_op_params_i32(dst, 1) == 1, ggml_get_op_params_i32(dst, 2) == 1);\n"),
+        ("        case GGML_OP_CPY:\n            {\n                ggml_type src0_type = op->src[0]->type;\n",
+         "        case GGML_OP_CPY:\n            {\n"
+         f"                if (ggml_get_op_params_i32(op, 2) == 1) {{  /* {MARK}: relu first (set 52) */\n"
+         "                    return op->src[0]->type == GGML_TYPE_F32 && ggml_is_contiguous(op->src[0]) &&\n"
+         "                           (op->src[1]->type == GGML_TYPE_BF16 || op->src[1]->type == GGML_TYPE_F16) &&\n"
+         "                           ggml_is_contiguous(op->src[1]);\n"
+         "                }\n"
+         "                ggml_type src0_type = op->src[0]->type;\n"),
         ("        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n",
          "        case GGML_OP_FLASH_ATTN_EXT:\n            return ggml_cuda_flash_attn_ext_supported(dev_ctx->device, op);\n"
          "        case GGML_OP_GGRAD:\n            return ggml_cuda_ggrad_supported(op);\n"),
@@ -1276,19 +1323,21 @@ def patch(tree: Path) -> None:
     _patch_file(cuda / "cpy.cuh", [
         ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1);",
          f"void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1,\n"
-         f"                   bool vectorized = false, bool rows = false); /* {MARK}: casts four values a thread,\n"
-         f"                                                              copies a row a warp */"),
+         f"                   bool vectorized = false, bool rows = false, bool relu = false); /* {MARK}: casts four\n"
+         f"                                                              values a thread, copies a row a warp, relu */"),
     ])
     _patch_file(cuda / "cpy.cu", [
         ("void ggml_cuda_cpy(ggml_backend_cuda_context & ctx, const ggml_tensor * src0, ggml_tensor * src1) {\n",
          CUDA_CAST_X4),
         ("    if (src0->type == src1->type && contiguous_srcs) {\n",
+         "    GGML_ASSERT(!relu || (contiguous_srcs && src0->type == GGML_TYPE_F32 &&\n"
+         "                          (src1->type == GGML_TYPE_BF16 || src1->type == GGML_TYPE_F16)));  /* supports_op's */\n"
          "    if (rows && !contiguous_srcs && ggrad_cpy_by_rows(src0, src1, main_stream)) {\n        return;\n    }\n"
          "    if (src0->type == src1->type && contiguous_srcs) {\n"),
         ("    const ggml_tensor * src0 = dst->src[0];\n    ggml_cuda_cpy(ctx, src0, dst);\n",
          "    const ggml_tensor * src0 = dst->src[0];\n    ggml_cuda_cpy(ctx, src0, dst, false, ggml_get_op_params_i32(dst, 1) == 1);\n"),
     ] + [(f"            ggml_cpy_scalar_contiguous_cuda<{a}, {b}>\n                (src0_ddc, src1_ddc, ne, main_stream);",
-          f"            ggrad_cpy_contiguous_cuda<{a}, {b}>(src0_ddc, src1_ddc, ne, main_stream, vectorized);")
+          f"            ggrad_cpy_contiguous_cuda<{a}, {b}>(src0_ddc, src1_ddc, ne, main_stream, vectorized, relu);")
          for a, b in (("float", "nv_bfloat16"), ("float", "half"), ("half", "float"), ("nv_bfloat16", "float"))])
     # set 46: columns written as bfloat16 (autocast's: the GEMM kernel reads them as they are,
     # where a cast of float32 columns moved them twice); each value converted as ggml's own

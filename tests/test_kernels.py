@@ -85,6 +85,50 @@ def test_cuda_relu_four_values_a_thread_is_torchs_bit_for_bit(dev, monkeypatch, 
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("n,offset,low", [(44, 0, "bfloat16"), (45, 0, "float16"), (44, 1, "bfloat16")])
+def test_cuda_relu_then_cast_is_one_cast_with_torchs_bits(dev, monkeypatch, n, offset, low):
+    """relu(x).to(low) on CUDA as one CPY that applies relu first (cast_relu, forced off and
+    on): no RELU node where it is on, and the values are torch's bits either way (NaN,
+    infinities, signed zeros, values that round to zero or overflow in float16). An input
+    one float past a 16-byte address takes the kernel's one-value path."""
+    if dev.split(":")[0] != "cuda" or kernels.version() < 52:
+        pytest.skip(f"{dev}: not CUDA with set 52")
+    x = np.resize(np.concatenate([SPECIAL, np.array([7e4, -7e4, 1e-8, 3.3895e38], np.float32)]), n + offset)
+    want = torch.relu(torch.from_numpy(x[offset:])).to(getattr(torch, low)).float().numpy()
+    for on in (False, True):
+        set_variant(monkeypatch, "cast_relu", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"cast relu {on}")
+
+        @ggrad.compile
+        def step(x):
+            return F.relu(x[offset:]).to(getattr(ggrad, low))
+        got = step(ggrad.tensor(x)).float().numpy()
+        nodes = compiled_nodes(step)
+        relus = [node for node in nodes if node.op == ggrad.ops.G.GGML_OP_UNARY]
+        asked = [node.op_params[2] for node in nodes if node.op == ggrad.ops.G.GGML_OP_CPY]
+        assert (len(relus), asked) == ((0, [1]) if on else (1, [0])), (len(relus), asked)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_relu_gradient_reads_its_input_where_the_kernel_set_serves(dev):
+    """float32 relu's gradient node reads relu's input, not its output (the kernel's mask,
+    y <= 0 ? 0 : g, is the same from either): an autocast product after relu then casts
+    relu's input (CUDA: relu in the cast), and nothing keeps relu's output for the backward
+    pass. The gradient is torch's bit for bit, NaN and signed zeros included."""
+    if kernels.version() < 1:
+        pytest.skip("ggml built without ggrad's kernel set")
+    values = np.resize(SPECIAL, 12).reshape(3, 4)
+    g = np.resize(np.array([2.0, -3.0, np.inf], np.float32), 12).reshape(3, 4)
+    x = ggrad.tensor(values, requires_grad=True)
+    with ggrad.grad_tape():
+        y = F.relu(x)
+        y.backward(ggrad.tensor(g))
+    assert x.grad.node.op == "relu_nan_back" and x.grad.node.srcs[1] is x.node, x.grad.node
+    theirs = torch.from_numpy(values).requires_grad_()
+    torch.relu(theirs).backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(x.grad.numpy().view(np.uint32), theirs.grad.numpy().view(np.uint32))
+
+
 @needs_kernels
 @pytest.mark.parametrize("name", list(ACTIVATIONS))
 def test_activation_kernels_equal_the_composed_form(dev, name, monkeypatch):

@@ -104,9 +104,11 @@ def as_type(ctx, x, ggml_type):
         return x
 
     def cast():
-        columns = _columns_as(ctx, x, ggml_type)
-        if columns is not None:
-            return columns
+        made = _columns_as(ctx, x, ggml_type)
+        if made is None:
+            made = _relu_as(ctx, x, ggml_type)
+        if made is not None:
+            return made
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
         # cast of such a view reads a value a thread across rows: there the copy stays
         view = _uncopied(x, transposes=backend_kind() != "cuda")
@@ -116,6 +118,27 @@ def as_type(ctx, x, ggml_type):
         return _asking(_asking(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view, "cast_x4"),
                        "copy_rows")
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
+
+
+def _relu_as(ctx, x, ggml_type):
+    """relu's float32 output (or a reshape of it) in float16 or bfloat16 as one cast of relu's
+    input that applies relu first, where the backend has it (CUDA's cast_relu, set 52): the
+    same bits as the cast of relu's output (rounding keeps signs, NaN and zeros), and relu's
+    float32 output is not written where nothing else reads it (its gradient reads the
+    input); else None."""
+    from . import runtime
+    made = x.contents.src[0] if x.contents.op == G.GGML_OP_RESHAPE else x
+    c = made.contents
+    if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(made) != G.GGML_UNARY_OP_RELU or c.type != F32 \
+            or ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16) or c.src[0].contents.type != F32 \
+            or not G.ggml_is_contiguous(c.src[0]) or not kernels.variant(runtime.current().backend, "cast_relu"):
+        return None
+    cast = G.ggml_cast(ctx, c.src[0], ggml_type)
+    cast.contents.op_params[0] = 1  # four values a thread where aligned (cast_x4's)
+    cast.contents.op_params[2] = 1  # relu first
+    if _supported(cast) is None:
+        return None
+    return cast if made is x else G.ggml_reshape_4d(ctx, cast, *x.contents.ne)
 
 
 def _columns_as(ctx, x, ggml_type):

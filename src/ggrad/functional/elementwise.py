@@ -300,8 +300,15 @@ def step(x) -> Tensor:
 
 
 def relu(x) -> Tensor:
-    """max(x, 0); NaN stays NaN and passes its gradient, as torch's."""
-    return _same_type("relu_nan", x, lambda ctx, g: (_apply("relu_nan_back", (g, _out(ctx)), g.shape, dtype=g.dtype),))
+    """max(x, 0); NaN stays NaN and passes its gradient, as torch's. The gradient kernel's
+    test (y <= 0 ? 0 : g) gives the same mask read from the input as from the output, so
+    float32 relu reads its input: nothing then needs the output kept, which a cast for a
+    product may take without it (autocast: ops.as_type's relu-cast)."""
+    def rule(ctx, g):
+        x = ctx.parents[0].detach()
+        read = x if _kernel_set(x) else _out(ctx)  # the compute's test, on the same dtype
+        return (_apply("relu_nan_back", (g, read), g.shape, dtype=g.dtype),)
+    return _same_type("relu_nan", x, rule)
 
 
 def leaky_relu(x, negative_slope: float = 0.01) -> Tensor:
@@ -560,7 +567,8 @@ def _silu_back_mode(ctx, g, x, mode: int, slope: float = 0.0):
 
 
 def _kernel_set(node) -> bool:
-    """Whether ggrad's relu kernels serve `node` (float32; others compose)."""
+    """Whether ggrad's relu kernels serve `node` (a lazy node or a tensor: float32; others
+    compose)."""
     return kernels.version() >= 1 and node.dtype is F32
 
 
@@ -575,7 +583,8 @@ def _relu_nan(ctx, s, node):
 
 @compute("relu_nan_back")
 def _relu_nan_back(ctx, s, node):
-    """g where relu's output (>= 0, or NaN) is not 0, as torch's (a NaN output passes g).
+    """g where relu's output (>= 0, or NaN) is not 0, as torch's (a NaN output passes g); the
+    kernel set reads relu's float32 input instead (the same mask).
     NOTE: composed, a product with the 0/1 mask, not a select (ggml's select, get_rows over
     one-element rows, cost ~20% of a small MLP's step): an inf or NaN g where the output is
     0 gives NaN, where torch (and the kernel) give 0. ggml's step is x > 0 on the CPU and
