@@ -619,8 +619,9 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout $(( 590 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 > $OUT/host-path.txt 2>&1 ;;
   set52)
-    # ~420 s: set 52's relu in the cast (cast_relu) tested on CUDA with set 51's LayerNorm
-    # kernels, the bf16 block with and without it, and its kernels
+    # ~450 s: set 52's relu in the cast (cast_relu) tested on CUDA with set 51's LayerNorm
+    # kernels (set51 found no machine), the bf16 block with and without it, its kernels, and
+    # mlp-small's host path
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
@@ -629,8 +630,11 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 5 --without cast_relu > $OUT/block-cuda.txt 2>&1
     echo "block at $(el) s"
-    cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
-      --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1 ;;
+    cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
+      --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
+    echo "profile at $(el) s"
+    cu timeout $(( 590 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
+      --steps 300 --blocks 5 > $OUT/host-path.txt 2>&1 ;;
   set50c)
     # ~250 s, set50b cut to what 339 s of device time allows: relu four a thread tested, the
     # accumulation probe without CUDA graphs, the bf16 block with and without unary_x4
