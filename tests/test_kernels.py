@@ -127,6 +127,13 @@ def test_relu_gradient_reads_its_input_where_the_kernel_set_serves(dev):
     theirs = torch.from_numpy(values).requires_grad_()
     torch.relu(theirs).backward(torch.from_numpy(g))
     np.testing.assert_array_equal(x.grad.numpy().view(np.uint32), theirs.grad.numpy().view(np.uint32))
+    # a backward seeded in bfloat16: the gradient node is bfloat16, whose composed mask holds
+    # for relu's output only (from the input it passed g wherever x <= -1)
+    x = ggrad.tensor(np.array([[-3.0, -1.5, -0.5, 2.0]], np.float32), requires_grad=True)
+    with ggrad.grad_tape():
+        y = F.relu(x)
+        y.backward(ggrad.ones(y.shape).to(ggrad.bfloat16))
+    np.testing.assert_array_equal(x.grad.float().numpy(), [[0.0, 0.0, 0.0, 1.0]])
 
 
 @needs_kernels
@@ -1194,7 +1201,9 @@ def _compiled_step_nodes(model, x, y=None) -> dict[str, int]:
 # from the same builders, not on a GPU). A mean's gradient divided before it is broadcast, and
 # binary ops reading a REPEAT's source broadcast (ops._binary): the loss's REPEAT leaves, block
 # 64 -> 63 (cpu), 65 -> 64 (lavapipe); lstm 90 -> 89 (cpu), 91 -> 90 (lavapipe).
-BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 57, "vulkan": 64, "cuda": 57},
+# (the block's CUDA budget stays set 50's while set 51's LayerNorm kernels are unverified
+# there, composed by default; with them, as on the CPU, 57)
+BUDGETS = {"mlp": {"cpu": 28, "vulkan": 29, "cuda": 28}, "block": {"cpu": 57, "vulkan": 64, "cuda": 63},
            "cnn": {"cpu": 32, "vulkan": 44, "cuda": 41}, "lstm": {"cpu": 89, "vulkan": 90, "cuda": 90},
            "batch_norm": {"cpu": 28, "vulkan": 33, "cuda": 32}}
 

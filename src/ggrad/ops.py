@@ -129,12 +129,15 @@ def _relu_as(ctx, x, ggml_type):
     from . import runtime
     made = x.contents.src[0] if x.contents.op == G.GGML_OP_RESHAPE else x
     c = made.contents
+    backend = runtime.current().backend
+    # CUDA only, however the variant is set: other backends' CPY ignores op_params[2]
     if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(made) != G.GGML_UNARY_OP_RELU or c.type != F32 \
             or ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16) or c.src[0].contents.type != F32 \
-            or not G.ggml_is_contiguous(c.src[0]) or not kernels.variant(runtime.current().backend, "cast_relu"):
+            or not G.ggml_is_contiguous(c.src[0]) or backend_kind() != "cuda" \
+            or not kernels.variant(backend, "cast_relu"):
         return None
     cast = G.ggml_cast(ctx, c.src[0], ggml_type)
-    cast.contents.op_params[0] = 1  # four values a thread where aligned (cast_x4's)
+    cast.contents.op_params[0] = int(kernels.variant(backend, "cast_x4"))  # four values a thread where aligned
     cast.contents.op_params[2] = 1  # relu first
     if _supported(cast) is None:
         return None

@@ -306,7 +306,9 @@ def relu(x) -> Tensor:
     product may take without it (autocast: ops.as_type's relu-cast)."""
     def rule(ctx, g):
         x = ctx.parents[0].detach()
-        read = x if _kernel_set(x) else _out(ctx)  # the compute's test, on the same dtype
+        # the compute's test is of the gradient's dtype (a backward seeded in another dtype
+        # takes the composed mask, which holds for relu's output only)
+        read = x if _kernel_set(x) and g.dtype is x.dtype else _out(ctx)
         return (_apply("relu_nan_back", (g, read), g.shape, dtype=g.dtype),)
     return _same_type("relu_nan", x, rule)
 

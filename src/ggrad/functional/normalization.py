@@ -28,8 +28,10 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         raise ValueError(f"layer_norm: normalized_shape {shape} is not the trailing shape of an input of shape "
                          f"{x.shape}")
     axes = tuple(range(x.ndim - len(shape), x.ndim))
-    if x.dtype is dtypes.float32:
-        width = math.prod(shape)
+    width = math.prod(shape)
+    # ggml's NORM asserts eps >= 0 (torch's negative eps gives NaN: composed, as here); CUDA's
+    # row kernels start a block a row (at most 2^31 - 1)
+    if x.dtype is dtypes.float32 and eps >= 0 and width and math.prod(x.shape) // width < 2**31:
         rows = reshape(x, (math.prod(x.shape) // width, width))
         fused = _layer_norm_kernel(rows, shape, weight, bias, eps)
         if fused is not None:
@@ -315,7 +317,7 @@ def _layer_norm_kernel(rows: Tensor, shape: tuple, weight, bias, eps: float) -> 
         return None
     backend = runtime.current().backend
     needed = (kernels.LAYER_NORM, kernels.LAYER_NORM_AFFINE_BACK if params[0] is not None else kernels.LAYER_NORM_BACK)
-    if rows.shape[1] >= 2**31 or not all(kernels.supported(backend, k) for k in needed):
+    if rows.shape[1] >= 2**31 or not all(kernels.supported(backend, k) for k in needed):  # columns: int32
         return None
     flat = tuple(reshape(t, (rows.shape[1],)) for t in present)
     arg = (float(eps), params[0] is not None, params[1] is not None)
