@@ -600,27 +600,9 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "profile at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda-high.txt 2>&1 ;;
-  set51)
-    # ~450 s: set 51's LayerNorm kernels with the affine (30, 31) tested on CUDA, the bf16 block
-    # with and without them, and its kernels; mlp-small's host path
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 330 || exit 1
-    cuda_tests 100 "layer_norm or LayerNorm or budget or attention or transformer or autocast or amp" \
-      tests/test_kernels.py tests/test_attention.py tests/test_amp.py tests/test_nn.py tests/test_layers.py
-    cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 5 --without LAYER_NORM LAYER_NORM_AFFINE_BACK > $OUT/block-cuda.txt 2>&1
-    echo "block at $(el) s"
-    cu timeout 50 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
-      --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
-    echo "profile at $(el) s"
-    # mlp-small's step: the host's Python path alone against the device's time (set50b: 0.113 ms,
-    # mlp-mnist 0.123: a floor of the host's?)
-    cu timeout $(( 590 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
-      --steps 300 --blocks 5 > $OUT/host-path.txt 2>&1 ;;
   set52)
     # ~450 s: set 52's relu in the cast (cast_relu) tested on CUDA with set 51's LayerNorm
-    # kernels (set51 found no machine), the bf16 block with and without it, its kernels, and
+    # kernels (set51, the same without relu in the cast, found no machine), the bf16 block with and without it, its kernels, and
     # mlp-small's host path
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl

@@ -127,6 +127,23 @@ static __device__ __forceinline__ float ggrad_block_sum(float v, float * shared)
     return v;
 }
 
+// a row's mean and 1/sqrt(variance + eps) over the block: the mean, then the squared deviations
+// summed (ggml-cuda's NORM takes the variance as E[x^2] - mean^2)
+template <int block_size>
+static __device__ __forceinline__ float2 ggrad_row_mean_rstd(const float * xr, const int D, const float eps, float * shared) {
+    float sum = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        sum += xr[c];
+    }
+    const float mean = ggrad_block_sum<block_size>(sum, shared)/D;
+    float sum2 = 0.0f;
+    for (int c = threadIdx.x; c < D; c += block_size) {
+        const float v = xr[c] - mean;
+        sum2 += v*v;
+    }
+    return make_float2(mean, 1.0f/sqrtf(ggrad_block_sum<block_size>(sum2, shared)/D + eps));
+}
+
 // LayerNorm's gradient through the normalization (ggrad_cpu.inc): one block per row. With a
 // weight (kernel 31) the gradient is of xhat * w + b: dx is kernel 4's over g * w, and where gx
 // is given it takes the row's g * xhat (the weight's gradient is their sum over rows)
@@ -139,17 +156,8 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
     const float * xr = x + i*x_stride;
     const float * gr = g + i*g_stride;
     float * o = out + i*out_stride;
-    float sum = 0.0f;
-    for (int c = threadIdx.x; c < D; c += block_size) {
-        sum += xr[c];
-    }
-    const float mean = ggrad_block_sum<block_size>(sum, shared)/D;
-    float sum2 = 0.0f;
-    for (int c = threadIdx.x; c < D; c += block_size) {
-        const float v = xr[c] - mean;
-        sum2 += v*v;
-    }
-    const float rstd = 1.0f/sqrtf(ggrad_block_sum<block_size>(sum2, shared)/D + eps);
+    const float2 stats = ggrad_row_mean_rstd<block_size>(xr, D, eps, shared);
+    const float mean = stats.x, rstd = stats.y;
     float sg = 0.0f;
     float sgx = 0.0f;
     for (int c = threadIdx.x; c < D; c += block_size) {
@@ -169,10 +177,9 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
     }
 }
 
-// LayerNorm with its affine (kernel 30, ggrad_cpu.inc): one block per row, the mean and then
-// the squared deviations summed (ggml-cuda's NORM takes the variance as E[x^2] - mean^2), the
-// normalized value, its product with the weight and the sum with the bias each rounded apart
-// (the composed NORM, MUL, ADD)
+// LayerNorm with its affine (kernel 30, ggrad_cpu.inc): one block per row, the normalized value,
+// its product with the weight and the sum with the bias each rounded apart (the composed NORM,
+// MUL, ADD)
 template <int block_size>
 static __global__ void ggrad_layer_norm_f32(const float * x, const int64_t x_stride, const float * w, const float * b,
                                             float * out, const int64_t out_stride, const int D, const float eps) {
@@ -180,17 +187,8 @@ static __global__ void ggrad_layer_norm_f32(const float * x, const int64_t x_str
     const int64_t i = blockIdx.x;
     const float * xr = x + i*x_stride;
     float * o = out + i*out_stride;
-    float sum = 0.0f;
-    for (int c = threadIdx.x; c < D; c += block_size) {
-        sum += xr[c];
-    }
-    const float mean = ggrad_block_sum<block_size>(sum, shared)/D;
-    float sum2 = 0.0f;
-    for (int c = threadIdx.x; c < D; c += block_size) {
-        const float v = xr[c] - mean;
-        sum2 += v*v;
-    }
-    const float rstd = 1.0f/sqrtf(ggrad_block_sum<block_size>(sum2, shared)/D + eps);
+    const float2 stats = ggrad_row_mean_rstd<block_size>(xr, D, eps, shared);
+    const float mean = stats.x, rstd = stats.y;
     for (int c = threadIdx.x; c < D; c += block_size) {
         float y = __fmul_rn(xr[c] - mean, rstd);
         if (w != nullptr) {
