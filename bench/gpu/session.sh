@@ -617,6 +617,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "profile at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 > $OUT/host-path.txt 2>&1 ;;
+  set52t)
+    # ~300 s, set52 cut to what 447 s of device time allows: set 51's LayerNorm kernels and set
+    # 52's relu in the cast tested on CUDA, then the bf16 block with and without relu in the cast
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 270 || exit 1
+    cuda_tests 40 "relu or layer_norm or budget" tests/test_kernels.py
+    cu timeout $(( 340 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 3 --steps 10 --without cast_relu > $OUT/block-cuda.txt 2>&1 ;;
   set50c)
     # ~250 s, set50b cut to what 339 s of device time allows: relu four a thread tested, the
     # accumulation probe without CUDA graphs, the bf16 block with and without unary_x4
