@@ -171,7 +171,7 @@ if [ "${GGRAD_PORTABLE:-0}" = 1 ]; then TARGET=portable; CPU_ARGS="$CPU_ARGS;-DG
 # (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam) and
 # scripts/patch_ggml_kernels.py (ggrad's kernel set, version 23); the suffix names the
 # patches, so a wheel cached before them is not reused.
-PATCH_SUFFIX="adamw2-kernels52"
+PATCH_SUFFIX="adamw2-kernels53"
 
 build_wheel() {
   local flavor="$1" args="$2"

@@ -66,7 +66,9 @@
   warp a row, its values in registers; a float32 unary op (RELU) with op_params[1] = 1 four
   values a thread. On the CPU and CUDA (set 51): LayerNorm with its affine in one kernel (30)
   and its gradient through the weight in one (31). On CUDA (set 52): a contiguous cast of
-  float32 to float16 or bfloat16 with op_params[2] = 1 applies relu to each value first.
+  float32 to float16 or bfloat16 with op_params[2] = 1 applies relu to each value first. On the
+  CPU and CUDA (set 53): LayerNorm's kernel writes float16 or bfloat16 where its output's type
+  asks (autocast's cast of its output).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -85,7 +87,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 52
+KERNELS_VERSION = 53
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a

@@ -655,6 +655,41 @@ def test_layer_norm_with_its_affine_is_one_node_each_way(dev, monkeypatch):
     assert three["NORM"] == 1 and sum(fused.values()) == sum(three.values()) - 4, (fused, three)
 
 
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_layer_norm_writes_a_low_type_with_the_casts_bits(dev, monkeypatch, low):
+    """LayerNorm's output cast to float16 or bfloat16 (autocast's cast for the next product) is
+    written so by the LayerNorm kernel itself where layer_norm_low serves (forced off and on):
+    no cast node, one kernel node of the low type, and the same bits as the float32 output cast
+    (NaN and infinite rows, values past float16's range, rows over CUDA's 256-thread blocks)."""
+    if kernels.version() < 53 or not kernels.supported(ggrad.runtime.current().backend, kernels.LAYER_NORM):
+        pytest.skip(f"{dev}: no LayerNorm kernel writing low types (set 53)")
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 3, 1100)) * 3).astype(np.float32)
+    x[0, 0, 5], x[1, 2, 0] = np.nan, np.inf
+    w = (rng.standard_normal(1100) * 3e4).astype(np.float32)  # some outputs past float16's 65504
+    b = rng.standard_normal(1100).astype(np.float32)
+    want = torch.nn.functional.layer_norm(torch.from_numpy(x), (1100,), torch.from_numpy(w), torch.from_numpy(b))
+    results, copies = {}, {}
+    for on in (False, True):
+        set_variant(monkeypatch, "layer_norm_low", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"layer norm low {on}")
+
+        @ggrad.compile
+        def step(x, w, b):
+            return F.layer_norm(x, (1100,), w, b).to(getattr(ggrad, low))
+        results[on] = step(*(ggrad.tensor(a) for a in (x, w, b))).float().numpy()
+        nodes = compiled_nodes(step)
+        copies[on] = sum(node.op == ggrad.ops.G.GGML_OP_CPY for node in nodes)  # the cast, the result's copy
+        written = [node.type for node in nodes if node.op_params[0] == kernels.LAYER_NORM and node.op != ggrad.ops.G.GGML_OP_CPY]
+        assert written == [ggrad.ops.DTYPES[getattr(ggrad, low).storage] if on else ggrad.ops.F32], written
+    assert copies[True] == copies[False] - 1, copies
+    np.testing.assert_array_equal(results[True].view(np.uint32), results[False].view(np.uint32))
+    close = want.to(getattr(torch, low)).float().numpy()
+    finite = np.isfinite(close)
+    np.testing.assert_array_equal(np.isnan(results[True]), np.isnan(close))
+    np.testing.assert_allclose(results[True][finite], close[finite], rtol=1e-2, atol=1e-2)
+
+
 @needs_layer_norm_kernel
 def test_layer_norm_is_one_node_each_way(dev):
     """The normalization is one NORM node and its gradient one GGRAD node."""

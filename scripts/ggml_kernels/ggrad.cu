@@ -180,13 +180,13 @@ static __global__ void ggrad_layer_norm_back_f32(const float * x, const int64_t 
 // LayerNorm with its affine (kernel 30, ggrad_cpu.inc): one block per row, the normalized value,
 // its product with the weight and the sum with the bias each rounded apart (the composed NORM,
 // MUL, ADD)
-template <int block_size>
+template <int block_size, typename dst_t>
 static __global__ void ggrad_layer_norm_f32(const float * x, const int64_t x_stride, const float * w, const float * b,
-                                            float * out, const int64_t out_stride, const int D, const float eps) {
+                                            dst_t * out, const int64_t out_stride, const int D, const float eps) {
     __shared__ float shared[block_size / WARP_SIZE];
     const int64_t i = blockIdx.x;
     const float * xr = x + i*x_stride;
-    float * o = out + i*out_stride;
+    dst_t * o = out + i*out_stride;
     const float2 stats = ggrad_row_mean_rstd<block_size>(xr, D, eps, shared);
     const float mean = stats.x, rstd = stats.y;
     for (int c = threadIdx.x; c < D; c += block_size) {
@@ -194,8 +194,23 @@ static __global__ void ggrad_layer_norm_f32(const float * x, const int64_t x_str
         if (w != nullptr) {
             y = __fmul_rn(y, w[c]);
         }
-        o[c] = b != nullptr ? __fadd_rn(y, b[c]) : y;
+        o[c] = ggml_cuda_cast<dst_t>(b != nullptr ? __fadd_rn(y, b[c]) : y);  // as CPY converts (set 53)
     }
+}
+
+template <typename dst_t>
+static void ggrad_launch_layer_norm(const ggml_tensor * x, const ggml_tensor * dst, dst_t * out, cudaStream_t stream) {
+    const float eps = ggml_get_op_params_f32(dst, 1);
+    const float * w = dst->src[1] != nullptr ? (const float *) dst->src[1]->data : nullptr;
+    const float * b = dst->src[2] != nullptr ? (const float *) dst->src[2]->data : nullptr;
+    const int C = (int) x->ne[0];
+    const int64_t N = ggml_nrows(x), xs = x->nb[1]/sizeof(float), os = dst->nb[1]/sizeof(dst_t);
+    if (C < 1024) {
+        ggrad_layer_norm_f32<WARP_SIZE, dst_t><<<N, WARP_SIZE, 0, stream>>>((const float *) x->data, xs, w, b, out, os, C, eps);
+    } else {
+        ggrad_layer_norm_f32<256, dst_t><<<N, 256, 0, stream>>>((const float *) x->data, xs, w, b, out, os, C, eps);
+    }
+    CUDA_CHECK(cudaGetLastError());
 }
 
 // a float32 product (kernel 6, as the CPU's; ggrad_gemm.h reads the operands' layout): cuBLAS
@@ -1025,18 +1040,13 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         return;
     }
     if (kernel == 30) {
-        const float eps = ggml_get_op_params_f32(dst, 1);
-        const float * w = dst->src[1] != nullptr ? (const float *) dst->src[1]->data : nullptr;
-        const float * b = dst->src[2] != nullptr ? (const float *) dst->src[2]->data : nullptr;
-        const int64_t xs = x->nb[1]/sizeof(float), os = dst->nb[1]/sizeof(float);
-        if (C < 1024) {
-            ggrad_layer_norm_f32<WARP_SIZE><<<N, WARP_SIZE, 0, stream>>>(
-                (const float *) x->data, xs, w, b, (float *) dst->data, os, C, eps);
+        if (dst->type == GGML_TYPE_BF16) {
+            ggrad_launch_layer_norm(x, dst, (nv_bfloat16 *) dst->data, stream);
+        } else if (dst->type == GGML_TYPE_F16) {
+            ggrad_launch_layer_norm(x, dst, (half *) dst->data, stream);
         } else {
-            ggrad_layer_norm_f32<256><<<N, 256, 0, stream>>>(
-                (const float *) x->data, xs, w, b, (float *) dst->data, os, C, eps);
+            ggrad_launch_layer_norm(x, dst, (float *) dst->data, stream);
         }
-        CUDA_CHECK(cudaGetLastError());
         return;
     }
     const dim3 blocks(N, 1, 1);

@@ -116,14 +116,16 @@ static inline bool ggrad_running_stat_supported(const ggml_tensor * op) {
 
 // LayerNorm with its affine (30) and its gradient through the weight (31): float32 rows, each
 // contiguous, of at most INT32_MAX values, in a matrix (D, R); the weight and the bias (30's
-// may be absent, 31's weight may not) D contiguous values; 31's gradient x's shape, its
-// output (D, R), or (D, 2R) where op_params[2] = 1 asks for the weight's terms too
+// may be absent, 31's weight may not) D contiguous values; 30's output float32, float16 or
+// bfloat16 (set 53); 31's gradient x's shape, its output (D, R), or (D, 2R) where op_params[2]
+// = 1 asks for the weight's terms too
 static inline bool ggrad_layer_norm_supported(const ggml_tensor * op) {
     const int kernel = ((const int32_t *) op->op_params)[0];
     const ggml_tensor * x = op->src[0];
     const bool terms = kernel == 31 && ((const int32_t *) op->op_params)[2] == 1;
     if ((kernel != 30 && kernel != 31) || x == NULL || x->type != GGML_TYPE_F32 || x->nb[0] != sizeof(float) ||
-        x->ne[2] != 1 || x->ne[3] != 1 || x->ne[0] > INT32_MAX || op->type != GGML_TYPE_F32 ||
+        x->ne[2] != 1 || x->ne[3] != 1 || x->ne[0] > INT32_MAX ||
+        (op->type != GGML_TYPE_F32 && (kernel == 31 || (op->type != GGML_TYPE_F16 && op->type != GGML_TYPE_BF16))) ||
         !ggml_is_contiguous_rows(op) || op->ne[0] != x->ne[0] || op->ne[1] != (terms ? 2 : 1)*x->ne[1] ||
         op->ne[2] != 1 || op->ne[3] != 1) {
         return false;

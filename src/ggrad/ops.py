@@ -105,8 +105,9 @@ def as_type(ctx, x, ggml_type):
 
     def cast():
         made = _columns_as(ctx, x, ggml_type)
-        if made is None:
-            made = _relu_as(ctx, x, ggml_type)
+        for writer in (_relu_cast, _layer_norm_written_low):
+            if made is None:
+                made = _written_low(ctx, x, ggml_type, writer)
         if made is not None:
             return made
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
@@ -120,28 +121,56 @@ def as_type(ctx, x, ggml_type):
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
-def _relu_as(ctx, x, ggml_type):
-    """relu's float32 output (or a reshape of it) in float16 or bfloat16 as one cast of relu's
-    input that applies relu first, where the backend has it (CUDA's cast_relu, set 52): the
-    same bits as the cast of relu's output (rounding keeps signs, NaN and zeros), and relu's
-    float32 output is not written where nothing else reads it (its gradient reads the
-    input); else None."""
+def _written_low(ctx, x, ggml_type, writer):
+    """`x` in float16 or bfloat16 as `writer(made)` writes it, where `made` is the node `x`
+    reshapes (or `x`): made once per graph and type, whichever reshape of it a product casts
+    (the block's LayerNorm output is cast through two), then shaped as `x`. None where `writer`
+    declines (None)."""
+    if ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
+        return None
+    made = x
+    while made.contents.op == G.GGML_OP_RESHAPE:
+        made = made.contents.src[0]
+    if made.contents.type != F32:
+        return None
+    written = once_per_graph(("written low", ctypes.addressof(made.contents), ggml_type, writer),
+                             lambda: writer(ctx, made, ggml_type))
+    if written is None or ctypes.addressof(made.contents) == ctypes.addressof(x.contents):
+        return written
+    return G.ggml_reshape_4d(ctx, written, *x.contents.ne)
+
+
+def _relu_cast(ctx, made, ggml_type):
+    """relu's float32 output in `ggml_type` as one cast of relu's input that applies relu
+    first, where the backend has it (CUDA's cast_relu, set 52): the same bits as the cast of
+    relu's output (rounding keeps signs, NaN and zeros), and relu's float32 output is not
+    written where nothing else reads it (its gradient reads the input); else None."""
     from . import runtime
-    made = x.contents.src[0] if x.contents.op == G.GGML_OP_RESHAPE else x
     c = made.contents
     backend = runtime.current().backend
     # CUDA only, however the variant is set: other backends' CPY ignores op_params[2]
-    if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(made) != G.GGML_UNARY_OP_RELU or c.type != F32 \
-            or ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16) or c.src[0].contents.type != F32 \
-            or not G.ggml_is_contiguous(c.src[0]) or backend_kind() != "cuda" \
+    if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(made) != G.GGML_UNARY_OP_RELU \
+            or c.src[0].contents.type != F32 or not G.ggml_is_contiguous(c.src[0]) or backend_kind() != "cuda" \
             or not kernels.variant(backend, "cast_relu"):
         return None
     cast = G.ggml_cast(ctx, c.src[0], ggml_type)
     cast.contents.op_params[0] = int(kernels.variant(backend, "cast_x4"))  # four values a thread where aligned
     cast.contents.op_params[2] = 1  # relu first
-    if _supported(cast) is None:
+    return _supported(cast)
+
+
+def _layer_norm_written_low(ctx, made, ggml_type):
+    """ggrad's LayerNorm kernel writing `ggml_type` itself (layer_norm_low, set 53: each value
+    converted as a cast converts, the same bits) where the backend has it, instead of a
+    float32 output and a cast of it: the float32 node leaves the graph where nothing else
+    reads it (its gradient reads LayerNorm's input); else None."""
+    from . import runtime
+    c = made.contents
+    if kernels.kernel_of(made) != kernels.LAYER_NORM or not kernels.variant(runtime.current().backend, "layer_norm_low"):
         return None
-    return cast if made is x else G.ggml_reshape_4d(ctx, cast, *x.contents.ne)
+    written = kernels.op(ctx, kernels.LAYER_NORM, (c.ne[0], c.ne[1]), [c.src[0], c.src[1], c.src[2]], [], dtype=ggml_type)
+    written.contents.op_params[1] = c.op_params[1]  # eps, its bits
+    return _supported(written)
 
 
 def _columns_as(ctx, x, ggml_type):
