@@ -15,7 +15,7 @@ from ggrad.amp import GradScaler, autocast
 from ggrad.optim import SGD, Adam
 from ggrad.runtime import backend
 
-from conftest import run_in_child, set_variant
+from conftest import compiled_nodes, run_in_child, set_variant
 
 LOW = {"bfloat16": (ggrad.bfloat16, ml_dtypes.bfloat16), "float16": (ggrad.float16, np.float16)}
 rng = np.random.default_rng(13)
@@ -603,3 +603,24 @@ def test_grad_scaler_after_eps_changes_and_with_a_float16_loss(dev):
     assert scaler.get_scale() == t_scaler.get_scale()
     half = GradScaler().scale(ggrad.tensor(np.float16(3.0)))
     assert half.dtype is ggrad.float32 and half.item() == 3.0 * 2 ** 16
+
+
+def test_a_tensor_read_through_two_reshapes_is_cast_once(dev):
+    """A float32 tensor that two autocast products read through different reshapes (a
+    LayerNorm's output as rows and as (batch, sequence, features)) is cast to bfloat16 once:
+    the cast is of the reshaped tensor, shared, and each product reshapes it (ops.as_type)."""
+    rng = np.random.default_rng(0)
+    a, w1, w2 = (ggrad.tensor(rng.standard_normal(s).astype(np.float32)) for s in ((4, 6, 8), (8, 5), (48, 3)))
+
+    @ggrad.compile
+    def step(a, w1, w2):
+        with autocast(dtype=ggrad.bfloat16):
+            return (a.reshape(24, 8) @ w1).sum() + (a.reshape(4, 48) @ w2).sum()
+
+    got = float(step(a, w1, w2))
+    casts = [node for node in compiled_nodes(step) if node.op == ggrad.ops.G.GGML_OP_CPY
+             and node.type == ggrad.ops.G.GGML_TYPE_BF16 and node.src[0].contents.type == ggrad.ops.F32]
+    assert len(casts) == 3, len(casts)  # a, w1, w2
+    low = [np.asarray(t.numpy(), np.float32).astype(ml_dtypes.bfloat16).astype(np.float64) for t in (a, w1, w2)]
+    want = (low[0].reshape(24, 8) @ low[1]).sum() + (low[0].reshape(4, 48) @ low[2]).sum()
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-4)

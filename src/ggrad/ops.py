@@ -102,12 +102,13 @@ def as_type(ctx, x, ggml_type):
     pass over the values, and the copy leaves the graph where nothing else reads it."""
     if x.contents.type == ggml_type:
         return x
+    if x.contents.op == G.GGML_OP_RESHAPE:  # the reshaped tensor cast once, however many reshapes a graph casts
+        return G.ggml_reshape_4d(ctx, as_type(ctx, x.contents.src[0], ggml_type), *x.contents.ne)
 
     def cast():
         made = _columns_as(ctx, x, ggml_type)
-        for writer in (_relu_cast, _layer_norm_written_low):
-            if made is None:
-                made = _written_low(ctx, x, ggml_type, writer)
+        if made is None and x.contents.type == F32 and ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
+            made = _relu_cast(ctx, x, ggml_type) or _layer_norm_written_low(ctx, x, ggml_type)
         if made is not None:
             return made
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
@@ -119,25 +120,6 @@ def as_type(ctx, x, ggml_type):
         return _asking(_asking(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view, "cast_x4"),
                        "copy_rows")
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
-
-
-def _written_low(ctx, x, ggml_type, writer):
-    """`x` in float16 or bfloat16 as `writer(made)` writes it, where `made` is the node `x`
-    reshapes (or `x`): made once per graph and type, whichever reshape of it a product casts
-    (the block's LayerNorm output is cast through two), then shaped as `x`. None where `writer`
-    declines (None)."""
-    if ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
-        return None
-    made = x
-    while made.contents.op == G.GGML_OP_RESHAPE:
-        made = made.contents.src[0]
-    if made.contents.type != F32:
-        return None
-    written = once_per_graph(("written low", ctypes.addressof(made.contents), ggml_type, writer),
-                             lambda: writer(ctx, made, ggml_type))
-    if written is None or ctypes.addressof(made.contents) == ctypes.addressof(x.contents):
-        return written
-    return G.ggml_reshape_4d(ctx, written, *x.contents.ne)
 
 
 def _relu_cast(ctx, made, ggml_type):
@@ -178,8 +160,7 @@ def _columns_as(ctx, x, ggml_type):
     backend has it (CUDA's im2col_low, set 46: bfloat16 and float16, converted as a cast
     converts), instead of float32 columns and then a cast of them; else None."""
     from . import runtime
-    made = x.contents.src[0] if x.contents.op == G.GGML_OP_RESHAPE else x  # the columns, or them reshaped
-    c = made.contents
+    c = x.contents  # never a reshape: as_type casts what it reshapes
     if c.op != G.GGML_OP_IM2COL or c.type != F32 or ggml_type not in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16) \
             or not kernels.variant(runtime.current().backend, "im2col_low"):
         return None
@@ -188,7 +169,7 @@ def _columns_as(ctx, x, ggml_type):
     shape = G.ggml_new_tensor(ctx, ggml_type, MAX_DIMS, (ctypes.c_int64 * MAX_DIMS)(*c.src[0].contents.ne))
     columns = G.ggml_im2col(ctx, shape, c.src[1], p[0], p[1], p[2], p[3], p[4], p[5], bool(p[6]), ggml_type)
     columns.contents.op_params[7], columns.contents.op_params[8] = p[7], p[8]  # im2col_rows, im2col_x4, as asked
-    return columns if made is x else G.ggml_reshape_4d(ctx, columns, *x.contents.ne)
+    return columns
 
 
 def _asking(node, name: str):
