@@ -122,16 +122,16 @@ def as_type(ctx, x, ggml_type):
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
-def _relu_cast(ctx, made, ggml_type):
-    """relu's float32 output in `ggml_type` as one cast of relu's input that applies relu
-    first, where the backend has it (CUDA's cast_relu, set 52): the same bits as the cast of
-    relu's output (rounding keeps signs, NaN and zeros), and relu's float32 output is not
-    written where nothing else reads it (its gradient reads the input); else None."""
+def _relu_cast(ctx, x, ggml_type):
+    """`x`, where it is relu's float32 output, in `ggml_type` as one cast of relu's input that
+    applies relu first, where the backend has it (CUDA's cast_relu, set 52): the same bits as
+    the cast of relu's output (rounding keeps signs, NaN and zeros), and relu's float32 output
+    is not written where nothing else reads it (its gradient reads the input); else None."""
     from . import runtime
-    c = made.contents
+    c = x.contents
     backend = runtime.current().backend
     # CUDA only, however the variant is set: other backends' CPY ignores op_params[2]
-    if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(made) != G.GGML_UNARY_OP_RELU \
+    if c.op != G.GGML_OP_UNARY or G.ggml_get_unary_op(x) != G.GGML_UNARY_OP_RELU \
             or c.src[0].contents.type != F32 or not G.ggml_is_contiguous(c.src[0]) or backend_kind() != "cuda" \
             or not kernels.variant(backend, "cast_relu"):
         return None
@@ -141,14 +141,14 @@ def _relu_cast(ctx, made, ggml_type):
     return _supported(cast)
 
 
-def _layer_norm_written_low(ctx, made, ggml_type):
-    """ggrad's LayerNorm kernel writing `ggml_type` itself (layer_norm_low, set 53: each value
-    converted as a cast converts, the same bits) where the backend has it, instead of a
-    float32 output and a cast of it: the float32 node leaves the graph where nothing else
-    reads it (its gradient reads LayerNorm's input); else None."""
+def _layer_norm_written_low(ctx, x, ggml_type):
+    """`x`, where it is ggrad's LayerNorm kernel's float32 output, as that kernel writing
+    `ggml_type` itself (layer_norm_low, set 53: each value converted as a cast converts, the
+    same bits) where the backend has it, instead of a cast of it: the float32 node leaves the
+    graph where nothing else reads it (its gradient reads LayerNorm's input); else None."""
     from . import runtime
-    c = made.contents
-    if kernels.kernel_of(made) != kernels.LAYER_NORM or not kernels.variant(runtime.current().backend, "layer_norm_low"):
+    c = x.contents
+    if kernels.kernel_of(x) != kernels.LAYER_NORM or not kernels.variant(runtime.current().backend, "layer_norm_low"):
         return None
     written = kernels.op(ctx, kernels.LAYER_NORM, (c.ne[0], c.ne[1]), [c.src[0], c.src[1], c.src[2]], [], dtype=ggml_type)
     written.contents.op_params[1] = c.op_params[1]  # eps, its bits

@@ -29,10 +29,11 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
                          f"{x.shape}")
     axes = tuple(range(x.ndim - len(shape), x.ndim))
     width = math.prod(shape)
+    count = math.prod(x.shape) // width if width else 0
     # ggml's NORM asserts eps >= 0 (torch's negative eps gives NaN: composed, as here); CUDA's
     # row kernels start a block a row (at most 2^31 - 1)
-    if x.dtype is dtypes.float32 and eps >= 0 and width and math.prod(x.shape) // width < 2**31:
-        rows = reshape(x, (math.prod(x.shape) // width, width))
+    if x.dtype is dtypes.float32 and eps >= 0 and width and count < 2**31:
+        rows = reshape(x, (count, width))
         fused = _layer_norm_kernel(rows, shape, weight, bias, eps)
         if fused is not None:
             return reshape(fused, x.shape)
