@@ -22,7 +22,7 @@ apt-get "${apt[@]}" update >/dev/null
 if [ "${1:-}" = vulkan ]; then
   rm -f .wheels/ggml_python-*.whl
   GGRAD_PORTABLE=1 GGRAD_BACKEND=vulkan bash scripts/bootstrap.sh
-  suffix=$(sed -n 's/^PATCH_SUFFIX="\(.*\)"/\1/p' scripts/bootstrap.sh)
+  suffix=$(ROOT=$PWD; eval "echo $(sed -n 's/^PATCH_SUFFIX=//p' scripts/bootstrap.sh)")  # it hashes the patches
   suite="${GGRAD_GLSLC_SUITE:-trixie}"
   shaders="coopmat$([ "$suite" = trixie ] || echo "-$suite")"
   flavor=$(sed -n 's/^FLAVOR_SUFFIX="\(.*\)"/\1/p' scripts/bootstrap.sh)
