@@ -176,8 +176,8 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # (2026-12-05, H100: the suite passed with sets 22-30's CUDA kernels, which left it; H200, later:
 # QROWS, GEMM, ADAMW_GROUP and RUNNING_STAT passed their tests on cuda:0 and left it too;
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
-# LayerNorm's kernels (set 51) are compile-checked on CUDA.
-UNVERIFIED: dict[str, set[int]] = {"cuda": {LAYER_NORM, LAYER_NORM_AFFINE_BACK}}
+# H100, set53 (2026-12-06): LayerNorm's kernels (set 51) and its bfloat16 output passed theirs.
+UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -245,7 +245,9 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
 # test_amp, test_autograd's and test_attention's CUDA cases passed with both cuBLASLt paths,
 # 235 tests, but test_capture's accumulation iteration one ulp off eager's: a failure seen on
 # CUDA since 2026-12-05, before set 48, with these paths off too.)
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_relu", "layer_norm_low"}}
+# (H100, set53: layer_norm_low's tests passed; cast_relu's test counted the returned value's
+# own copy as a second cast and failed before it checked any value: it stays unverified.)
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"cast_relu"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
