@@ -201,6 +201,35 @@ def test_an_out_of_range_class_in_a_later_batch_is_refused_before_anything_runs(
         np.testing.assert_array_equal(p.numpy(), b)
 
 
+@pytest.mark.parametrize("bad", [2**31, 2**32 + 1, -2**31 - 1])
+def test_a_class_beyond_int32_in_a_later_batch_is_refused_not_wrapped(dev, bad):
+    """A replay converts an int64 batch into int32 storage: a value past int32 (2**32 + 1
+    would wrap to the valid class 1) raises as ggrad.tensor does, before anything runs."""
+    model, opt, step, data = warmed_up()
+    before = [p.numpy() for p in model.parameters()]
+    x, y = data[0]
+    with pytest.raises(ValueError, match="out of range"):
+        step(x, np.where(np.arange(len(y)) == 3, bad, y))
+    assert opt._micro_steps == 3 and step.captured == 1
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.numpy(), b)
+
+
+def test_replayed_batches_are_converted_as_ggrad_tensor_converts_them(dev):
+    """float64 batches, strided views and int32 targets: each replay computes what the
+    eager step computes from the same arrays (rounded to float32 as astype rounds)."""
+    rng = np.random.default_rng(3)
+    data = [(rng.standard_normal((2 * 8, SIZES[0]))[::2], rng.integers(0, SIZES[-1], 8).astype(np.int32))
+            for _ in range(4)]
+    losses = []
+    for compiled in (False, True):
+        model = mlp()
+        step = train_step(model, SGD(model.parameters(), lr=0.1), compiled)
+        losses.append([step(*data[i % 4]).item() for i in range(6)])
+    assert step.captured == 1 and step.traces == 1
+    assert losses[0] == losses[1]
+
+
 def test_bad_indices_in_tensor_batches_are_refused_on_replay_too(dev):
     """Batches as host tensors (as DataLoader yields them), an embedding and class targets."""
     ggrad.manual_seed(0)

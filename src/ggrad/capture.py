@@ -33,9 +33,9 @@ import numpy as np
 
 from . import autograd, dtypes, lazy, replay, runtime
 from .runtime import precision
-from .replay import invalidate, on_input, on_replay, refuse, tracing  # noqa: F401  (capture's API too)
+from .replay import invalidate, keep_flag, on_input, on_replay, refuse, tracing  # noqa: F401  (capture's API too)
 from .runtime.critical import critical
-from .tensor import Tensor, _host_array
+from .tensor import Tensor
 
 class _Trace:
     """What a tracing call registered and what it ran."""
@@ -50,6 +50,7 @@ class _Trace:
         self.exchanged: set[int] = set()  # ids of the buffers the host work reads and writes
         ambient = precision.snapshot()  # a replay computes products as the trace did
         self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
+        self.flags: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # replay.keep_flag's (object, name, value)
         self.advances: list[Callable[[], None]] = []
         self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
         self.refusal: str | None = None
@@ -195,6 +196,30 @@ def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
                     "step returns tensors (or tuples, lists and dicts of them) or None")
 
 
+class _Upload:
+    """A numpy argument's way into its buffer at each replay: converted into a host array
+    kept for it (the storage form `ggrad.tensor` makes, integers range-checked as it checks
+    them) and checked there as the trace checked it, before anything is written. The
+    argument's shape and numpy dtype are the traced call's (the capture's key)."""
+
+    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address")
+
+    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list) -> None:
+        self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
+        self.staged = np.empty(handle.shape, dtype.storage)  # numpy's own memory: CUDA may queue its upload
+        self.address = self.staged.ctypes.data
+
+    def stage(self, value: np.ndarray) -> None:
+        if value.dtype.kind in "iu":
+            dtypes.check_int32_range(value, self.dtype)
+        np.copyto(self.staged, value, casting="unsafe")  # as astype: floats rounded, integers in range
+        for check in self.checks:
+            check(self.staged)
+
+    def write(self) -> None:
+        self.handle.write_from(self.address, self.staged.nbytes, pageable=True)
+
+
 class _Capture:
     """One traced call's graphs (one, or several with host work between them: `boundary`)
     and how to run them again over new arguments."""
@@ -209,11 +234,14 @@ class _Capture:
         self.dev = last.dev
         self.graphs = [run.graph for run in runs]
         self.steps = [s.graph.compute if isinstance(s, lazy.Run) else s for s in [*trace.steps, *trace.runs]]
-        self.checks = trace.checks
+        flags = list(trace.flags.values())
+        values = [value for _, _, value in flags]
+        self.checks = [lambda: [getattr(obj, name) for obj, name, _ in flags] == values] if flags else []
+        self.checks += trace.checks
         self.advances = trace.advances
         self.rebuild = rebuild
         self.fixed: list[lazy.Node] = []  # leaves read where they are, and values between graphs: kept alive
-        self.uploads: list[tuple[int, Any, list]] = []  # (argument, handle, checks on its data)
+        self.uploads: list[_Upload] = []
         self.rebinds: list[tuple[Any, int, int]] = []  # (graph, slot, argument): a tensor argument
         self.argument_checks: dict[int, list] = {}  # tensor argument -> checks on its host data
         self.buffers: dict[int, Any] = {}  # argument -> where a tensor argument still on the host goes
@@ -231,7 +259,7 @@ class _Capture:
                     pos = arg_of_node[id(leaf)]
                     if pos not in uploaded:  # read by several graphs: one upload
                         uploaded.add(pos)
-                        self.uploads.append((pos, leaf.handle, checks.get(pos, [])))
+                        self.uploads.append(_Upload(pos, leaf.handle, arrays[pos].dtype, checks.get(pos, [])))
                 elif id(leaf) in tensor_arg_of_node:
                     pos = tensor_arg_of_node[id(leaf)]
                     self.rebinds.append((run.graph, slot, pos))
@@ -277,24 +305,21 @@ class _Capture:
         self.static = [(i, t, checked.get(id(t.node))) for i, t in enumerate(returned)
                        if not any(i in out[3] for out in self.outputs)]
         self._last: list[lazy.Node | None] = [None] * len(self.outputs)
+        self.returned_count = len(returned)
 
     def matches(self) -> bool:
         """Whether the next call would do what the traced one did (state as before it)."""
         return all(check() for check in self.checks)
 
     def replay(self, values: list) -> Any:
-        data = []
-        for pos, handle, checks in self.uploads:
-            array, _ = _host_array(values[pos], keep=False)  # written below, before the call returns
-            for check in checks:
-                check(array)
-            data.append((handle, array))
+        for upload in self.uploads:
+            upload.stage(values[upload.pos])
         for pos, checks in self.argument_checks.items():
             host = values[pos].node.host  # known on the host: checked as an eager step would
             for check in checks if host is not None else ():
                 check(host)
-        for handle, array in data:
-            handle.write(array)
+        for upload in self.uploads:
+            upload.write()
         bound: dict[int, Any] = {}
         for graph, slot, pos in self.rebinds:
             if pos not in bound:
@@ -308,7 +333,7 @@ class _Capture:
                 else:
                     bound[pos] = lazy.ensure_on_device(node)
             graph.rebind(slot, bound[pos])
-        returned: list[Tensor | None] = [None] * (len(self.static) + sum(len(o[3]) for o in self.outputs))
+        returned: list[Tensor | None] = [None] * self.returned_count
         nodes = []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
             last = self._last[k]
@@ -382,9 +407,9 @@ class Compiled:
         if autograd.is_recording():
             raise RuntimeError("ggrad.compile: a compiled function was called inside a grad_tape; "
                                "its replays record nothing, so put the tape inside the function")
-        names = sorted(kwargs)
-        values = [*args, *(kwargs[k] for k in names)]
-        key = (len(args), tuple(names), tuple(_argument_key(v) for v in values))
+        names = sorted(kwargs) if kwargs else []
+        values = [*args, *map(kwargs.__getitem__, names)]
+        key = (len(args), tuple(names), tuple(map(_argument_key, values)))
         if self._epoch != replay.epoch() or (self._captures and self._dev is not runtime.current()):
             self.release()
         if lazy.has_pending_work():  # work recorded outside runs first, as a grad tape would

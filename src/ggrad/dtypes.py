@@ -74,7 +74,7 @@ _BY_NAME.update(float=float32, half=float16, int=int32, long=int64)
 _BY_HOST = {np.dtype(np.float32): float32, np.dtype(np.float16): float16,
             np.dtype(ml_dtypes.bfloat16): bfloat16, np.dtype(np.int32): int32,
             np.dtype(np.int64): int64, np.dtype(np.bool_): bool_}
-_INT32 = np.iinfo(np.int32)
+_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
 
 def as_dtype(value) -> dtype:
@@ -123,13 +123,19 @@ def of_numpy(host: np.dtype) -> dtype:
     raise TypeError(f"tensor data of numpy dtype {host} is not numeric")
 
 
+def check_int32_range(array: np.ndarray, dt: dtype) -> None:
+    """Raise where integer data for a `dt` tensor lies outside int32's range (ggml's storage)."""
+    if dt.category == _INT and array.size and not np.can_cast(array.dtype, np.int32):
+        low, high = np.minimum.reduce(array, axis=None), np.maximum.reduce(array, axis=None)
+        if low < _INT32_MIN or high > _INT32_MAX:
+            raise ValueError(f"{dt.name} tensor data out of range: ggml stores integers in 32 bits "
+                             f"(min {low}, max {high}); values must lie in [{_INT32_MIN}, {_INT32_MAX}]")
+
+
 def to_storage(array: np.ndarray, dt: dtype) -> np.ndarray:
     """`array` in `dt`'s storage form; integers out of int32's range raise."""
-    if dt.category == _INT and array.dtype.kind in "iu" and array.size:
-        low, high = array.min(), array.max()
-        if low < _INT32.min or high > _INT32.max:
-            raise ValueError(f"{dt.name} tensor data out of range: ggml stores integers in 32 bits "
-                             f"(min {low}, max {high}); values must lie in [{_INT32.min}, {_INT32.max}]")
+    if dt.category == _INT and array.dtype.kind in "iu":
+        check_int32_range(array, dt)
     elif dt.category == _INT and array.dtype.kind == "f" and array.size:
         if not np.isfinite(array).all():
             raise ValueError(f"cannot convert non-finite values to {dt.name}")

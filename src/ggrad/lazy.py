@@ -260,7 +260,8 @@ def _wanted_values(state: _ThreadState):
 
 
 def has_pending_work() -> bool:
-    return bool(local.stores) or bool(local.effects) or any(True for _ in _wanted_values(local))
+    state = local
+    return bool(state.stores or state.effects or state.pending and any(True for _ in _wanted_values(state)))
 
 
 def pending_values() -> list[Node]:

@@ -51,6 +51,15 @@ def on_replay(check: Callable[[], bool] | None = None, advance: Callable[[], Non
         trace.advances.append(advance)
 
 
+def keep_flag(obj, name: str) -> None:
+    """While tracing: the capture holds only while `obj.<name>` keeps its value now (a
+    module's `training`). One check compares every kept flag at a replay: a model's
+    dozens of modules cost one list comparison, not a call each."""
+    trace = local.trace
+    if trace is not None:
+        trace.flags.setdefault((id(obj), name), (obj, name, getattr(obj, name)))
+
+
 def on_input(node, check: Callable[[np.ndarray], None]) -> None:
     """While tracing: run `check(host_array)` on every replay's data for the argument that
     `node` (a lazy.Node) holds (host-side validation, e.g. index ranges, that the trace did)."""

@@ -124,9 +124,7 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward")
 
     def __call__(self, *args, **kwargs):
-        if capture.tracing():  # a captured step replays this mode's forward only
-            training = self.training
-            capture.on_replay(check=lambda: self.training == training)
+        capture.keep_flag(self, "training")  # a captured step replays this mode's forward only
         for hook in list(self._forward_pre_hooks.values()):
             changed = hook(self, args)
             if changed is not None:

@@ -17,6 +17,7 @@ every piece of state, bias-correction powers included.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import numbers
 import operator
@@ -108,6 +109,10 @@ class _KeptStep:
             self.traces_in_a_row = 0
             self.backoffs += 1
             self.wait = 2 ** min(self.backoffs, 10)
+
+
+_STEP = operator.itemgetter("step")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 def _same_objects(a: list, b: list) -> bool:
@@ -400,9 +405,8 @@ class Optimizer:
                     updated.append(index)
                     self._update_group(index, group, items, self._lr_tensor(index))
         if capture.tracing():
-            counts = self._count_offsets(stepped, updated)
-            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated, counts,
-                                                self._bindings()),
+            capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated,
+                                                self._step_counts(stepped, updated), self._bindings()),
                               functools.partial(self._advance, stepped, updated))
 
     # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
@@ -428,36 +432,33 @@ class Optimizer:
     def _hyperparameters(self) -> list:
         """What a step graph bakes in: the groups' settings but the lr (read on the device),
         which parameters train, and how gradients are accumulated (which parameters hold an
-        accumulated gradient, applied even without a new one, `_bindings` tells)."""
+        accumulated gradient, applied even without a new one, `_bindings` tells). Built of
+        C-level copies and maps: a replay compares it every step."""
         return [(self.accumulate_steps, self.average)] + [
-            ([(k, v) for k, v in g.items() if k not in ("params", "lr")],
-             tuple(p.requires_grad for p in g["params"])) for g in self.param_groups]
+            ({**g, "params": None, "lr": None}, [*map(_REQUIRES_GRAD, g["params"])]) for g in self.param_groups]
 
     def _bindings(self) -> list:
         """What a step graph reads and writes, by identity: the state table, each group's
         parameters, each state dict and each state tensor (whose buffer an in-place write
         keeps). A table, a parameter or a tensor replaced by hand (`opt.state = {}`, a new
         momentum buffer) is read from where the kept graph does not look."""
-        bound: list = [self.state]
-        for group in self.param_groups:
-            bound += group["params"]
-        for entry in [*self.state.values(), *self.group_state]:
-            bound.append(entry)
-            bound += [value for value in entry.values() if isinstance(value, Tensor)]
-        return bound
+        entries = [*self.state.values(), *self.group_state]
+        return [self.state, *itertools.chain.from_iterable([g["params"] for g in self.param_groups]), *entries,
+                *[value for entry in entries for value in entry.values() if isinstance(value, Tensor)]]
 
-    def _count_offsets(self, stepped: list[dict], updated: list[int]) -> tuple[int, ...]:
-        """How far apart the step counts of the stepped parameters and their groups are: a
-        parameter that skipped steps since (no gradient in an eager step) has its own bias
-        corrections, which a replay of shared ones would not give it."""
+    def _step_counts(self, stepped: list[dict], updated: list[int]) -> list[int]:
+        """The step counts of the stepped parameters and their groups."""
         base = stepped[0]["step"] if stepped else 0
-        return tuple([s["step"] - base for s in stepped] + [self.group_state[i].get("step", base) - base for i in updated])
+        return [*map(_STEP, stepped), *[self.group_state[i].get("step", base) for i in updated]]
 
     def _replayable(self, apply: bool, hyperparameters: list, stepped: list[dict], updated: list[int],
-                    counts: tuple[int, ...], bindings: list) -> bool:
-        """Whether the next step does what the captured one did, over the same tensors."""
+                    counts: list[int], bindings: list) -> bool:
+        """Whether the next step does what the captured one did, over the same tensors. The
+        step counts may have moved on since the trace, but together: a parameter that
+        skipped steps (no gradient in an eager step) has bias corrections of its own, which
+        a replay of shared ones would not give it."""
         if self.next_step_applies != apply or self._hyperparameters() != hyperparameters \
-                or self._count_offsets(stepped, updated) != counts:
+                or len(set(map(operator.sub, self._step_counts(stepped, updated), counts))) > 1:
             return False
         return _same_objects(self._bindings(), bindings)
 

@@ -196,6 +196,13 @@ class Handle:
             self.check_live()
             transfers.upload(self._tensor, array, self._pool.backend)
 
+    def write_from(self, address: int, nbytes: int, pageable: bool) -> None:
+        """`write` from a C-contiguous host array known by its address and size, which a
+        caller uploading from the same array every step keeps (the lookup costs ~1.5 us)."""
+        with lock:
+            self.check_live()
+            transfers.upload_from(self._tensor, address, nbytes, self._pool.backend, pageable)
+
     def evict(self) -> None:
         """Keep the values on the host; called just before the device is released."""
         if self.live and self.scope == "persistent":

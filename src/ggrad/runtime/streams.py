@@ -34,17 +34,20 @@ def queue(backend, graph) -> None:
         raise RuntimeError(f"ggml graph compute failed (status {status})")
 
 
-def queues_upload(backend, array) -> bool:
-    """Whether an upload of `array` into `backend`'s memory may be queued on its stream behind
-    the running graphs: only from memory numpy allocated (pageable), which CUDA copies
-    aside before the call returns. Pinned memory would be read when the copy runs, after
-    the caller may have reused it: those uploads wait."""
-    if id(backend) not in _queued or not QUEUED_UPLOADS:
-        return False
+def pageable(array: np.ndarray) -> bool:
+    """Whether `array` lies in memory numpy allocated (pageable), which CUDA copies aside
+    before an upload's call returns. Pinned memory would be read when the copy runs, after
+    the caller may have reused it."""
     root = array
     while isinstance(root.base, np.ndarray):
         root = root.base
     return root.base is None and root.flags.owndata
+
+
+def queues_upload(backend, from_pageable: bool) -> bool:
+    """Whether an upload into `backend`'s memory may be queued on its stream behind the
+    running graphs: only from pageable memory (`pageable`); others wait."""
+    return from_pageable and QUEUED_UPLOADS and id(backend) in _queued
 
 
 def settle() -> None:

@@ -81,17 +81,23 @@ class count_transfers:
 
 
 def upload(tensor, array: np.ndarray, backend) -> None:
-    """Copy a C-contiguous `array` into the ggml `tensor`'s buffer on the started `backend`:
-    queued behind its running graphs where they may still read the old values (streams.py),
-    else once they have finished."""
-    if streams.queues_upload(backend, array):
-        G.ggml_backend_tensor_set_async(backend.handle, tensor, array.ctypes.data, 0, array.nbytes)
+    """Copy a C-contiguous `array` into the ggml `tensor`'s buffer on the started `backend`."""
+    upload_from(tensor, array.ctypes.data, array.nbytes, backend, streams.pageable(array))  # data_as costs 2 us
+
+
+def upload_from(tensor, address: int, nbytes: int, backend, pageable: bool) -> None:
+    """Copy `nbytes` at host `address` into the ggml `tensor`'s buffer on the started
+    `backend` (every upload comes here): queued behind its running graphs where they may
+    still read the old values and the memory is `pageable` (streams.py), else once they
+    have finished."""
+    if streams.queues_upload(backend, pageable):
+        G.ggml_backend_tensor_set_async(backend.handle, tensor, address, 0, nbytes)
     else:
         streams.settle()
-        G.ggml_backend_tensor_set(tensor, array.ctypes.data, 0, array.nbytes)  # the address: data_as costs 2 us
+        G.ggml_backend_tensor_set(tensor, address, 0, nbytes)
     if not backend.host_memory:
         _totals.uploads += 1
-        _totals.bytes_up += array.nbytes
+        _totals.bytes_up += nbytes
 
 
 def download(tensor, shape: tuple, dtype: np.dtype, host_memory: bool) -> np.ndarray:
