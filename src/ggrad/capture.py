@@ -52,7 +52,7 @@ class _Trace:
         self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
         self.flags: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # replay.keep_flag's (object, name, value)
         self.advances: list[Callable[[], None]] = []
-        self.input_checks: list[tuple[lazy.Node, Callable[[np.ndarray], None]]] = []
+        self.input_checks: list[tuple[lazy.Node, tuple[Callable[[np.ndarray], None], tuple[int, int]]]] = []
         self.refusal: str | None = None
         # gradients that tracked optimizers' parameters held when the call began, and their
         # values then (an accumulation replaces a gradient's node, not its buffer)
@@ -200,7 +200,9 @@ class _Upload:
     """A numpy argument's way into its buffer at each replay: converted into a host array
     kept for it (the storage form `ggrad.tensor` makes, integers range-checked as it checks
     them) and checked there as the trace checked it, before anything is written. The
-    argument's shape and numpy dtype are the traced call's (the capture's key)."""
+    argument's shape and numpy dtype are the traced call's (the capture's key). Integers'
+    two extremes serve the int32 check and every index-range check (`replay.on_input`'s
+    `passes`) at once: a batch of class targets costs two reductions, not four."""
 
     __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address")
 
@@ -210,11 +212,14 @@ class _Upload:
         self.address = self.staged.ctypes.data
 
     def stage(self, value: np.ndarray) -> None:
+        low = high = None
         if value.dtype.kind in "iu":
-            dtypes.check_int32_range(value, self.dtype)
+            low, high = np.minimum.reduce(value, axis=None), np.maximum.reduce(value, axis=None)
+            dtypes.check_int32_extremes(low, high, self.dtype)
         np.copyto(self.staged, value, casting="unsafe")  # as astype: floats rounded, integers in range
-        for check in self.checks:
-            check(self.staged)
+        for check, (first, end) in self.checks:
+            if low is None or not first <= low <= high < end:
+                check(self.staged)
 
     def write(self) -> None:
         self.handle.write_from(self.address, self.staged.nbytes, pageable=True)
@@ -316,7 +321,7 @@ class _Capture:
             upload.stage(values[upload.pos])
         for pos, checks in self.argument_checks.items():
             host = values[pos].node.host  # known on the host: checked as an eager step would
-            for check in checks if host is not None else ():
+            for check, _ in checks if host is not None else ():
                 check(host)
         for upload in self.uploads:
             upload.write()

@@ -126,10 +126,14 @@ def of_numpy(host: np.dtype) -> dtype:
 def check_int32_range(array: np.ndarray, dt: dtype) -> None:
     """Raise where integer data for a `dt` tensor lies outside int32's range (ggml's storage)."""
     if dt.category == _INT and array.size and not np.can_cast(array.dtype, np.int32):
-        low, high = np.minimum.reduce(array, axis=None), np.maximum.reduce(array, axis=None)
-        if low < _INT32_MIN or high > _INT32_MAX:
-            raise ValueError(f"{dt.name} tensor data out of range: ggml stores integers in 32 bits "
-                             f"(min {low}, max {high}); values must lie in [{_INT32_MIN}, {_INT32_MAX}]")
+        check_int32_extremes(np.minimum.reduce(array, axis=None), np.maximum.reduce(array, axis=None), dt)
+
+
+def check_int32_extremes(low, high, dt: dtype) -> None:
+    """`check_int32_range` of data whose least and greatest values are `low` and `high`."""
+    if dt.category == _INT and (low < _INT32_MIN or high > _INT32_MAX):
+        raise ValueError(f"{dt.name} tensor data out of range: ggml stores integers in 32 bits "
+                         f"(min {low}, max {high}); values must lie in [{_INT32_MIN}, {_INT32_MAX}]")
 
 
 def to_storage(array: np.ndarray, dt: dtype) -> np.ndarray:

@@ -60,12 +60,14 @@ def keep_flag(obj, name: str) -> None:
         trace.flags.setdefault((id(obj), name), (obj, name, getattr(obj, name)))
 
 
-def on_input(node, check: Callable[[np.ndarray], None]) -> None:
+def on_input(node, check: Callable[[np.ndarray], None], passes: tuple[int, int] | None = None) -> None:
     """While tracing: run `check(host_array)` on every replay's data for the argument that
-    `node` (a lazy.Node) holds (host-side validation, e.g. index ranges, that the trace did)."""
+    `node` (a lazy.Node) holds (host-side validation, e.g. index ranges, that the trace did).
+    `passes` (low, end): integer data within [low, end) passes it, which a replay that has
+    the data's extremes at hand tells without calling it."""
     trace = local.trace
     if trace is not None:
-        trace.input_checks.append((node, check))
+        trace.input_checks.append((node, (check, passes or (1, 0))))
 
 
 def refuse(reason: str) -> None:

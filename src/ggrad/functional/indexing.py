@@ -36,7 +36,7 @@ def checked_index(index: Tensor, size: int, what: str, of: str, wrap: bool = Fal
         if values.size and (values.min() < low or values.max() >= size):
             raise IndexError(f"{what} out of range for {size} {of} (min {values.min()}, max {values.max()})")
     check(host)
-    replay.on_input(index.node, check)
+    replay.on_input(index.node, check, passes=(-size if wrap else 0, size))
     return checks.wrapped(index, size) if wrap else index
 
 

@@ -161,7 +161,7 @@ def _checked_on_host(target: Tensor, classes: int, ignore_index: int, what: str)
             if bad.any():
                 raise IndexError(f"{what}: class index out of range for {classes} classes (got {values[bad].flat[0]})")
         check(host)
-        replay.on_input(target.node, check)
+        replay.on_input(target.node, check, passes=(0, classes))
     return host
 
 
