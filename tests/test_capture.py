@@ -215,6 +215,24 @@ def test_a_class_beyond_int32_in_a_later_batch_is_refused_not_wrapped(dev, bad):
         np.testing.assert_array_equal(p.numpy(), b)
 
 
+def test_ignored_targets_in_replayed_batches_pass_their_check_and_are_ignored(dev):
+    """A batch holding ignore_index (outside [0, classes): the replay's extremes say no, so
+    the check itself runs and lets it through) trains as the eager step does; a class
+    out of range beside it still raises."""
+    rng = np.random.default_rng(5)
+    data = [(rng.standard_normal((8, SIZES[0])).astype(np.float32),
+             np.where(rng.random(8) < 0.3, -100, rng.integers(0, SIZES[-1], 8))) for _ in range(3)]
+    losses = []
+    for compiled in (False, True):
+        model = mlp()
+        step = train_step(model, SGD(model.parameters(), lr=0.1), compiled)
+        losses.append([step(*data[i % 3]).item() for i in range(5)])
+    assert step.captured == 1 and losses[0] == losses[1]
+    x, y = data[0]
+    with pytest.raises(IndexError, match="class index out of range"):
+        step(x, np.where(y == -100, SIZES[-1], y))
+
+
 def test_replayed_batches_are_converted_as_ggrad_tensor_converts_them(dev):
     """float64 batches, strided views and int32 targets: each replay computes what the
     eager step computes from the same arrays (rounded to float32 as astype rounds)."""
