@@ -156,6 +156,27 @@ def test_a_replay_is_one_dispatch_in_place_with_no_crossing(dev):
     assert after["scratch_bytes"] == memory["scratch_bytes"] > 0  # the kept graph's, counted
 
 
+def test_a_loop_holding_its_last_loss_reuses_the_result_before_it_and_reads_each_right(dev):
+    """`loss = step(x, y)` holds the previous loss while the next call runs: a replay writes
+    into the result before it (no new buffer a step), never into a loss still held."""
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=14, data=data)[0][0]
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    loss, buffers, held = None, [], []
+    for i in range(14):
+        previous, loss = loss, step(*data[i % len(data)])
+        if previous is not None:
+            assert previous.item() == eager[i - 1]  # held through the call: not written over
+        buffers.append(loss.node.handle)
+        if i in (8, 10):
+            held.append((i, loss))  # kept longer: their buffers stay theirs
+        del previous
+    assert all(buffers[i] is buffers[i - 2] for i in range(4, 9))  # two buffers in turn, none new
+    assert [held_loss.item() for _, held_loss in held] == [eager[i] for i, _ in held]
+    assert loss.item() == eager[-1]
+
+
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
     model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:

@@ -9,7 +9,9 @@ Python replay path, its uploads and bookkeeping).
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -31,6 +33,8 @@ def main() -> None:
     ap.add_argument("--precision", default="high")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--blocks", type=int, default=7)
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also the N largest Python functions (cProfile's own time) of the running step")
     args = ap.parse_args()
     ggrad.set_float32_matmul_precision(args.precision)
     _, sample, classes, batch = T.MODELS[args.model]
@@ -49,6 +53,12 @@ def main() -> None:
     print(f"{args.model} on {args.device} at {args.precision!r}, us per step (medians of {args.blocks} blocks "
           f"of {args.steps}): graphs left running {queued:.1f}; waiting after each step {waited:.1f}; "
           f"host path alone {host:.1f}")
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(lambda: [step(i) for i in range(args.steps)])
+        sync()
+        print(f"\n{args.steps} steps, graphs left running, under cProfile (its own cost inflates small functions):")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
 
 if __name__ == "__main__":

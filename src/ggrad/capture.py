@@ -309,7 +309,9 @@ class _Capture:
         # argument (or a view of one), which is this call's argument
         self.static = [(i, t, checked.get(id(t.node))) for i, t in enumerate(returned)
                        if not any(i in out[3] for out in self.outputs)]
-        self._last: list[lazy.Node | None] = [None] * len(self.outputs)
+        # each output's last two results: a loop that holds the newest while it calls again
+        # (`loss = step(x, y)`) leaves the one before free, whose buffer the next result takes
+        self._recent: list[list[lazy.Node]] = [[] for _ in self.outputs]
         self.returned_count = len(returned)
 
     def matches(self) -> bool:
@@ -341,9 +343,11 @@ class _Capture:
         returned: list[Tensor | None] = [None] * self.returned_count
         nodes = []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
-            last = self._last[k]
-            if last is not None and last.owners == 0 and last.handle.live:
-                handle = last.handle  # nobody holds the previous result: reuse its buffer
+            recent = self._recent[k]
+            free = next((node for node in recent if node.owners == 0 and node.handle.live), None)
+            if free is not None:  # nobody holds that result: its buffer takes this one
+                recent.remove(free)
+                handle = free.handle
             else:
                 handle = self.dev.new_handle(shape, dtype.storage, "persistent")
             self.graphs[-1].rebind(slot, handle)
@@ -353,7 +357,7 @@ class _Capture:
         for step in self.steps:
             step()
         for k, (_, _, _, where) in enumerate(self.outputs):
-            self._last[k] = nodes[k]
+            self._recent[k] = [nodes[k], *self._recent[k][:1]]
             for i in where:
                 returned[i] = Tensor._wrap(nodes[k])
         self._fill_static(returned, values)
