@@ -197,6 +197,8 @@ PYTHON_CHOICES = {
     "rows_layout": ("ggrad.functional.conv", "PER_IMAGE_PIXELS_PER_CHANNEL", 0),
     # the cross-entropy gradient reading the loss's gradient through a stride of 0, not REPEATed
     "stride_zero": ("ggrad.ops", "STRIDE_ZERO_KINDS", frozenset()),
+    # a replay's buffers kept in place (CUDA: device batches copied in, results copied out), not rebound
+    "stable_addresses": ("ggrad.capture", "STABLE_ADDRESS_KINDS", frozenset()),
 }
 
 
@@ -219,6 +221,20 @@ def without_kernels(names: list[str], runner):
     runner = _with_setting(runner, kernels, "variant", lambda backend, name: name not in unasked and variant(backend, name))
     return _with_setting(runner, kernels, "supported",
                          lambda backend, kernel: kernel not in refused and supported(backend, kernel))
+
+
+def holding_the_loss(runner):
+    """`runner` that keeps each step's loss until the next step has returned, as a training
+    loop's `loss = step(x, y)` does (a step cannot write its result where the last one is)."""
+    step, sync = runner
+    kept = [None]
+
+    def hold(i):
+        kept[0] = step(i)
+        return kept[0]
+
+    hold.compiled = getattr(step, "compiled", None)
+    return hold, sync
 
 
 def waiting_for_each_graph(runner):
@@ -310,7 +326,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses): an A/B in one process")
     ap.add_argument("--again", action="store_true",
                     help="also time a second copy of ggrad's compiled step: an A/B/A that shows how far "
                          "two runners of the same graph differ (up to ~7%% on an H100, 10-20%% on the CPU "
@@ -318,6 +334,9 @@ def main() -> None:
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
+    ap.add_argument("--hold-loss", action="store_true",
+                    help="every runner keeps each step's loss until the next step returns, as `loss = step(x, y)` "
+                         "in a training loop does")
     ap.add_argument("--block-batch", type=int, default=MODELS["block"][3])
     ap.add_argument("--block-seq", type=int, default=MODELS["block"][1][0])
     args = ap.parse_args()
@@ -397,6 +416,9 @@ def main() -> None:
                          f"ggrad {tag} {', '.join(f'{v:.7g}' for v in first[('ggrad', tag)])}; PyTorch eager "
                          f"{', '.join(f'{v:.7g}' for v in reference)}; largest relative difference {rels.max():.1e} "
                          f"({'ok' if ok else 'MISMATCH'}: {bound})")
+        if args.hold_loss:
+            runners = {key: holding_the_loss(runner) for key, runner in runners.items()}
+            notes.append(f"{label}: every runner held each step's loss until the next step returned (--hold-loss)")
         ms = time_interleaved(runners, steps, args.blocks, args.warmup)
         for (side, their_tag) in runners:
             if side != "torch":

@@ -177,6 +177,30 @@ def test_a_loop_holding_its_last_loss_reuses_the_result_before_it_and_reads_each
     assert loss.item() == eager[-1]
 
 
+@pytest.mark.parametrize("stable", [False, True])
+def test_stable_addresses_keep_every_slot_in_place_and_compute_what_rebinding_computes(dev, monkeypatch, stable):
+    """Where a backend keeps a graph launch only while its buffers stay put (CUDA graphs;
+    forced here on every device), device batches are copied into the capture's own buffers
+    and results copied out of where the graph writes them: the graph's slots never move,
+    and the losses (held across calls, read later) are the eager run's."""
+    monkeypatch.setattr(ggrad.capture, "STABLE_ADDRESS_KINDS",
+                        frozenset({ggrad.runtime.current().backend.info.kind} if stable else ()))
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=10, data=data)[0][0]
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    resident = [(ggrad.tensor(x), ggrad.tensor(y)) for x, y in data]
+    ggrad.realize(*[t for batch in resident for t in batch])
+    losses, slots = [], []
+    for i in range(10):
+        losses.append(step(*resident[i % len(resident)]))
+        graph = step._captures and next(iter(step._captures.values()))[0].graphs[-1]
+        slots.append(list(graph._bound) if graph else None)
+    assert [loss.item() for loss in losses] == eager
+    moved = [i for i in range(3, 10) if slots[i] != slots[i - 1]]
+    assert not moved if stable else moved, moved
+
+
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
     model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:

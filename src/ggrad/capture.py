@@ -145,6 +145,16 @@ def _host_read() -> None:
            "its Python would not see the values of later calls")
 
 
+# Backends that keep a graph's launch only while its buffers stay put: ggml-cuda replays a
+# CUDA graph while every node's addresses are those of the last run, and runs a changed
+# graph kernel by kernel until it is stable again. A replay there binds the same buffers
+# every step: a device tensor argument is copied into a buffer of its own (as PyTorch's
+# CUDA graphs copy into static inputs), and each result is written where the graph always
+# writes it and copied out, so neither a new batch nor a loss the caller still holds
+# moves the graph. Up to STABLE_COPY_BYTES a value (an H100 copies 16 MiB in ~10 us); a
+# larger one is bound where it lies, as elsewhere.
+STABLE_ADDRESS_KINDS = frozenset({"cuda"})
+STABLE_COPY_BYTES = 16 << 20
 MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
 MAX_SIGNATURES = 16  # argument signatures with kept graphs (static arguments make new ones)
 _STATIC = (type(None), bool, numbers.Number, str, bytes)
@@ -312,6 +322,7 @@ class _Capture:
         # each output's last two results: a loop that holds the newest while it calls again
         # (`loss = step(x, y)`) leaves the one before free, whose buffer the next result takes
         self._recent: list[list[lazy.Node]] = [[] for _ in self.outputs]
+        self.written: list = []  # `_written`'s buffers
         self.returned_count = len(returned)
 
     def matches(self) -> bool:
@@ -327,21 +338,22 @@ class _Capture:
                 check(host)
         for upload in self.uploads:
             upload.write()
+        stable = self.dev.backend.info.kind in STABLE_ADDRESS_KINDS
         bound: dict[int, Any] = {}
         for graph, slot, pos in self.rebinds:
             if pos not in bound:
                 node = values[pos].node
                 if node.handle is None and not node.pending:  # a batch still on the host
-                    buffer = self.buffers.get(pos)
-                    if buffer is None:
-                        buffer = self.buffers[pos] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
-                    buffer.write(node.host)
-                    bound[pos] = buffer
+                    bound[pos] = self._buffer(pos, node)
+                    bound[pos].write(node.host)
                 else:
-                    bound[pos] = lazy.ensure_on_device(node)
+                    source = bound[pos] = lazy.ensure_on_device(node)
+                    if stable and not graph.points_at(slot, source) and source.nbytes <= STABLE_COPY_BYTES:
+                        bound[pos] = self._buffer(pos, node)
+                        bound[pos].copy_from(source)
             graph.rebind(slot, bound[pos])
         returned: list[Tensor | None] = [None] * self.returned_count
-        nodes = []
+        nodes, copies = [], []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
             recent = self._recent[k]
             free = next((node for node in recent if node.owners == 0 and node.handle.live), None)
@@ -350,18 +362,36 @@ class _Capture:
                 handle = free.handle
             else:
                 handle = self.dev.new_handle(shape, dtype.storage, "persistent")
-            self.graphs[-1].rebind(slot, handle)
+            copied = stable and handle.nbytes <= STABLE_COPY_BYTES
+            self.graphs[-1].rebind(slot, self._written(k) if copied else handle)
+            if copied:
+                copies.append((handle, self._written(k)))
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
         for advance in self.advances:  # last before the compute: what can fail has run
             advance()
         for step in self.steps:
             step()
+        for handle, written in copies:
+            handle.copy_from(written)
         for k, (_, _, _, where) in enumerate(self.outputs):
             self._recent[k] = [nodes[k], *self._recent[k][:1]]
             for i in where:
                 returned[i] = Tensor._wrap(nodes[k])
         self._fill_static(returned, values)
         return self.rebuild(returned)
+
+    def _buffer(self, pos: int, node: lazy.Node):
+        """The capture's own buffer for tensor argument `pos` (made once)."""
+        buffer = self.buffers.get(pos)
+        if buffer is None:
+            buffer = self.buffers[pos] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
+        return buffer
+
+    def _written(self, k: int):
+        """Where the graph writes output `k` on a STABLE_ADDRESS_KINDS backend (made once)."""
+        if not self.written:
+            self.written = [self.dev.new_handle(shape, dtype.storage, "persistent") for _, shape, dtype, _ in self.outputs]
+        return self.written[k]
 
     def _fill_static(self, returned: list, values: list) -> None:
         for i, t, pos in self.static:
@@ -384,6 +414,7 @@ class _Capture:
         self.graphs = []
         self.steps = []
         self.buffers.clear()
+        self.written = []
 
 
 class _Refused(Exception):

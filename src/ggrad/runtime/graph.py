@@ -189,6 +189,10 @@ class Graph:
         self._uploads.clear()
         self.compute()
 
+    def points_at(self, i: int, handle: Handle) -> bool:
+        """Whether slot `i` points at `handle`'s data now."""
+        return self._bound[i] == handle.location()
+
     def rebind(self, i: int, handle: Handle) -> None:
         """Point slot `i` (of a graph that ran before) at `handle`: only what moved is re-pointed."""
         where = handle.location()

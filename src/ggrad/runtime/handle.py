@@ -203,6 +203,19 @@ class Handle:
             self.check_live()
             transfers.upload_from(self._tensor, address, nbytes, self._pool.backend, pageable)
 
+    def copy_from(self, source: "Handle") -> None:
+        """Copy `source` (same shape, dtype and device) into this buffer on the device, no
+        host crossing: queued behind the work before it where the backend leaves work
+        running (streams.py), else done before this returns (ggml-vulkan records the copy
+        for its next submission)."""
+        with lock:
+            self.check_live()
+            source.check_live()
+            backend = self._pool.backend
+            G.ggml_backend_tensor_copy_async(backend.handle, backend.handle, source._tensor, self._tensor)
+            if backend.info.kind not in streams.ASYNCHRONOUS_KINDS or not streams.enabled:
+                G.ggml_backend_synchronize(backend.handle)
+
     def evict(self) -> None:
         """Keep the values on the host; called just before the device is released."""
         if self.live and self.scope == "persistent":
