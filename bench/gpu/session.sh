@@ -75,8 +75,9 @@
 #   bash bench/gpu/session.sh set50b   ~300 s: set 50's relu tested, the accumulation probe without CUDA graphs and
 #                                      with cuBLAS's workspace fixed, the bf16 block A/B, mlp-small and mlp-mnist
 #   bash bench/gpu/session.sh set50c   ~250 s: set50b cut short (relu tested, the probe without CUDA graphs, the block A/B)
-#   bash bench/gpu/session.sh set54    ~430 s: cast_relu's mended test, the block budgets and the replay's host path
-#                                      tested on CUDA; the MLPs at "high", mlp-small's host path profiled, the bf16 block
+#   bash bench/gpu/session.sh set54    ~500 s: cast_relu's mended test, the block budgets, the replay's host path and
+#                                      stable addresses tested on CUDA; the MLPs at "high" holding their losses with
+#                                      and without stable addresses, mlp-small's host path profiled, the bf16 block A/B
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -620,22 +621,26 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout $(( 590 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 > $OUT/host-path.txt 2>&1 ;;
   set54)
-    # ~430 s: cast_relu's test as mended, the block budgets as counted and the replay's shorter host
-    # path tested on CUDA (test_capture, the optimizer's kept step); the MLPs at "high", mlp-small's
-    # host path with its Python profile, the bf16 block
+    # ~500 s: cast_relu's test as mended, the block budgets as counted and the replay's shorter host
+    # path and stable addresses tested on CUDA (test_capture, the optimizer's kept step); the MLPs at
+    # "high" holding their losses with and without stable addresses, and as before; mlp-small's host
+    # path with its Python profile; the bf16 block (cycled device batches) with and without them
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 330 || exit 1
-    cuda_tests 90 "relu or layer_norm or budget or capture or compile or replay or kept" \
+    cuda_tests 90 "relu or layer_norm or budget or capture or compile or replay or kept or stable" \
       tests/test_kernels.py tests/test_capture.py tests/test_optim.py
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss --without stable_addresses > $OUT/mlp-hold-cuda.txt 2>&1
+    echo "mlps holding at $(el) s"
+    cu timeout 45 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda.txt 2>&1
     echo "mlps at $(el) s"
     cu timeout 45 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --profile 30 > $OUT/host-path.txt 2>&1
     echo "host path at $(el) s"
     cu timeout $(( 590 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 5 > $OUT/block-cuda.txt 2>&1 ;;
+      --models block --cuda-graph --blocks 5 --without stable_addresses > $OUT/block-cuda.txt 2>&1 ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
     # with and without relu in the cast and LayerNorm writing bfloat16
