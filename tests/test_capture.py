@@ -201,6 +201,30 @@ def test_stable_addresses_keep_every_slot_in_place_and_compute_what_rebinding_co
     assert not moved if stable else moved, moved
 
 
+def test_stable_addresses_move_a_result_out_only_while_the_caller_holds_it(dev, monkeypatch):
+    """With stable addresses (forced here on every device), a result nobody holds is written
+    over where it lies: no device copy; one held across the next call is copied out once
+    (and keeps its value)."""
+    monkeypatch.setattr(ggrad.capture, "STABLE_ADDRESS_KINDS", frozenset({ggrad.runtime.current().backend.info.kind}))
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=9, data=data)[0][0]
+    copies = []
+    copy_from = ggrad.runtime.handle.Handle.copy_from
+    monkeypatch.setattr(ggrad.runtime.handle.Handle, "copy_from", lambda h, src: (copies.append(h), copy_from(h, src)))
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    got = [step(*data[i]).item() for i in range(3)]
+    assert not copies  # results dropped before the next call
+    loss = None
+    for i in range(3, 9):
+        previous, loss = loss, step(*data[i % len(data)])
+        if previous is not None:
+            got.append(previous.item())
+        del previous
+    got.append(loss.item())
+    assert len(copies) == 5 and got == eager  # steps 4-8 ran while the one before was held
+
+
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
     model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:

@@ -150,9 +150,10 @@ def _host_read() -> None:
 # graph kernel by kernel until it is stable again. A replay there binds the same buffers
 # every step: a device tensor argument is copied into a buffer of its own (as PyTorch's
 # CUDA graphs copy into static inputs), and each result is written where the graph always
-# writes it and copied out, so neither a new batch nor a loss the caller still holds
-# moves the graph. Up to STABLE_COPY_BYTES a value (an H100 copies 16 MiB in ~10 us); a
-# larger one is bound where it lies, as elsewhere.
+# writes it, a result the caller still holds there moved out first (a device copy, its
+# node pointed at the copy), so neither a new batch nor a loss held across calls moves the
+# graph. Up to STABLE_COPY_BYTES a value (an H100 copies 16 MiB in ~10 us); a larger one
+# is bound where it lies, as elsewhere.
 STABLE_ADDRESS_KINDS = frozenset({"cuda"})
 STABLE_COPY_BYTES = 16 << 20
 MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
@@ -323,6 +324,7 @@ class _Capture:
         # (`loss = step(x, y)`) leaves the one before free, whose buffer the next result takes
         self._recent: list[list[lazy.Node]] = [[] for _ in self.outputs]
         self.written: list = []  # `_written`'s buffers
+        self._on_written: list[lazy.Node | None] = [None] * len(self.outputs)  # the last result there
         self.returned_count = len(returned)
 
     def matches(self) -> bool:
@@ -353,28 +355,34 @@ class _Capture:
                         bound[pos].copy_from(source)
             graph.rebind(slot, bound[pos])
         returned: list[Tensor | None] = [None] * self.returned_count
-        nodes, copies = [], []
+        nodes, moved = [], []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
-            recent = self._recent[k]
-            free = next((node for node in recent if node.owners == 0 and node.handle.live), None)
-            if free is not None:  # nobody holds that result: its buffer takes this one
-                recent.remove(free)
-                handle = free.handle
+            written = self._written(k) if stable else None
+            if written is not None and written.nbytes <= STABLE_COPY_BYTES:
+                # the graph writes where it always does; a result the caller still holds
+                # there moves out first (a device copy queued before the graph)
+                held = self._on_written[k]
+                if held is not None and held.owners > 0:
+                    spare = self._spare(k, shape, dtype)
+                    spare.copy_from(written)
+                    held.handle = spare
+                    moved.append((k, held))
+                handle = written
             else:
-                handle = self.dev.new_handle(shape, dtype.storage, "persistent")
-            copied = stable and handle.nbytes <= STABLE_COPY_BYTES
-            self.graphs[-1].rebind(slot, self._written(k) if copied else handle)
-            if copied:
-                copies.append((handle, self._written(k)))
+                handle = self._spare(k, shape, dtype)
+            self.graphs[-1].rebind(slot, handle)
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
         for advance in self.advances:  # last before the compute: what can fail has run
             advance()
         for step in self.steps:
             step()
-        for handle, written in copies:
-            handle.copy_from(written)
+        for k, node in moved:
+            self._recent[k] = [node, *self._recent[k][:1]]
         for k, (_, _, _, where) in enumerate(self.outputs):
-            self._recent[k] = [nodes[k], *self._recent[k][:1]]
+            if self.written and nodes[k].handle is self.written[k]:
+                self._on_written[k] = nodes[k]
+            else:
+                self._recent[k] = [nodes[k], *self._recent[k][:1]]
             for i in where:
                 returned[i] = Tensor._wrap(nodes[k])
         self._fill_static(returned, values)
@@ -392,6 +400,15 @@ class _Capture:
         if not self.written:
             self.written = [self.dev.new_handle(shape, dtype.storage, "persistent") for _, shape, dtype, _ in self.outputs]
         return self.written[k]
+
+    def _spare(self, k: int, shape: tuple, dtype: dtypes.dtype):
+        """A buffer for output `k`: one of its recent results' that nobody holds, or a new one."""
+        recent = self._recent[k]
+        free = next((node for node in recent if node.owners == 0 and node.handle.live), None)
+        if free is None:
+            return self.dev.new_handle(shape, dtype.storage, "persistent")
+        recent.remove(free)
+        return free.handle
 
     def _fill_static(self, returned: list, values: list) -> None:
         for i, t, pos in self.static:
@@ -415,6 +432,7 @@ class _Capture:
         self.steps = []
         self.buffers.clear()
         self.written = []
+        self._on_written = [None] * len(self.outputs)
 
 
 class _Refused(Exception):
