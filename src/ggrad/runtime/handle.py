@@ -94,7 +94,7 @@ class Handle:
     """Data of one tensor in a device pool: `.ptr`, `.shape`, `.dtype`, `.scope`, `.live`."""
 
     __slots__ = ("shape", "dtype", "scope", "device", "host_copy", "_pool", "_generation",
-                 "_tensor", "_block", "_host_memory", "_location", "_ctx", "_borrowed", "__weakref__")
+                 "_tensor", "_block", "_host_memory", "_location", "_ctx", "_borrowed", "_nbytes", "__weakref__")
 
     def __init__(self, pool, shape: tuple[int, ...], dtype: np.dtype, device: str,
                  over: np.ndarray | None = None) -> None:
@@ -112,6 +112,7 @@ class Handle:
         self._host_memory = pool.backend.host_memory
         self._block = None
         self._borrowed = None
+        self._nbytes: int | None = None
         self._ctx = ctx = _metadata_context()
         tensor = new_tensor(ctx, self.dtype, self.shape)
         if over is not None:
@@ -150,7 +151,9 @@ class Handle:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(storage_shape(self.shape, self.dtype), dtype=np.int64)) * self.dtype.itemsize
+        if self._nbytes is None:  # counted once: a replay asks every step
+            self._nbytes = int(np.prod(storage_shape(self.shape, self.dtype), dtype=np.int64)) * self.dtype.itemsize
+        return self._nbytes
 
     def _why_dead(self) -> str:
         if self._pool.released:
