@@ -80,6 +80,7 @@
 #                                      and without stable addresses, mlp-small's host path profiled, the bf16 block A/B
 #   bash bench/gpu/session.sh set54b   ~330 s: cast_relu's test (NaN as NaN) and stable addresses' moved-out results
 #                                      tested on CUDA; the MLPs with and without stable addresses, held and dropped losses
+#   bash bench/gpu/session.sh set54c   ~220 s: the CUDA node budgets, the MLPs with and without stable addresses, held losses
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -659,6 +660,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "mlps at $(el) s"
     cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --profile 30 > $OUT/host-path.txt 2>&1 ;;
+  set54c)
+    # ~220 s: the node budgets on CUDA with cast_relu trusted, the MLPs at "high" (losses dropped)
+    # with and without stable addresses, and holding their losses
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 200 || exit 1
+    cuda_tests 25 "budget" tests/test_kernels.py
+    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --without stable_addresses > $OUT/mlp-cuda.txt 2>&1
+    echo "mlps at $(el) s"
+    cu timeout $(( 270 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1 ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
     # with and without relu in the cast and LayerNorm writing bfloat16
@@ -693,6 +706,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "$model at $(el) s"
     done
     vk timeout 90 python3 bench/profile_step.py --device vulkan --model resnet --repeats 3 > $OUT/profile-resnet-vulkan.txt 2>&1 ;;
-  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|set49c|set49d|set49e|set50|set50b|set50c|set53|set53t|set54|set54b|lt_probe|parts|vkprof"; exit 2 ;;
+  *) echo "usage: bash bench/gpu/session.sh vulkan|cuda|lean|set45|set45c|set46|set46b|set46c|set47|set47b|set47c|set47d|set47e|set48|set48b|set48c|set48d|set48e|set48f|set48g|set49|set49b|set49c|set49d|set49e|set50|set50b|set50c|set53|set53t|set54|set54b|set54c|lt_probe|parts|vkprof"; exit 2 ;;
 esac
 echo "$1 done at $(el) s"
