@@ -225,6 +225,53 @@ def test_stable_addresses_move_a_result_out_only_while_the_caller_holds_it(dev, 
     assert len(copies) == 5 and got == eager  # steps 4-8 ran while the one before was held
 
 
+def test_a_copy_of_a_returned_loss_holds_its_value_across_later_calls(dev):
+    """copy.copy of a result counts as a holder: the next replays do not write over it."""
+    import copy
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=6, data=data)[0][0]
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    kept = []
+    for i in range(6):
+        kept.append(copy.copy(step(*data[i % len(data)])))  # the result itself dropped at once
+    assert [k.item() for k in kept] == eager
+
+
+def test_big_endian_batches_replay_as_eager_converts_them(dev):
+    """'>f2' is float32 to ggrad.tensor ('<f2' is float16): a replay keys on byte order too."""
+    @ggrad.compile
+    def f(x):
+        return x * 3
+    x = np.random.default_rng(0).standard_normal((3, 4))
+    little, big = x.astype("<f2"), x.astype(">f2")
+    assert f(little).dtype is ggrad.float16
+    got, want = f(big), ggrad.tensor(big) * 3
+    assert got.dtype is want.dtype is ggrad.float32
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert f.captured == 2
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_an_output_past_the_stable_copy_limit_gets_its_own_buffer_each_call(dev, monkeypatch, stable):
+    """With stable addresses, outputs over STABLE_COPY_BYTES are not given a fixed buffer (it
+    would be held and never written): they are written where they will be returned."""
+    monkeypatch.setattr(ggrad.capture, "STABLE_ADDRESS_KINDS",
+                        frozenset({ggrad.runtime.current().backend.info.kind} if stable else ()))
+    monkeypatch.setattr(ggrad.capture, "STABLE_COPY_BYTES", 64)
+
+    @ggrad.compile
+    def f(x):
+        return x * 2, (x * 3).sum()
+    xs = [np.full((4, 8), float(i), np.float32) for i in range(4)]
+    results = [f(x) for x in xs]
+    capture = next(iter(f._captures.values()))[0]
+    assert [w is not None for w in capture.written] == ([False, True] if stable else [])
+    for x, (big, total) in zip(xs, results):
+        np.testing.assert_array_equal(big.numpy(), x * 2)
+        assert total.item() == (x * 3).sum()
+
+
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
     model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:

@@ -90,3 +90,34 @@ def test_containers():
     assert "a" in heads and list(heads) == ["a"] and list(heads.values())[0] is heads["a"]
     x = ggrad.tensor(np.ones(3, np.float32))
     assert nn.Identity(7, any_keyword=1)(x) is x
+
+
+def test_a_deep_copied_model_is_independent_and_equal_as_torchs(dev):
+    """copy.deepcopy(model) (an EMA or the best model so far): equal values, its own buffers,
+    unchanged by training the original; requires_grad and gradients copied; a tensor with
+    history refuses, as torch's does."""
+    import copy
+    import ggrad.functional as F
+    from ggrad.optim import SGD
+    ggrad.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    x = ggrad.tensor(np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32))
+    with ggrad.grad_tape():
+        model(x).sum().backward()
+    twin = copy.deepcopy(model)
+    before = [p.numpy().copy() for p in model.parameters()]
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert q is not p and q.requires_grad and q.node is not p.node
+        np.testing.assert_array_equal(q.numpy(), p.numpy())
+        np.testing.assert_array_equal(q.grad.numpy(), p.grad.numpy())
+    opt = SGD(model.parameters(), lr=0.5)
+    opt.step()
+    for p, q, b in zip(model.parameters(), twin.parameters(), before):
+        np.testing.assert_array_equal(q.numpy(), b)
+        assert not np.array_equal(p.numpy(), b)
+    shallow = copy.copy(model[0].weight)
+    assert shallow.node is model[0].weight.node and shallow.requires_grad
+    with ggrad.grad_tape():
+        y = F.relu(model(x))
+        with pytest.raises(RuntimeError, match="graph leaves"):
+            copy.deepcopy(y)

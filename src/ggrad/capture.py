@@ -24,6 +24,7 @@ reason is kept in `Compiled.reason` (and warned about once).
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import warnings
 import weakref
@@ -168,7 +169,7 @@ def _argument_key(value) -> tuple:
         on_host = value.node.host is not None if not value.dtype.is_floating_point else None
         return ("tensor", value.shape, value.dtype, value.requires_grad, on_host)
     if isinstance(value, np.ndarray):
-        return ("array", value.shape, value.dtype.char)
+        return ("array", value.shape, value.dtype.str)  # byte order too: '>f2' is not float16 (dtypes.of_numpy)
     if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):
         return ("static", type(value).__name__, value)
     raise TypeError(f"ggrad.compile: an argument of type {type(value).__name__} cannot be passed; "
@@ -358,7 +359,7 @@ class _Capture:
         nodes, moved = [], []
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
             written = self._written(k) if stable else None
-            if written is not None and written.nbytes <= STABLE_COPY_BYTES:
+            if written is not None:
                 # the graph writes where it always does; a result the caller still holds
                 # there moves out first (a device copy queued before the graph)
                 held = self._on_written[k]
@@ -396,9 +397,13 @@ class _Capture:
         return buffer
 
     def _written(self, k: int):
-        """Where the graph writes output `k` on a STABLE_ADDRESS_KINDS backend (made once)."""
+        """Where the graph writes output `k` on a STABLE_ADDRESS_KINDS backend (made once), or
+        None for an output over STABLE_COPY_BYTES (a new buffer each call, as elsewhere)."""
         if not self.written:
-            self.written = [self.dev.new_handle(shape, dtype.storage, "persistent") for _, shape, dtype, _ in self.outputs]
+            self.written = [None] * len(self.outputs)
+            for i, (_, shape, dtype, _) in enumerate(self.outputs):
+                if math.prod(shape) * dtype.itemsize <= STABLE_COPY_BYTES:
+                    self.written[i] = self.dev.new_handle(shape, dtype.storage, "persistent")
         return self.written[k]
 
     def _spare(self, k: int, shape: tuple, dtype: dtypes.dtype):

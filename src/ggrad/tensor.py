@@ -312,6 +312,28 @@ class Tensor:
     def detach(self) -> Tensor:
         return Tensor._wrap(self._node)
 
+    # ---- copy.copy / copy.deepcopy (a model copied for an EMA or a best checkpoint) -------
+    def __copy__(self) -> Tensor:
+        """The same value, history and gradient (a holder of the value: counted, so a
+        compiled step never writes over it while the copy lives)."""
+        t = Tensor._wrap(self._node, self.requires_grad)
+        t._ctx, t._grad, t._version = self._ctx, self._grad, self._version
+        return t
+
+    def __deepcopy__(self, memo: dict) -> Tensor:
+        """A value of its own (persistent, as a parameter's), with requires_grad and a
+        copy of the gradient; as torch, only for tensors made by the user (graph leaves)."""
+        if self._ctx is not None:
+            raise RuntimeError("only tensors created explicitly by the user (graph leaves) support the "
+                               "deepcopy protocol, as in torch; copy x.detach() instead")
+        with autograd.no_grad():
+            t = Tensor(self)
+            t.requires_grad = self.requires_grad
+            memo[id(self)] = t
+            if self._grad is not None:
+                t._grad = self._grad.__deepcopy__(memo)
+        return t
+
     # ---- in place --------------------------------------------------------------------
     def _assign(self, value: Tensor, temporary: bool = False) -> Tensor:
         """Make `value` this tensor's new value; a kept buffer is written in place.
