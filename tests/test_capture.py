@@ -225,6 +225,25 @@ def test_stable_addresses_move_a_result_out_only_while_the_caller_holds_it(dev, 
     assert len(copies) == 5 and got == eager  # steps 4-8 ran while the one before was held
 
 
+def test_a_function_that_switches_a_modules_mode_is_traced_every_call(dev):
+    """A module called in two modes within one call (the function's own eval()/train(),
+    Python a replay would not repeat) never matches a kept graph: each call runs its
+    Python, as an eager call does."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
+
+    @ggrad.compile
+    def f(x):
+        a = model(x)
+        model.eval()
+        b = model(x)
+        model.train()
+        return a.sum() + b.sum()
+    x = np.ones((2, 3), np.float32)
+    for _ in range(3):
+        f(x)
+    assert f.traces == 3 and model.training
+
+
 def test_a_copy_of_a_returned_loss_holds_its_value_across_later_calls(dev):
     """copy.copy of a result counts as a holder: the next replays do not write over it."""
     import copy

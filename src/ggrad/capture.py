@@ -51,7 +51,7 @@ class _Trace:
         self.exchanged: set[int] = set()  # ids of the buffers the host work reads and writes
         ambient = precision.snapshot()  # a replay computes products as the trace did
         self.checks: list[Callable[[], bool]] = [lambda: precision.snapshot() == ambient]
-        self.flags: dict[tuple[int, str], tuple[Any, str, Any]] = {}  # replay.keep_flag's (object, name, value)
+        self.flags: dict[tuple[int, str, Any], tuple[Any, str, Any]] = {}  # replay.keep_flag's (object, name, value)
         self.advances: list[Callable[[], None]] = []
         self.input_checks: list[tuple[lazy.Node, tuple[Callable[[np.ndarray], None], tuple[int, int]]]] = []
         self.refusal: str | None = None

@@ -52,12 +52,15 @@ def on_replay(check: Callable[[], bool] | None = None, advance: Callable[[], Non
 
 
 def keep_flag(obj, name: str) -> None:
-    """While tracing: the capture holds only while `obj.<name>` keeps its value now (a
-    module's `training`). One check compares every kept flag at a replay: a model's
-    dozens of modules cost one list comparison, not a call each."""
+    """While tracing: the capture holds only while `obj.<name>` (a hashable flag, such as a
+    module's `training`) has the value it has now. One check compares every kept flag at a
+    replay: a model's dozens of modules cost one list comparison, not a call each. A flag
+    seen with two values in one trace (the function switched a module's mode) never holds,
+    so such a step is traced every call, as before."""
     trace = local.trace
     if trace is not None:
-        trace.flags.setdefault((id(obj), name), (obj, name, getattr(obj, name)))
+        value = getattr(obj, name)
+        trace.flags.setdefault((id(obj), name, value), (obj, name, value))
 
 
 def on_input(node, check: Callable[[np.ndarray], None], passes: tuple[int, int] | None = None) -> None:
