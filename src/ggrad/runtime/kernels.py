@@ -231,10 +231,11 @@ UNVERIFIED: dict[str, set[int]] = {}
 # relu's bit test passed, 0.047 ms).
 # cast_relu: CUDA's contiguous CPY of float32 to float16/bfloat16 with op_params[2] = 1 applies
 # relu first (set 52): autocast's cast of relu's output for the next product reads relu's input,
-# and relu's float32 output is not written (its gradient reads the input). Not yet run on a GPU.
+# and relu's float32 output is not written (its gradient reads the input; H100, set54b: its test
+# passed, NaN compared as NaN).
 # layer_norm_low: ggrad's LAYER_NORM (kernel 30) writes float16 or bfloat16 where its output's
 # type asks (set 53; no slot), for autocast's cast of its output, on the CPU and CUDA (kind None:
-# the backends that have the kernel). Not yet run on a GPU.
+# the backends that have the kernel; H100, set53: its tests passed).
 OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0), "im2col_rows": ("cuda", 44, 7),
                "fold_rows": ("cuda", 44, 12), "copy_rows": ("cuda", 45, 1), "gemm_low": ("cuda", 46, None),
                "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
