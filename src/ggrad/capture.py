@@ -150,11 +150,13 @@ def _host_read() -> None:
 # CUDA graph while every node's addresses are those of the last run, and runs a changed
 # graph kernel by kernel until it is stable again. A replay there binds the same buffers
 # every step: a device tensor argument is copied into a buffer of its own (as PyTorch's
-# CUDA graphs copy into static inputs), and each result is written where the graph always
-# writes it, a result the caller still holds there moved out first (a device copy, its
-# node pointed at the copy), so neither a new batch nor a loss held across calls moves the
-# graph. Up to STABLE_COPY_BYTES a value (an H100 copies 16 MiB in ~10 us); a larger one
-# is bound where it lies, as elsewhere.
+# CUDA graphs copy into static inputs), and each result is written into one of two buffers
+# of its own, taken in turn, each turn run as a ggml graph of its own (`Graph.compute_twin`:
+# one CUDA graph per turn). A loop that holds its last loss while it calls again
+# (`loss = step(x, y)`) finds the buffer of the loss before free; a result still held when
+# its buffer's turn comes back is moved out first (a device copy, its node pointed at the
+# copy). So neither a new batch nor a held loss moves a graph. Up to STABLE_COPY_BYTES a
+# value (an H100 copies 16 MiB in ~10 us); a larger one is bound where it lies, as elsewhere.
 STABLE_ADDRESS_KINDS = frozenset({"cuda"})
 STABLE_COPY_BYTES = 16 << 20
 MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
@@ -324,8 +326,9 @@ class _Capture:
         # each output's last two results: a loop that holds the newest while it calls again
         # (`loss = step(x, y)`) leaves the one before free, whose buffer the next result takes
         self._recent: list[list[lazy.Node]] = [[] for _ in self.outputs]
-        self.written: list = []  # `_written`'s buffers
-        self._on_written: list[lazy.Node | None] = [None] * len(self.outputs)  # the last result there
+        self.written: list = []  # `_written`'s pairs of buffers
+        self._on_written: list[list] = [[None, None] for _ in self.outputs]  # the last result in each
+        self._turn = 0  # which of each pair the last replay wrote
         self.returned_count = len(returned)
 
     def matches(self) -> bool:
@@ -357,31 +360,39 @@ class _Capture:
             graph.rebind(slot, bound[pos])
         returned: list[Tensor | None] = [None] * self.returned_count
         nodes, moved = [], []
+        written = self._written() if stable else ()
+        turn = 1 - self._turn if any(written) else 0
         for k, (slot, shape, dtype, where) in enumerate(self.outputs):
-            written = self._written(k) if stable else None
-            if written is not None:
-                # the graph writes where it always does; a result the caller still holds
-                # there moves out first (a device copy queued before the graph)
-                held = self._on_written[k]
+            pair = written[k] if written else None
+            if pair is not None:
+                # the graph of this turn writes where it always does; a result the caller
+                # still holds there moves out first (a device copy queued before the graph)
+                held = self._on_written[k][turn]
                 if held is not None and held.owners > 0:
                     spare = self._spare(k, shape, dtype)
-                    spare.copy_from(written)
+                    spare.copy_from(pair[turn])
                     held.handle = spare
                     moved.append((k, held))
-                handle = written
+                handle = pair[turn]
             else:
                 handle = self._spare(k, shape, dtype)
             self.graphs[-1].rebind(slot, handle)
             nodes.append(lazy.Node(shape, dtype, handle=handle, scope="persistent"))
         for advance in self.advances:  # last before the compute: what can fail has run
             advance()
-        for step in self.steps:
+        for step in self.steps[:-1]:
             step()
+        if turn:
+            self.graphs[-1].compute_twin()
+        else:
+            self.steps[-1]()
+        self._turn = turn
         for k, node in moved:
             self._recent[k] = [node, *self._recent[k][:1]]
         for k, (_, _, _, where) in enumerate(self.outputs):
-            if self.written and nodes[k].handle is self.written[k]:
-                self._on_written[k] = nodes[k]
+            pair = written[k] if written else None
+            if pair is not None:
+                self._on_written[k][turn] = nodes[k]
             else:
                 self._recent[k] = [nodes[k], *self._recent[k][:1]]
             for i in where:
@@ -396,15 +407,16 @@ class _Capture:
             buffer = self.buffers[pos] = self.dev.new_handle(node.shape, node.dtype.storage, "persistent")
         return buffer
 
-    def _written(self, k: int):
-        """Where the graph writes output `k` on a STABLE_ADDRESS_KINDS backend (made once), or
-        None for an output over STABLE_COPY_BYTES (a new buffer each call, as elsewhere)."""
+    def _written(self) -> list:
+        """Per output, the two buffers the graph writes it into in turn on a
+        STABLE_ADDRESS_KINDS backend (made once), or None for an output over
+        STABLE_COPY_BYTES (a new buffer each call, as elsewhere)."""
         if not self.written:
             self.written = [None] * len(self.outputs)
             for i, (_, shape, dtype, _) in enumerate(self.outputs):
                 if math.prod(shape) * dtype.itemsize <= STABLE_COPY_BYTES:
-                    self.written[i] = self.dev.new_handle(shape, dtype.storage, "persistent")
-        return self.written[k]
+                    self.written[i] = tuple(self.dev.new_handle(shape, dtype.storage, "persistent") for _ in "ab")
+        return self.written
 
     def _spare(self, k: int, shape: tuple, dtype: dtypes.dtype):
         """A buffer for output `k`: one of its recent results' that nobody holds, or a new one."""
@@ -437,7 +449,7 @@ class _Capture:
         self.steps = []
         self.buffers.clear()
         self.written = []
-        self._on_written = [None] * len(self.outputs)
+        self._on_written = [[None, None] for _ in self.outputs]
 
 
 class _Refused(Exception):

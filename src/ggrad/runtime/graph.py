@@ -110,6 +110,7 @@ class Graph:
         self._uploads: list[tuple[object, np.ndarray]] = []
         self._bound: list[tuple[int, int]] = []  # (buffer, data) each slot points at now
         self._views: list[list[tuple[object, int]]] | None = None  # per slot: (view, offset)
+        self._twin: tuple | None = None  # (context, ggml graph): compute_twin's
 
     def n_nodes(self) -> int:
         return G.ggml_graph_n_nodes(self.graph)
@@ -209,6 +210,26 @@ class Graph:
             self.dev.backend.compute(self.graph)
             transfers.count_dispatch()
 
+    def compute_twin(self) -> None:
+        """Run the same nodes as a second ggml graph, led by a node that computes nothing.
+        ggml-cuda keeps one CUDA graph per first node and runs a graph kernel by kernel
+        until its buffers stay put again: a replay whose results take two buffers in turn
+        (capture.py) gives each buffer a graph of its own, each captured once."""
+        if self._twin is None:
+            n = G.ggml_graph_n_nodes(self.graph)
+            mem = G.ggml_tensor_overhead() + G.ggml_graph_overhead_custom(n + 1, False)
+            ctx = G.ggml_init(G.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
+            if not ctx:
+                raise MemoryError("ggml_init failed for a twin graph's context")
+            twin = G.ggml_new_graph_custom(ctx, n + 1, False)
+            G.ggml_graph_add_node(twin, G.ggml_view_1d(ctx, G.ggml_graph_node(self.graph, 0), 1, 0))
+            for i in range(n):
+                G.ggml_graph_add_node(twin, G.ggml_graph_node(self.graph, i))
+            self._twin = (ctx, twin)
+        with critical():
+            self.dev.backend.compute(self._twin[1])
+            transfers.count_dispatch()
+
     def scratch_bytes(self) -> int:
         return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator and self.galloc else 0
 
@@ -216,6 +237,9 @@ class Graph:
         if self.ctx:
             G.ggml_free(self.ctx)
             self.ctx = None
+        if self._twin is not None:
+            G.ggml_free(self._twin[0])
+            self._twin = None
         if self._owns_allocator and self.galloc:
             streams.settle()
             G.ggml_gallocr_free(self.galloc)
