@@ -310,6 +310,23 @@ def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev
     assert counts.crossings == (0 if host_memory else 3)  # x and y up, the loss down
 
 
+def test_host_batches_wait_in_pinned_memory_where_every_graph_has_finished_before_an_upload(dev):
+    """Vulkan: a replay converts each host batch into the device's pinned memory, which
+    ggml-vulkan copies from directly; CUDA queues its uploads behind running graphs, so
+    there they wait in numpy's memory (copied aside as the call returns); the CPU has none.
+    The batches still reach the step: its losses are the eager run's."""
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=6, data=data)[0][0]
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    losses = [step(*data[i % len(data)]).item() for i in range(6)]
+    backend = ggrad.runtime.current().backend
+    capture = next(iter(step._captures.values()))[0]
+    expected = not backend.host_memory and backend.info.kind not in ggrad.runtime.streams.ASYNCHRONOUS_KINDS
+    assert [ggrad.runtime.pinned.is_pinned(u.staged) for u in capture.uploads] == [expected] * 2
+    assert losses == eager
+
+
 def test_earlier_results_keep_their_values(dev):
     (eager, *_), (compiled, *_) = run_both(OPTIMIZERS["adam"])
     assert len(set(compiled)) == len(compiled)  # every call returned its own loss

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import autograd, dtypes, lazy, replay, runtime
-from .runtime import precision
+from .runtime import pinned, precision, streams
 from .replay import invalidate, keep_flag, on_input, on_replay, refuse, tracing  # noqa: F401  (capture's API too)
 from .runtime.critical import critical
 from .tensor import Tensor
@@ -216,13 +216,20 @@ class _Upload:
     them) and checked there as the trace checked it, before anything is written. The
     argument's shape and numpy dtype are the traced call's (the capture's key). Integers'
     two extremes serve the int32 check and every index-range check (`replay.on_input`'s
-    `passes`) at once: a batch of class targets costs two reductions, not four."""
+    `passes`) at once: a batch of class targets costs two reductions, not four.
 
-    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address")
+    The kept array is numpy's own memory where uploads are queued behind running graphs
+    (CUDA copies it aside before the call returns), and the device's pinned memory where
+    every graph has finished before an upload (Vulkan: ggml-vulkan then copies from it
+    directly, not through its staging buffer: one pass over the batch fewer)."""
 
-    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list) -> None:
+    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address", "pageable")
+
+    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, backend) -> None:
         self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
-        self.staged = np.empty(handle.shape, dtype.storage)  # numpy's own memory: CUDA may queue its upload
+        kept = None if backend.info.kind in streams.ASYNCHRONOUS_KINDS else pinned.empty(handle.shape, dtype.storage)
+        self.pageable = kept is None
+        self.staged = np.empty(handle.shape, dtype.storage) if kept is None else kept
         self.address = self.staged.ctypes.data
 
     def stage(self, value: np.ndarray) -> None:
@@ -236,7 +243,7 @@ class _Upload:
                 check(self.staged)
 
     def write(self) -> None:
-        self.handle.write_from(self.address, self.staged.nbytes, pageable=True)
+        self.handle.write_from(self.address, self.staged.nbytes, self.pageable)
 
 
 class _Capture:
@@ -278,7 +285,8 @@ class _Capture:
                     pos = arg_of_node[id(leaf)]
                     if pos not in uploaded:  # read by several graphs: one upload
                         uploaded.add(pos)
-                        self.uploads.append(_Upload(pos, leaf.handle, arrays[pos].dtype, checks.get(pos, [])))
+                        self.uploads.append(_Upload(pos, leaf.handle, arrays[pos].dtype, checks.get(pos, []),
+                                                    self.dev.backend))
                 elif id(leaf) in tensor_arg_of_node:
                     pos = tensor_arg_of_node[id(leaf)]
                     self.rebinds.append((run.graph, slot, pos))
