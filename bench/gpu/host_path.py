@@ -4,6 +4,7 @@ each step, and the host's share alone (the graph computes replaced by nothing: g
 Python replay path, its uploads and bookkeeping).
 
     python bench/gpu/host_path.py --device cuda --precision high --model mlp-small
+    python bench/gpu/host_path.py --device cpu --hold-loss --stable   # the host path alone, this machine
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import train_step as T  # noqa: E402
 
 import ggrad  # noqa: E402
+from ggrad import runtime  # noqa: E402
 from ggrad.runtime import backend  # noqa: E402
 
 
@@ -35,24 +37,32 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="also the N largest Python functions (cProfile's own time) of the running step")
+    ap.add_argument("--hold-loss", action="store_true",
+                    help="also each row with every loss held until the next step returns (train_step.py's)")
+    ap.add_argument("--stable", action="store_true",
+                    help="a replay's stable addresses (capture.STABLE_ADDRESS_KINDS) on this device too")
     args = ap.parse_args()
     ggrad.set_float32_matmul_precision(args.precision)
     _, sample, classes, batch = T.MODELS[args.model]
     step, sync = T.ggrad_step_fn(args.model, T.batches(sample, classes, batch), args.device, fused=None)
+    if args.stable:
+        ggrad.capture.STABLE_ADDRESS_KINDS = frozenset({runtime.current().backend.info.kind})
     for i in range(50):
         step(i)
     sync()
-    queued = per_step(step, sync, args.steps, args.blocks)
-    waited = per_step(lambda i: (step(i), sync()), sync, args.steps, args.blocks)
-    compute = backend.Backend.compute
-    backend.Backend.compute = lambda self, graph: None
-    try:
-        host = per_step(step, sync, args.steps, args.blocks)
-    finally:
-        backend.Backend.compute = compute
-    print(f"{args.model} on {args.device} at {args.precision!r}, us per step (medians of {args.blocks} blocks "
-          f"of {args.steps}): graphs left running {queued:.1f}; waiting after each step {waited:.1f}; "
-          f"host path alone {host:.1f}")
+    for label, run in [("each loss dropped", step)] + [("each loss held", T.holding_the_loss((step, sync))[0])
+                                                       for _ in range(args.hold_loss)]:
+        queued = per_step(run, sync, args.steps, args.blocks)
+        waited = per_step(lambda i: (run(i), sync()), sync, args.steps, args.blocks)
+        compute = backend.Backend.compute
+        backend.Backend.compute = lambda self, graph: None
+        try:
+            host = per_step(run, sync, args.steps, args.blocks)
+        finally:
+            backend.Backend.compute = compute
+        print(f"{args.model} on {args.device} at {args.precision!r}, {label}, us per step (medians of {args.blocks} "
+              f"blocks of {args.steps}): graphs left running {queued:.1f}; waiting after each step {waited:.1f}; "
+              f"host path alone {host:.1f}")
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(lambda: all(step(i) is not None for i in range(args.steps)))  # each loss dropped
