@@ -83,8 +83,9 @@
 #   bash bench/gpu/session.sh set54c   ~220 s: the CUDA node budgets, the MLPs with and without stable addresses, held losses
 #   bash bench/gpu/session.sh set55    ~300 s: set54c, and mlp-small's step in blocks of 300 steps beside the default 20,
 #                                      its host path profiled
-#   bash bench/gpu/session.sh set56    ~330 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
-#                                      the MLPs with losses dropped and held, in blocks of 20 and 300; the host path
+#   bash bench/gpu/session.sh set56    ~520 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
+#                                      the MLPs with losses dropped and held, in blocks of 20 and 300; the host path;
+#                                      Vulkan's mlp-large with batches from pinned memory, capture's Vulkan tests
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -695,12 +696,20 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout $(( 380 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --profile 40 > $OUT/host-path.txt 2>&1 ;;
   set56)
-    # ~330 s: each result written into two buffers in turn, each turn a ggml graph (and CUDA graph)
+    # ~520 s: each result written into two buffers in turn, each turn a ggml graph (and CUDA graph)
     # of its own: capture's, the optimizers' and the budgets' tests on CUDA; the MLPs at "high" with
-    # their losses dropped and held, in blocks of 20 and of 300 steps; mlp-small's host path
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 260 || exit 1
+    # their losses dropped and held, in blocks of 20 and of 300 steps; mlp-small's host path.
+    # First, while CUDA builds: capture's tests on the Vulkan device (batches from pinned memory) and
+    # Vulkan's mlp-large at "medium" with its batches uploaded and on the device
+    both_devices
+    vk timeout 70 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_capture.py -k vulkan \
+      > $OUT/tests-vulkan.txt 2>&1
+    for data in host device; do
+      vk timeout 50 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large --cuda-graph --blocks 3 --data $data >> $OUT/mlp-large-vulkan.txt 2>&1
+      echo "vulkan mlp-large, data on the $data, at $(el) s"
+    done
+    cuda_wheel_installed 300 || exit 1
     cuda_tests 70 "capture or compile or replay or kept or stable or budget" \
       tests/test_capture.py tests/test_optim.py tests/test_kernels.py
     cu timeout 25 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
@@ -710,12 +719,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1
     echo "mlps holding at $(el) s"
     cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-hold-300-cuda.txt 2>&1
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-300-cuda.txt 2>&1
     echo "mlps holding, blocks of 300, at $(el) s"
     cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 > $OUT/mlp-300-cuda.txt 2>&1
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 >> $OUT/mlp-300-cuda.txt 2>&1
     echo "mlps, blocks of 300, at $(el) s"
-    cu timeout $(( 420 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
+    cu timeout $(( 540 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
