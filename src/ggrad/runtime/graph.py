@@ -211,10 +211,11 @@ class Graph:
             transfers.count_dispatch()
 
     def compute_twin(self) -> None:
-        """Run the same nodes as a second ggml graph, led by a node that computes nothing.
-        ggml-cuda keeps one CUDA graph per first node and runs a graph kernel by kernel
-        until its buffers stay put again: a replay whose results take two buffers in turn
-        (capture.py) gives each buffer a graph of its own, each captured once."""
+        """Run the same nodes as a second ggml graph, led by a node that computes nothing (a
+        tensor of the twin's own without op or memory: every backend skips it). ggml-cuda
+        keeps one CUDA graph per first node and runs a graph kernel by kernel until its
+        buffers stay put again: a replay whose results take two buffers in turn (capture.py)
+        gives each buffer a graph of its own, each captured once."""
         if self._twin is None:
             n = G.ggml_graph_n_nodes(self.graph)
             mem = G.ggml_tensor_overhead() + G.ggml_graph_overhead_custom(n + 1, False)
@@ -222,7 +223,7 @@ class Graph:
             if not ctx:
                 raise MemoryError("ggml_init failed for a twin graph's context")
             twin = G.ggml_new_graph_custom(ctx, n + 1, False)
-            G.ggml_graph_add_node(twin, G.ggml_view_1d(ctx, G.ggml_graph_node(self.graph, 0), 1, 0))
+            G.ggml_graph_add_node(twin, G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 1))
             for i in range(n):
                 G.ggml_graph_add_node(twin, G.ggml_graph_node(self.graph, i))
             self._twin = (ctx, twin)
