@@ -86,6 +86,8 @@
 #   bash bench/gpu/session.sh set56    ~520 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
 #                                      the MLPs with losses dropped and held, in blocks of 20 and 300; the host path;
 #                                      Vulkan's mlp-large with batches from pinned memory, capture's Vulkan tests
+#   bash bench/gpu/session.sh set56b   ~330 s: set56's CUDA part, shorter (capture's tests, the MLPs held and dropped,
+#                                      the host path)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -725,6 +727,24 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 >> $OUT/mlp-300-cuda.txt 2>&1
     echo "mlps, blocks of 300, at $(el) s"
     cu timeout $(( 540 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
+      --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
+  set56b)
+    # ~330 s: set56's CUDA part on a short lease: capture's tests on CUDA (two buffers in turn, a twin
+    # graph each); the MLPs at "high" with losses dropped and held (blocks of 20), held in blocks of
+    # 300; mlp-small's host path with losses dropped and held
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 270 || exit 1
+    cuda_tests 40 "capture or stable or budget" tests/test_capture.py tests/test_kernels.py
+    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda.txt 2>&1
+    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1
+    echo "mlps at $(el) s"
+    cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-300-cuda.txt 2>&1
+    echo "mlps holding, blocks of 300, at $(el) s"
+    cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
