@@ -41,6 +41,9 @@ def main() -> None:
                     help="also each row with every loss held until the next step returns (train_step.py's)")
     ap.add_argument("--stable", action="store_true",
                     help="a replay's stable addresses (capture.STABLE_ADDRESS_KINDS) on this device too")
+    ap.add_argument("--beside-torch", action="store_true",
+                    help="also ggrad's step timed in turn with PyTorch's (CUDA graph on a GPU, eager on the "
+                         "CPU) in blocks of --steps, as train_step.py times them, beside ggrad's alone")
     args = ap.parse_args()
     ggrad.set_float32_matmul_precision(args.precision)
     _, sample, classes, batch = T.MODELS[args.model]
@@ -50,6 +53,20 @@ def main() -> None:
     for i in range(50):
         step(i)
     sync()
+    if args.beside_torch:
+        import torch
+        torch.set_float32_matmul_precision(args.precision)
+        on_gpu = args.device not in ("cpu",)
+        theirs = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu", True,
+                                 cuda_graph=on_gpu)
+        for i in range(50):
+            theirs[0](i)
+        for _ in range(2):
+            alone = per_step(step, sync, args.steps, args.blocks)
+            both = T.time_interleaved({"ggrad": (step, sync), "torch": theirs}, args.steps, args.blocks, warmup=0)
+            print(f"{args.model} on {args.device}, blocks of {args.steps}: ggrad alone {alone:.1f} us a step; in turn "
+                  f"with PyTorch's {'CUDA graph' if on_gpu else 'eager step'}: ggrad {both['ggrad'] * 1e6:.1f} us, "
+                  f"PyTorch {both['torch'] * 1e6:.1f} us")
     for label, run in [("each loss dropped", step)] + [("each loss held", T.holding_the_loss((step, sync))[0])
                                                        for _ in range(args.hold_loss)]:
         queued = per_step(run, sync, args.steps, args.blocks)

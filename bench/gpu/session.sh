@@ -80,14 +80,10 @@
 #                                      and without stable addresses, mlp-small's host path profiled, the bf16 block A/B
 #   bash bench/gpu/session.sh set54b   ~330 s: cast_relu's test (NaN as NaN) and stable addresses' moved-out results
 #                                      tested on CUDA; the MLPs with and without stable addresses, held and dropped losses
-#   bash bench/gpu/session.sh set54c   ~220 s: the CUDA node budgets, the MLPs with and without stable addresses, held losses
-#   bash bench/gpu/session.sh set55    ~300 s: set54c, and mlp-small's step in blocks of 300 steps beside the default 20,
-#                                      its host path profiled
-#   bash bench/gpu/session.sh set56    ~520 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
-#                                      the MLPs with losses dropped and held, in blocks of 20 and 300; the host path;
-#                                      Vulkan's mlp-large with batches from pinned memory, capture's Vulkan tests
-#   bash bench/gpu/session.sh set56b   ~330 s: set56's CUDA part, shorter (capture's tests, the MLPs held and dropped,
-#                                      the host path)
+#   bash bench/gpu/session.sh set56b   ~330 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
+#                                      the MLPs held and dropped, in blocks of 20 and 300; the host path, held and dropped
+#   bash bench/gpu/session.sh set57    ~330 s: mlp-small's step alone and in turn with PyTorch's CUDA graph (host_path.py
+#                                      --beside-torch); Vulkan's mlp-large with batches from pinned memory
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -122,6 +118,14 @@ device_tests() {
   echo "$kind tests at $(el) s: $(tail -1 $OUT/tests-$kind.txt)"
 }
 cuda_tests() { device_tests cuda "$@"; }
+# mlp-small and mlp-mnist at "high" against PyTorch's CUDA graph into $OUT/$1, in $2 s at most,
+# train_step.py's further arguments after them
+mlps() {
+  local out=$1 limit=$2
+  shift 2
+  cu timeout "$limit" python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+    --models mlp-small mlp-mnist --cuda-graph --blocks 5 "$@" > $OUT/$out 2>&1
+}
 vulkan_tests() { device_tests vulkan "$@"; }
 # the CUDA wheel building in the background while the Vulkan device is set up beside it
 both_devices() {
@@ -659,50 +663,32 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 300 || exit 1
     cuda_tests 60 "relu or budget or capture or stable or kept" tests/test_kernels.py tests/test_capture.py
-    cu timeout 50 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss --without stable_addresses > $OUT/mlp-hold-cuda.txt 2>&1
+    mlps mlp-hold-cuda.txt 50 --hold-loss --without stable_addresses
     echo "mlps holding at $(el) s"
-    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --without stable_addresses > $OUT/mlp-cuda.txt 2>&1
+    mlps mlp-cuda.txt 40 --without stable_addresses
     echo "mlps at $(el) s"
     cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --profile 30 > $OUT/host-path.txt 2>&1 ;;
-  set54c)
-    # ~220 s: the node budgets on CUDA with cast_relu trusted, the MLPs at "high" (losses dropped)
-    # with and without stable addresses, and holding their losses
+  set56b)
+    # ~330 s: capture's tests on CUDA (each result in two buffers in turn, a twin graph each); the MLPs
+    # at "high" with losses dropped and held (blocks of 20), held in blocks of 300; mlp-small's host
+    # path with losses dropped and held
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 200 || exit 1
-    cuda_tests 25 "budget" tests/test_kernels.py
-    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --without stable_addresses > $OUT/mlp-cuda.txt 2>&1
+    cuda_wheel_installed 270 || exit 1
+    cuda_tests 40 "capture or stable or budget" tests/test_capture.py tests/test_kernels.py
+    mlps mlp-cuda.txt 20
+    mlps mlp-hold-cuda.txt 20 --hold-loss
     echo "mlps at $(el) s"
-    cu timeout $(( 270 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1 ;;
-  set55)
-    # ~300 s: set54c's rows; the MLPs in blocks of 300 steps (a training loop's steady state) beside
-    # the default blocks of 20; mlp-small's host path with its Python profile
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 260 || exit 1
-    cuda_tests 25 "budget" tests/test_kernels.py
-    cu timeout 25 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --without stable_addresses > $OUT/mlp-cuda.txt 2>&1
-    echo "mlps at $(el) s"
-    cu timeout 25 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1
-    echo "mlps holding at $(el) s"
-    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-hold-300-cuda.txt 2>&1
+    mlps mlp-300-cuda.txt 30 --steps 300 --hold-loss
     echo "mlps holding, blocks of 300, at $(el) s"
-    cu timeout $(( 380 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
-      --steps 300 --blocks 5 --profile 40 > $OUT/host-path.txt 2>&1 ;;
-  set56)
-    # ~520 s: each result written into two buffers in turn, each turn a ggml graph (and CUDA graph)
-    # of its own: capture's, the optimizers' and the budgets' tests on CUDA; the MLPs at "high" with
-    # their losses dropped and held, in blocks of 20 and of 300 steps; mlp-small's host path.
-    # First, while CUDA builds: capture's tests on the Vulkan device (batches from pinned memory) and
-    # Vulkan's mlp-large at "medium" with its batches uploaded and on the device
+    cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
+      --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
+  set57)
+    # ~330 s: while CUDA builds, capture's tests on the Vulkan device (batches from pinned memory) and
+    # Vulkan's mlp-large at "medium", batches uploaded and on the device; then mlp-small's step timed
+    # alone and in turn with PyTorch's CUDA graph in blocks of 300 (set56b: 60 us alone in host_path.py,
+    # 79 us in train_step.py's blocks of 300)
     both_devices
     vk timeout 70 python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short tests/test_capture.py -k vulkan \
       > $OUT/tests-vulkan.txt 2>&1
@@ -712,40 +698,8 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       echo "vulkan mlp-large, data on the $data, at $(el) s"
     done
     cuda_wheel_installed 300 || exit 1
-    cuda_tests 70 "capture or compile or replay or kept or stable or budget" \
-      tests/test_capture.py tests/test_optim.py tests/test_kernels.py
-    cu timeout 25 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda.txt 2>&1
-    echo "mlps at $(el) s"
-    cu timeout 25 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1
-    echo "mlps holding at $(el) s"
-    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-300-cuda.txt 2>&1
-    echo "mlps holding, blocks of 300, at $(el) s"
-    cu timeout 40 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 >> $OUT/mlp-300-cuda.txt 2>&1
-    echo "mlps, blocks of 300, at $(el) s"
-    cu timeout $(( 540 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
-      --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
-  set56b)
-    # ~330 s: set56's CUDA part on a short lease: capture's tests on CUDA (two buffers in turn, a twin
-    # graph each); the MLPs at "high" with losses dropped and held (blocks of 20), held in blocks of
-    # 300; mlp-small's host path with losses dropped and held
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 270 || exit 1
-    cuda_tests 40 "capture or stable or budget" tests/test_capture.py tests/test_kernels.py
-    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 > $OUT/mlp-cuda.txt 2>&1
-    cu timeout 20 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --hold-loss > $OUT/mlp-hold-cuda.txt 2>&1
-    echo "mlps at $(el) s"
-    cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
-      --models mlp-small mlp-mnist --cuda-graph --blocks 5 --steps 300 --hold-loss > $OUT/mlp-300-cuda.txt 2>&1
-    echo "mlps holding, blocks of 300, at $(el) s"
-    cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
-      --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
+    cu timeout $(( 420 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
+      --steps 300 --blocks 5 --hold-loss --beside-torch > $OUT/host-path.txt 2>&1 ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
     # with and without relu in the cast and LayerNorm writing bfloat16
