@@ -61,11 +61,17 @@ def main() -> None:
                                  cuda_graph=on_gpu)
         for i in range(50):
             theirs[0](i)
-        for _ in range(2):
-            alone = per_step(step, sync, args.steps, args.blocks)
-            both = T.time_interleaved({"ggrad": (step, sync), "torch": theirs}, args.steps, args.blocks, warmup=0)
-            print(f"{args.model} on {args.device}, blocks of {args.steps}: ggrad alone {alone:.1f} us a step; in turn "
-                  f"with PyTorch's {'CUDA graph' if on_gpu else 'eager step'}: ggrad {both['ggrad'] * 1e6:.1f} us, "
+        compute = backend.Backend.compute
+        for stubbed in (False, True, False):  # ggrad's graph computes replaced by nothing in the second
+            backend.Backend.compute = (lambda self, graph: None) if stubbed else compute
+            try:
+                alone = per_step(step, sync, args.steps, args.blocks)
+                both = T.time_interleaved({"ggrad": (step, sync), "torch": theirs}, args.steps, args.blocks, 0)
+            finally:
+                backend.Backend.compute = compute
+            print(f"{args.model} on {args.device}, blocks of {args.steps}{', host path alone' if stubbed else ''}: "
+                  f"ggrad alone {alone:.1f} us a step; in turn with PyTorch's "
+                  f"{'CUDA graph' if on_gpu else 'eager step'}: ggrad {both['ggrad'] * 1e6:.1f} us, "
                   f"PyTorch {both['torch'] * 1e6:.1f} us")
     for label, run in [("each loss dropped", step)] + [("each loss held", T.holding_the_loss((step, sync))[0])
                                                        for _ in range(args.hold_loss)]:
