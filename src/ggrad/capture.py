@@ -171,7 +171,7 @@ def _argument_key(value) -> tuple:
         on_host = value.node.host is not None if not value.dtype.is_floating_point else None
         return ("tensor", value.shape, value.dtype, value.requires_grad, on_host)
     if isinstance(value, np.ndarray):
-        return ("array", value.shape, value.dtype.str)  # byte order too: '>f2' is not float16 (dtypes.of_numpy)
+        return ("array", value.shape, value.dtype)  # equal with byte order too: '>f2' is not float16 (dtypes.of_numpy)
     if isinstance(value, _STATIC) or (isinstance(value, tuple) and all(isinstance(v, _STATIC) for v in value)):
         return ("static", type(value).__name__, value)
     raise TypeError(f"ggrad.compile: an argument of type {type(value).__name__} cannot be passed; "
