@@ -10,6 +10,7 @@ from ggml import ggml as G
 
 import ggrad
 import ggrad.functional as F
+from conftest import run_in_child
 from ggrad import nn
 from ggrad.optim import SGD, Adam, AdamW
 from ggrad.optim.lr_scheduler import StepLR
@@ -205,6 +206,33 @@ def test_stable_addresses_keep_every_slot_in_place_and_compute_what_rebinding_co
         assert slots[8] != slots[9]
         first = [G.ggml_graph_node(g, 0) for g in (graph.graph, graph._twin[1])]
         assert ctypes.addressof(first[0].contents) != ctypes.addressof(first[1].contents)
+
+
+def test_both_turns_of_a_stable_replay_fuse_as_the_graph_does(dev):
+    """With stable addresses every other replay runs the twin graph (`Graph.compute_twin`).
+    Built with ggml's use counts, ggml-vulkan fuses its nodes as in the graph itself (a twin
+    of nodes added bare fused nothing: every other step of a CUDA loop ran unfused). Its perf
+    logger names what each compute ran, fused ops included."""
+    if not dev.startswith("vulkan"):
+        pytest.skip("ggml-vulkan's perf logger names the fused ops")
+    out = run_in_child("""
+        import os, sys
+        os.environ["GGML_VK_PERF_LOGGER"] = "1"
+        os.dup2(1, 2)
+        import numpy as np
+        import ggrad
+        ggrad.set_device(sys.argv[1])
+        ggrad.capture.STABLE_ADDRESS_KINDS = frozenset({"vulkan"})
+        rng = np.random.default_rng(0)
+        w = ggrad.tensor(rng.standard_normal((16, 16)).astype(np.float32))
+        b, c = (ggrad.tensor(rng.standard_normal(16).astype(np.float32)) for _ in range(2))
+        f = ggrad.compile(lambda x: ((x @ w + b) + c + x).sum(1))
+        for i in range(5):
+            print("call", i, flush=True)
+            f(rng.standard_normal((1, 16)).astype(np.float32)).numpy()
+    """, dev)
+    calls = out.split("call ")[2:]  # the replays: turns 1, 0, 1, 0
+    assert len(calls) == 4 and all("MULTI_ADD" in call for call in calls), out[-3000:]
 
 
 def test_stable_addresses_take_two_buffers_in_turn_and_move_out_only_a_result_held_two_calls(dev, monkeypatch):

@@ -215,17 +215,21 @@ class Graph:
         tensor of the twin's own without op or memory: every backend skips it). ggml-cuda
         keeps one CUDA graph per first node and runs a graph kernel by kernel until its
         buffers stay put again: a replay whose results take two buffers in turn (capture.py)
-        gives each buffer a graph of its own, each captured once."""
+        gives each buffer a graph of its own, each captured once. The twin is built by
+        expanding the nodes in their order, so ggml counts each node's uses as in the graph
+        itself (a node added without them would never be fused with the next)."""
         if self._twin is None:
-            n = G.ggml_graph_n_nodes(self.graph)
-            mem = G.ggml_tensor_overhead() + G.ggml_graph_overhead_custom(n + 1, False)
+            size = G.ggml_graph_size(self.graph) + 1
+            mem = G.ggml_tensor_overhead() + G.ggml_graph_overhead_custom(size, False)
             ctx = G.ggml_init(G.ggml_init_params(mem_size=mem, mem_buffer=None, no_alloc=True))
             if not ctx:
                 raise MemoryError("ggml_init failed for a twin graph's context")
-            twin = G.ggml_new_graph_custom(ctx, n + 1, False)
-            G.ggml_graph_add_node(twin, G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 1))
-            for i in range(n):
-                G.ggml_graph_add_node(twin, G.ggml_graph_node(self.graph, i))
+            twin = G.ggml_new_graph_custom(ctx, size, False)
+            lead = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 1)
+            G.ggml_set_param(lead)  # a node, not a leaf
+            G.ggml_build_forward_expand(twin, lead)
+            for i in range(G.ggml_graph_n_nodes(self.graph)):  # each one's inputs are expanded already
+                G.ggml_build_forward_expand(twin, G.ggml_graph_node(self.graph, i))
             self._twin = (ctx, twin)
         with critical():
             self.dev.backend.compute(self._twin[1])
