@@ -328,6 +328,25 @@ def test_an_output_past_the_stable_copy_limit_gets_its_own_buffer_each_call(dev,
         assert total.item() == (x * 3).sum()
 
 
+def test_a_results_copy_limit_counts_its_stored_bytes_as_an_arguments_does(dev, monkeypatch):
+    """A bool is stored in 4 bytes: under stable addresses a bool result over the copy limit
+    as stored gets no fixed buffers, as it would not be copied in as an argument (passed back,
+    it would be bound where the graph writes its result)."""
+    monkeypatch.setattr(ggrad.capture, "STABLE_ADDRESS_KINDS", frozenset({ggrad.runtime.current().backend.info.kind}))
+    monkeypatch.setattr(ggrad.capture, "STABLE_COPY_BYTES", 64)
+
+    @ggrad.compile
+    def f(x):
+        return x > 0, (x * 2).sum()
+    xs = [np.full((4, 8), i - 1.5, np.float32) for i in range(4)]  # 32 values: 32 bytes as bools, 128 stored
+    results = [f(x) for x in xs]
+    capture = next(iter(f._captures.values()))[0]
+    assert [w is not None for w in capture.written] == [False, True]
+    for x, (positive, total) in zip(xs, results):
+        np.testing.assert_array_equal(positive.numpy(), x > 0)
+        assert total.item() == (x * 2).sum()
+
+
 def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
     model, opt, step, data = warmed_up()
     with ggrad.count_transfers() as counts:
@@ -353,6 +372,36 @@ def test_host_batches_wait_in_pinned_memory_where_every_graph_has_finished_befor
     expected = not backend.host_memory and backend.info.kind not in ggrad.runtime.streams.ASYNCHRONOUS_KINDS
     assert [ggrad.runtime.pinned.is_pinned(u.staged) for u in capture.uploads] == [expected] * 2
     assert losses == eager
+
+
+def test_a_device_that_cannot_pin_its_batches_replays_from_numpys_memory(dev, monkeypatch):
+    """Page-locked memory is scarce: where pinning fails while a capture is built, its batches
+    wait in numpy's memory, and the traced call returns as an eager one (its step applied
+    once), not with a MemoryError after the step ran."""
+    def refused(shape, dtype):
+        raise MemoryError("could not pin")
+    monkeypatch.setattr(ggrad.runtime.pinned, "empty", refused)
+    data = batches()
+    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=5, data=data)[0][0]
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
+    assert [step(*data[i % len(data)]).item() for i in range(5)] == eager
+    capture = next(iter(step._captures.values()))[0]
+    assert not any(ggrad.runtime.pinned.is_pinned(u.staged) for u in capture.uploads)
+
+
+def test_the_captures_of_one_function_share_the_arrays_their_batches_wait_in(dev):
+    """Each phase of an accumulation is a capture of its own; the batch of each argument
+    waits in one host array for all of them (pinned memory, where it is, once per argument)."""
+    model = mlp()
+    step = train_step(model, Adam(model.parameters(), lr=1e-2, accumulate_steps=2), True)
+    data = batches()
+    for i in range(6):
+        step(*data[i % len(data)])
+    captures = [c for variants in step._captures.values() for c in variants]
+    assert len(captures) == 2
+    first, second = ([u.staged for u in c.uploads] for c in captures)
+    assert len(first) == 2 and all(a is b for a, b in zip(first, second)) and first[0] is not first[1]
 
 
 def test_earlier_results_keep_their_values(dev):

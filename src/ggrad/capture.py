@@ -210,6 +210,22 @@ def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
                     "step returns tensors (or tuples, lists and dicts of them) or None")
 
 
+def _host_array(shape: tuple, storage: np.dtype, backend) -> tuple[np.ndarray, bool]:
+    """(array, pageable): where a replay converts a numpy argument before its upload. Numpy's
+    own memory where uploads are queued behind running graphs (CUDA copies it aside before
+    the call returns); the device's pinned memory where every graph has finished before an
+    upload (Vulkan: ggml-vulkan copies from it directly, not through its staging buffer: one
+    pass over the batch fewer), or numpy's where pinning fails (page-locked memory is scarce)."""
+    if backend.info.kind not in streams.ASYNCHRONOUS_KINDS:
+        try:
+            kept = pinned.empty(shape, storage)
+        except MemoryError:
+            kept = None
+        if kept is not None:
+            return kept, False
+    return np.empty(shape, storage), True
+
+
 class _Upload:
     """A numpy argument's way into its buffer at each replay: converted into a host array
     kept for it (the storage form `ggrad.tensor` makes, integers range-checked as it checks
@@ -218,18 +234,14 @@ class _Upload:
     two extremes serve the int32 check and every index-range check (`replay.on_input`'s
     `passes`) at once: a batch of class targets costs two reductions, not four.
 
-    The kept array is numpy's own memory where uploads are queued behind running graphs
-    (CUDA copies it aside before the call returns), and the device's pinned memory where
-    every graph has finished before an upload (Vulkan: ggml-vulkan then copies from it
-    directly, not through its staging buffer: one pass over the batch fewer)."""
+    The kept array (`_host_array`) is shared by the function's captures with an argument of
+    that shape and storage type at that position: their replays run one at a time."""
 
     __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address", "pageable")
 
-    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, backend) -> None:
+    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, kept: tuple[np.ndarray, bool]) -> None:
         self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
-        kept = None if backend.info.kind in streams.ASYNCHRONOUS_KINDS else pinned.empty(handle.shape, dtype.storage)
-        self.pageable = kept is None
-        self.staged = np.empty(handle.shape, dtype.storage) if kept is None else kept
+        self.staged, self.pageable = kept
         self.address = self.staged.ctypes.data
 
     def stage(self, value: np.ndarray) -> None:
@@ -251,10 +263,11 @@ class _Capture:
     and how to run them again over new arguments."""
 
     def __init__(self, trace: _Trace, arrays: dict[int, Tensor], tensor_args: dict[int, Tensor],
-                 returned: list[Tensor], rebuild) -> None:
+                 returned: list[Tensor], rebuild, staging: Callable[[int, tuple, np.dtype], tuple]) -> None:
         """`arrays`: the tensors made from numpy arguments; `tensor_args`: what the function
         got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
-        gradient), by argument position."""
+        gradient), by argument position; `staging(position, shape, storage)`: the host array
+        (`_host_array`) a numpy argument is converted into at each replay."""
         runs = trace.graphs()
         last = runs[-1]
         self.dev = last.dev
@@ -285,8 +298,9 @@ class _Capture:
                     pos = arg_of_node[id(leaf)]
                     if pos not in uploaded:  # read by several graphs: one upload
                         uploaded.add(pos)
-                        self.uploads.append(_Upload(pos, leaf.handle, arrays[pos].dtype, checks.get(pos, []),
-                                                    self.dev.backend))
+                        dtype = arrays[pos].dtype
+                        self.uploads.append(_Upload(pos, leaf.handle, dtype, checks.get(pos, []),
+                                                    staging(pos, leaf.handle.shape, dtype.storage)))
                 elif id(leaf) in tensor_arg_of_node:
                     pos = tensor_arg_of_node[id(leaf)]
                     self.rebinds.append((run.graph, slot, pos))
@@ -422,7 +436,7 @@ class _Capture:
         if not self.written:
             self.written = [None] * len(self.outputs)
             for i, (_, shape, dtype, _) in enumerate(self.outputs):
-                if math.prod(shape) * dtype.itemsize <= STABLE_COPY_BYTES:
+                if math.prod(shape) * dtype.storage.itemsize <= STABLE_COPY_BYTES:  # as an argument's
                     self.written[i] = tuple(self.dev.new_handle(shape, dtype.storage, "persistent") for _ in "ab")
         return self.written
 
@@ -477,6 +491,7 @@ class Compiled:
         self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
         self._epoch = replay.epoch()
         self._dev = None  # the device the kept graphs belong to
+        self._staged: dict[tuple, tuple[np.ndarray, bool]] = {}  # `_staging`'s arrays
         self._failures = 0
         self._warned = not warn
         _compiled.add(self)
@@ -546,7 +561,7 @@ class Compiled:
                 raise _Refused("the function did no device work")
             if len(trace.runs) > 1:
                 raise _Refused("the function's last graph was too large for the device and ran in parts")
-            capture = _Capture(trace, arrays, tensor_args, returned, rebuild)
+            capture = _Capture(trace, arrays, tensor_args, returned, rebuild, self._staging)
         except _Refused as why:
             trace.give_back()
             self._refused(str(why))
@@ -586,12 +601,22 @@ class Compiled:
                           f"{self._failures} calls, which ran as ordinary steps (later calls try again): "
                           f"{reason}", RuntimeWarning, stacklevel=4)
 
+    def _staging(self, pos: int, shape: tuple, storage: np.dtype) -> tuple[np.ndarray, bool]:
+        """The host array (`_host_array`) the numpy argument at `pos` is converted into at each
+        replay, one for every capture with such an argument there (replays run one at a time)."""
+        active = runtime.current()
+        key = (id(active), pos, shape, storage)
+        if key not in self._staged:
+            self._staged[key] = _host_array(shape, storage, active.backend)
+        return self._staged[key]
+
     def release(self) -> None:
         """Drop every kept graph (the next call traces again)."""
         for variants in self._captures.values():
             for capture in variants:
                 capture.free()
         self._captures.clear()
+        self._staged.clear()  # pinned memory is the device's
         self._epoch = replay.epoch()
 
 
