@@ -357,42 +357,9 @@ def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev
     assert counts.crossings == (0 if host_memory else 3)  # x and y up, the loss down
 
 
-def test_host_batches_wait_in_pinned_memory_where_every_graph_has_finished_before_an_upload(dev):
-    """Vulkan: a replay converts each host batch into the device's pinned memory, which
-    ggml-vulkan copies from directly; CUDA queues its uploads behind running graphs, so
-    there they wait in numpy's memory (copied aside as the call returns); the CPU has none.
-    The batches still reach the step: its losses are the eager run's."""
-    data = batches()
-    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=6, data=data)[0][0]
-    model = mlp()
-    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
-    losses = [step(*data[i % len(data)]).item() for i in range(6)]
-    backend = ggrad.runtime.current().backend
-    capture = next(iter(step._captures.values()))[0]
-    expected = not backend.host_memory and backend.info.kind not in ggrad.runtime.streams.ASYNCHRONOUS_KINDS
-    assert [ggrad.runtime.pinned.is_pinned(u.staged) for u in capture.uploads] == [expected] * 2
-    assert losses == eager
-
-
-def test_a_device_that_cannot_pin_its_batches_replays_from_numpys_memory(dev, monkeypatch):
-    """Page-locked memory is scarce: where pinning fails while a capture is built, its batches
-    wait in numpy's memory, and the traced call returns as an eager one (its step applied
-    once), not with a MemoryError after the step ran."""
-    def refused(shape, dtype):
-        raise MemoryError("could not pin")
-    monkeypatch.setattr(ggrad.runtime.pinned, "empty", refused)
-    data = batches()
-    eager = run_both(lambda p: Adam(p, lr=1e-2), steps=5, data=data)[0][0]
-    model = mlp()
-    step = train_step(model, Adam(model.parameters(), lr=1e-2), True)
-    assert [step(*data[i % len(data)]).item() for i in range(5)] == eager
-    capture = next(iter(step._captures.values()))[0]
-    assert not any(ggrad.runtime.pinned.is_pinned(u.staged) for u in capture.uploads)
-
-
 def test_the_captures_of_one_function_share_the_arrays_their_batches_wait_in(dev):
     """Each phase of an accumulation is a capture of its own; the batch of each argument
-    waits in one host array for all of them (pinned memory, where it is, once per argument)."""
+    waits in one host array for all of them."""
     model = mlp()
     step = train_step(model, Adam(model.parameters(), lr=1e-2, accumulate_steps=2), True)
     data = batches()

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import autograd, dtypes, lazy, replay, runtime
-from .runtime import pinned, precision, streams
+from .runtime import precision
 from .replay import invalidate, keep_flag, on_input, on_replay, refuse, tracing  # noqa: F401  (capture's API too)
 from .runtime.critical import critical
 from .tensor import Tensor
@@ -210,22 +210,6 @@ def _flatten(value, out: list[Tensor]) -> Callable[[list], Any]:
                     "step returns tensors (or tuples, lists and dicts of them) or None")
 
 
-def _host_array(shape: tuple, storage: np.dtype, backend) -> tuple[np.ndarray, bool]:
-    """(array, pageable): where a replay converts a numpy argument before its upload. Numpy's
-    own memory where uploads are queued behind running graphs (CUDA copies it aside before
-    the call returns); the device's pinned memory where every graph has finished before an
-    upload (Vulkan: ggml-vulkan copies from it directly, not through its staging buffer: one
-    pass over the batch fewer), or numpy's where pinning fails (page-locked memory is scarce)."""
-    if backend.info.kind not in streams.ASYNCHRONOUS_KINDS:
-        try:
-            kept = pinned.empty(shape, storage)
-        except MemoryError:
-            kept = None
-        if kept is not None:
-            return kept, False
-    return np.empty(shape, storage), True
-
-
 class _Upload:
     """A numpy argument's way into its buffer at each replay: converted into a host array
     kept for it (the storage form `ggrad.tensor` makes, integers range-checked as it checks
@@ -234,15 +218,16 @@ class _Upload:
     two extremes serve the int32 check and every index-range check (`replay.on_input`'s
     `passes`) at once: a batch of class targets costs two reductions, not four.
 
-    The kept array (`_host_array`) is shared by the function's captures with an argument of
+    The kept array is numpy's own memory (CUDA may queue its upload: it copies such memory
+    aside before the call returns), shared by the function's captures with an argument of
     that shape and storage type at that position: their replays run one at a time."""
 
-    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address", "pageable")
+    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address")
 
-    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, kept: tuple[np.ndarray, bool]) -> None:
+    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, staged: np.ndarray) -> None:
         self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
-        self.staged, self.pageable = kept
-        self.address = self.staged.ctypes.data
+        self.staged = staged
+        self.address = staged.ctypes.data
 
     def stage(self, value: np.ndarray) -> None:
         low = high = None
@@ -255,7 +240,7 @@ class _Upload:
                 check(self.staged)
 
     def write(self) -> None:
-        self.handle.write_from(self.address, self.staged.nbytes, self.pageable)
+        self.handle.write_from(self.address, self.staged.nbytes, pageable=True)
 
 
 class _Capture:
@@ -263,11 +248,11 @@ class _Capture:
     and how to run them again over new arguments."""
 
     def __init__(self, trace: _Trace, arrays: dict[int, Tensor], tensor_args: dict[int, Tensor],
-                 returned: list[Tensor], rebuild, staging: Callable[[int, tuple, np.dtype], tuple]) -> None:
+                 returned: list[Tensor], rebuild, staging: Callable[[int, tuple, np.dtype], np.ndarray]) -> None:
         """`arrays`: the tensors made from numpy arguments; `tensor_args`: what the function
         got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
         gradient), by argument position; `staging(position, shape, storage)`: the host array
-        (`_host_array`) a numpy argument is converted into at each replay."""
+        a numpy argument is converted into at each replay."""
         runs = trace.graphs()
         last = runs[-1]
         self.dev = last.dev
@@ -491,7 +476,7 @@ class Compiled:
         self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
         self._epoch = replay.epoch()
         self._dev = None  # the device the kept graphs belong to
-        self._staged: dict[tuple, tuple[np.ndarray, bool]] = {}  # `_staging`'s arrays
+        self._staged: dict[tuple, np.ndarray] = {}  # `_staging`'s arrays
         self._failures = 0
         self._warned = not warn
         _compiled.add(self)
@@ -601,13 +586,12 @@ class Compiled:
                           f"{self._failures} calls, which ran as ordinary steps (later calls try again): "
                           f"{reason}", RuntimeWarning, stacklevel=4)
 
-    def _staging(self, pos: int, shape: tuple, storage: np.dtype) -> tuple[np.ndarray, bool]:
-        """The host array (`_host_array`) the numpy argument at `pos` is converted into at each
-        replay, one for every capture with such an argument there (replays run one at a time)."""
-        active = runtime.current()
-        key = (id(active), pos, shape, storage)
+    def _staging(self, pos: int, shape: tuple, storage: np.dtype) -> np.ndarray:
+        """The host array the numpy argument at `pos` is converted into at each replay, one
+        for every capture with such an argument there (replays run one at a time)."""
+        key = (pos, shape, storage)
         if key not in self._staged:
-            self._staged[key] = _host_array(shape, storage, active.backend)
+            self._staged[key] = np.empty(shape, storage)
         return self._staged[key]
 
     def release(self) -> None:
@@ -616,7 +600,7 @@ class Compiled:
             for capture in variants:
                 capture.free()
         self._captures.clear()
-        self._staged.clear()  # pinned memory is the device's
+        self._staged.clear()
         self._epoch = replay.epoch()
 
 
