@@ -83,8 +83,8 @@
 #   bash bench/gpu/session.sh set56b   ~330 s: results in two buffers taken in turn (a twin graph each) tested on CUDA;
 #                                      the MLPs held and dropped, in blocks of 20 and 300; the host path, held and dropped
 #   bash bench/gpu/session.sh set57    ~400 s: mlp-small's step alone and in turn with PyTorch's CUDA graph (host_path.py
-#                                      --beside-torch), set56b's rows again; Vulkan's mlp-large with batches from
-#                                      pinned memory, capture's tests on both devices
+#                                      --beside-torch), set56b's rows again; Vulkan's mlp-large (issue 29's row),
+#                                      capture's tests on both devices
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -686,8 +686,8 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout $(( 440 - $(el) )) python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small \
       --steps 300 --blocks 5 --hold-loss > $OUT/host-path.txt 2>&1 ;;
   set57)
-    # ~400 s: while CUDA builds, capture's tests on the Vulkan device (batches from pinned memory) and
-    # Vulkan's mlp-large at "medium", batches uploaded and on the device; then capture's tests on CUDA
+    # ~400 s: while CUDA builds, capture's tests on the Vulkan device and Vulkan's mlp-large at
+    # "medium", batches uploaded and on the device; then capture's tests on CUDA
     # (the twin graph fused as the graph), set56b's MLP rows again (its twins ran unfused), mlp-small's
     # step alone and in turn with PyTorch's CUDA graph in blocks of 300 (set56b: 60 us alone in
     # host_path.py, 79 us in train_step.py's blocks of 300)
