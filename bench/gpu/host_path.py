@@ -10,6 +10,7 @@ Python replay path, its uploads and bookkeeping).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pstats
@@ -26,6 +27,38 @@ from ggrad.runtime import backend  # noqa: E402
 def per_step(step, sync, steps: int, blocks: int) -> float:
     """Median microseconds a step, timed as train_step.py times (already warmed up)."""
     return T.time_interleaved({"step": (step, sync)}, steps, blocks, warmup=0)["step"] * 1e6
+
+
+@contextlib.contextmanager
+def graph_computes_stubbed(stubbed: bool = True):
+    """ggrad's graph computes replaced by nothing inside (the host path alone)."""
+    compute = backend.Backend.compute
+    if stubbed:
+        backend.Backend.compute = lambda self, graph: None
+    try:
+        yield
+    finally:
+        backend.Backend.compute = compute
+
+
+def beside_torch(args, step, sync, sample, classes, batch) -> None:
+    """ggrad's step timed alone and in turn with PyTorch's (CUDA graph on a GPU, eager on the
+    CPU), graph computes real, stubbed, real again."""
+    import torch
+    torch.set_float32_matmul_precision(args.precision)
+    on_gpu = args.device != "cpu"
+    theirs = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu", True,
+                             cuda_graph=on_gpu)
+    for i in range(50):
+        theirs[0](i)
+    for stubbed in (False, True, False):
+        with graph_computes_stubbed(stubbed):
+            alone = per_step(step, sync, args.steps, args.blocks)
+            both = T.time_interleaved({"ggrad": (step, sync), "torch": theirs}, args.steps, args.blocks, 0)
+        print(f"{args.model} on {args.device}, blocks of {args.steps}{', host path alone' if stubbed else ''}: "
+              f"ggrad alone {alone:.1f} us a step; in turn with PyTorch's "
+              f"{'CUDA graph' if on_gpu else 'eager step'}: ggrad {both['ggrad'] * 1e6:.1f} us, "
+              f"PyTorch {both['torch'] * 1e6:.1f} us")
 
 
 def main() -> None:
@@ -54,35 +87,15 @@ def main() -> None:
         step(i)
     sync()
     if args.beside_torch:
-        import torch
-        torch.set_float32_matmul_precision(args.precision)
-        on_gpu = args.device not in ("cpu",)
-        theirs = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu", True,
-                                 cuda_graph=on_gpu)
-        for i in range(50):
-            theirs[0](i)
-        compute = backend.Backend.compute
-        for stubbed in (False, True, False):  # ggrad's graph computes replaced by nothing in the second
-            backend.Backend.compute = (lambda self, graph: None) if stubbed else compute
-            try:
-                alone = per_step(step, sync, args.steps, args.blocks)
-                both = T.time_interleaved({"ggrad": (step, sync), "torch": theirs}, args.steps, args.blocks, 0)
-            finally:
-                backend.Backend.compute = compute
-            print(f"{args.model} on {args.device}, blocks of {args.steps}{', host path alone' if stubbed else ''}: "
-                  f"ggrad alone {alone:.1f} us a step; in turn with PyTorch's "
-                  f"{'CUDA graph' if on_gpu else 'eager step'}: ggrad {both['ggrad'] * 1e6:.1f} us, "
-                  f"PyTorch {both['torch'] * 1e6:.1f} us")
-    for label, run in [("each loss dropped", step)] + [("each loss held", T.holding_the_loss((step, sync))[0])
-                                                       for _ in range(args.hold_loss)]:
+        beside_torch(args, step, sync, sample, classes, batch)
+    runs = [("each loss dropped", step)]
+    if args.hold_loss:
+        runs.append(("each loss held", T.holding_the_loss((step, sync))[0]))
+    for label, run in runs:
         queued = per_step(run, sync, args.steps, args.blocks)
         waited = per_step(lambda i: (run(i), sync()), sync, args.steps, args.blocks)
-        compute = backend.Backend.compute
-        backend.Backend.compute = lambda self, graph: None
-        try:
+        with graph_computes_stubbed():
             host = per_step(run, sync, args.steps, args.blocks)
-        finally:
-            backend.Backend.compute = compute
         print(f"{args.model} on {args.device} at {args.precision!r}, {label}, us per step (medians of {args.blocks} "
               f"blocks of {args.steps}): graphs left running {queued:.1f}; waiting after each step {waited:.1f}; "
               f"host path alone {host:.1f}")
