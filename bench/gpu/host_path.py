@@ -61,6 +61,44 @@ def beside_torch(args, step, sync, sample, classes, batch) -> None:
               f"PyTorch {both['torch'] * 1e6:.1f} us")
 
 
+def block_start(args, step, sync, sample, classes, batch) -> None:
+    """Where a short block's time goes: each step's host time by its place in a block of
+    --steps (medians over --blocks), alone and right after a block of PyTorch's step (CUDA
+    graph on a GPU, eager on the CPU), and the block's wait for the device at its end."""
+    import statistics
+    import time
+
+    import torch
+    torch.set_float32_matmul_precision(args.precision)
+    on_gpu = args.device != "cpu"
+    theirs, their_sync = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu",
+                                         True, cuda_graph=on_gpu)
+    for i in range(50):
+        theirs(i)
+    their_sync()
+    for after_torch in (False, True):
+        places, waits, blocks = [[] for _ in range(args.steps)], [], []
+        for b in range(args.blocks):
+            if after_torch:
+                for i in range(args.steps):
+                    theirs(i)
+                their_sync()
+            start = last = time.perf_counter()
+            for i in range(args.steps):
+                step(b * args.steps + i)
+                now = time.perf_counter()
+                places[i].append(now - last)
+                last = now
+            sync()
+            end = time.perf_counter()
+            waits.append(end - last)
+            blocks.append(end - start)
+        firsts = " ".join(f"{statistics.median(p) * 1e6:.0f}" for p in places)
+        print(f"{args.model} on {args.device}, blocks of {args.steps}{' after PyTorch' if after_torch else ' alone'}: "
+              f"{statistics.median(blocks) / args.steps * 1e6:.1f} us a step; host us by place: {firsts}; "
+              f"wait at the end {statistics.median(waits) * 1e6:.0f} us")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
@@ -77,6 +115,9 @@ def main() -> None:
     ap.add_argument("--beside-torch", action="store_true",
                     help="also ggrad's step timed in turn with PyTorch's (CUDA graph on a GPU, eager on the "
                          "CPU) in blocks of --steps, as train_step.py times them, beside ggrad's alone")
+    ap.add_argument("--block-start", action="store_true",
+                    help="also each step's host time by its place in a block of --steps, alone and after "
+                         "a block of PyTorch's step, and the wait at the block's end")
     args = ap.parse_args()
     ggrad.set_float32_matmul_precision(args.precision)
     _, sample, classes, batch = T.MODELS[args.model]
@@ -88,6 +129,8 @@ def main() -> None:
     sync()
     if args.beside_torch:
         beside_torch(args, step, sync, sample, classes, batch)
+    if args.block_start:
+        block_start(args, step, sync, sample, classes, batch)
     runs = [("each loss dropped", step)]
     if args.hold_loss:
         runs.append(("each loss held", T.holding_the_loss((step, sync))[0]))
