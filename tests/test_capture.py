@@ -420,6 +420,26 @@ def test_a_class_beyond_int32_in_a_later_batch_is_refused_not_wrapped(dev, bad):
         np.testing.assert_array_equal(p.numpy(), b)
 
 
+@pytest.mark.parametrize("kind", ["u1", "i2", ">i8", "<i4"])
+def test_class_targets_of_any_width_and_byte_order_are_checked_at_each_replay(dev, kind):
+    """A replay tells a batch of classes in range by the greatest of its values read as
+    unsigned (negatives wrap to the top) where its byte order is the machine's: each width
+    trains as the eager step does, and a class past the last, or -1, still raises."""
+    data = [(x, y.astype(kind)) for x, y in batches(4)]
+    losses = []
+    for compiled in (False, True):
+        model = mlp()
+        step = train_step(model, SGD(model.parameters(), lr=0.1), compiled)
+        losses.append([step(*data[i % 4]).item() for i in range(6)])
+    assert step.captured == 1 and losses[0] == losses[1]
+    x, y = data[0]
+    bad = [SIZES[-1], 255] + ([-1] if np.dtype(kind).kind == "i" else [])
+    for value in bad:
+        with pytest.raises(IndexError, match="class index out of range"):
+            step(x, np.where(np.arange(len(y)) == 5, value, y).astype(kind))
+    assert step.captured == 1
+
+
 def test_ignored_targets_in_replayed_batches_pass_their_check_and_are_ignored(dev):
     """A batch holding ignore_index (outside [0, classes): the replay's extremes say no, so
     the check itself runs and lets it through) trains as the eager step does; a class

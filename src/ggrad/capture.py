@@ -216,22 +216,34 @@ class _Upload:
     them) and checked there as the trace checked it, before anything is written. The
     argument's shape and numpy dtype are the traced call's (the capture's key). Integers'
     two extremes serve the int32 check and every index-range check (`replay.on_input`'s
-    `passes`) at once: a batch of class targets costs two reductions, not four.
+    `passes`) at once, and where every check passes from 0 up, the greatest of the values
+    read as unsigned does: a batch of class targets costs one reduction.
 
     The kept array is numpy's own memory (CUDA may queue its upload: it copies such memory
     aside before the call returns), shared by the function's captures with an argument of
     that shape and storage type at that position: their replays run one at a time."""
 
-    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address")
+    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address", "unsigned", "below")
 
-    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, staged: np.ndarray) -> None:
+    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, staged: np.ndarray,
+                 source: np.dtype) -> None:
+        """`source`: the argument's numpy dtype (the same at every replay: the capture's key)."""
         self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
         self.staged = staged
         self.address = staged.ctypes.data
+        # integers that every check passes from 0 up to `below` (and int32's range with them):
+        # one reduction of the values read as unsigned tells it, negatives wrapping to the top
+        self.unsigned = self.below = None
+        if source.kind in "iu" and source.isnative and all(first == 0 for _, (first, _) in checks):
+            self.unsigned = np.dtype(f"u{source.itemsize}")
+            self.below = min([end for _, (_, end) in checks] + [dtypes.INT32_MAX + 1])
 
     def stage(self, value: np.ndarray) -> None:
+        if self.unsigned is not None and np.maximum.reduce(value.view(self.unsigned), axis=None, initial=0) < self.below:
+            np.copyto(self.staged, value, casting="unsafe")  # every value in range: int32 holds it
+            return
         low = high = None
-        if value.dtype.kind in "iu":
+        if value.dtype.kind in "iu" and value.size:
             low, high = np.minimum.reduce(value, axis=None), np.maximum.reduce(value, axis=None)
             dtypes.check_int32_extremes(low, high, self.dtype)
         np.copyto(self.staged, value, casting="unsafe")  # as astype: floats rounded, integers in range
@@ -247,9 +259,11 @@ class _Capture:
     """One traced call's graphs (one, or several with host work between them: `boundary`)
     and how to run them again over new arguments."""
 
-    def __init__(self, trace: _Trace, arrays: dict[int, Tensor], tensor_args: dict[int, Tensor],
-                 returned: list[Tensor], rebuild, staging: Callable[[int, tuple, np.dtype], np.ndarray]) -> None:
-        """`arrays`: the tensors made from numpy arguments; `tensor_args`: what the function
+    def __init__(self, trace: _Trace, arrays: dict[int, Tensor], sources: dict[int, np.dtype],
+                 tensor_args: dict[int, Tensor], returned: list[Tensor], rebuild,
+                 staging: Callable[[int, tuple, np.dtype], np.ndarray]) -> None:
+        """`arrays`: the tensors made from numpy arguments, `sources` those arguments' numpy
+        dtypes; `tensor_args`: what the function
         got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
         gradient), by argument position; `staging(position, shape, storage)`: the host array
         a numpy argument is converted into at each replay."""
@@ -285,7 +299,7 @@ class _Capture:
                         uploaded.add(pos)
                         dtype = arrays[pos].dtype
                         self.uploads.append(_Upload(pos, leaf.handle, dtype, checks.get(pos, []),
-                                                    staging(pos, leaf.handle.shape, dtype.storage)))
+                                                    staging(pos, leaf.handle.shape, dtype.storage), sources[pos]))
                 elif id(leaf) in tensor_arg_of_node:
                     pos = tensor_arg_of_node[id(leaf)]
                     self.rebinds.append((run.graph, slot, pos))
@@ -546,7 +560,8 @@ class Compiled:
                 raise _Refused("the function did no device work")
             if len(trace.runs) > 1:
                 raise _Refused("the function's last graph was too large for the device and ran in parts")
-            capture = _Capture(trace, arrays, tensor_args, returned, rebuild, self._staging)
+            sources = {i: v.dtype for i, v in enumerate(values) if isinstance(v, np.ndarray)}
+            capture = _Capture(trace, arrays, sources, tensor_args, returned, rebuild, self._staging)
         except _Refused as why:
             trace.give_back()
             self._refused(str(why))

@@ -74,7 +74,7 @@ _BY_NAME.update(float=float32, half=float16, int=int32, long=int64)
 _BY_HOST = {np.dtype(np.float32): float32, np.dtype(np.float16): float16,
             np.dtype(ml_dtypes.bfloat16): bfloat16, np.dtype(np.int32): int32,
             np.dtype(np.int64): int64, np.dtype(np.bool_): bool_}
-_INT32_MIN, _INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+INT32_MIN, INT32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 
 
 def as_dtype(value) -> dtype:
@@ -131,9 +131,9 @@ def check_int32_range(array: np.ndarray, dt: dtype) -> None:
 
 def check_int32_extremes(low, high, dt: dtype) -> None:
     """`check_int32_range` of data whose least and greatest values are `low` and `high`."""
-    if dt.category == _INT and (low < _INT32_MIN or high > _INT32_MAX):
+    if dt.category == _INT and (low < INT32_MIN or high > INT32_MAX):
         raise ValueError(f"{dt.name} tensor data out of range: ggml stores integers in 32 bits "
-                         f"(min {low}, max {high}); values must lie in [{_INT32_MIN}, {_INT32_MAX}]")
+                         f"(min {low}, max {high}); values must lie in [{INT32_MIN}, {INT32_MAX}]")
 
 
 def to_storage(array: np.ndarray, dt: dtype) -> np.ndarray:
