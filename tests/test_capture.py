@@ -93,6 +93,64 @@ def test_a_replayed_step_equals_the_traced_python_exactly(dev, name):
     assert o_comp._micro_steps == o_eager._micro_steps == 12
 
 
+def _first_state_tensor_replaced(opt):
+    state = opt.state[opt.param_groups[0]["params"][0]]
+    key = next(k for k, v in state.items() if isinstance(v, ggrad.Tensor))
+    state[key] = ggrad.ones_like(state[key]) * 1e-3
+
+
+CHANGES = {  # what a user may change between steps, each seen by a replay as the eager step sees it
+    "weight_decay": lambda opt: opt.param_groups[0].__setitem__("weight_decay", 0.05),
+    "betas": lambda opt: opt.param_groups[0].__setitem__("betas", (0.8, 0.99)),
+    "state tensor": _first_state_tensor_replaced,
+    "step count": lambda opt: opt.state[opt.param_groups[0]["params"][0]].__setitem__("step", 1),
+    "frozen": lambda opt: opt.param_groups[0]["params"][0].requires_grad_(False),
+    "parameter dropped": lambda opt: opt.param_groups[0]["params"].pop(0),
+    "state table": lambda opt: setattr(opt, "state", {p: {k: ggrad.ones_like(v) * 1e-3 if isinstance(v, ggrad.Tensor)
+                                                         else v for k, v in s.items()} for p, s in opt.state.items()}),
+    "group replaced": lambda opt: opt.param_groups.__setitem__(0, dict(opt.param_groups[0], weight_decay=0.05)),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_a_change_to_the_optimizer_after_many_replays_reaches_the_next_step(dev, change):
+    """A replay compares what the optimizer's graph baked in only after one of the
+    optimizer's own dicts changed (`optimizer._Watched`), the rest at every call: a change
+    made after six replays (the check long settled) trains as the eager step does."""
+    def between(i, opt):
+        if i == 0 and not hasattr(opt, "_traced"):
+            opt._kept_step = False  # the eager run records every step
+        if i == 8:
+            CHANGES[change](opt)
+    (eager, m_eager, _, _), (compiled, m_comp, _, step) = run_both(
+        lambda p: Adam(p, lr=1e-2), steps=12, between=between)
+    assert step.traces >= 2, step.traces
+    assert compiled == eager
+    for a, b in zip(m_eager.parameters(), m_comp.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("name", ["adam", "adam-fused", "sgd-nesterov", "adam-accumulate-3"])
+def test_replays_compare_the_optimizers_dicts_only_after_one_changed(dev, monkeypatch, name):
+    """A replay's own bookkeeping (step counts, a scheduler's lr) moves none of the
+    optimizer's watched dicts: once settled, replays stop comparing every state entry."""
+    from ggrad.optim.optimizer import Optimizer
+    model = mlp()
+    opt = OPTIMIZERS[name](model.parameters())
+    step = train_step(model, opt, True)
+    sched = StepLR(opt, step_size=1, gamma=0.9)
+    data = batches()
+    for i in range(8):
+        step(*data[i % len(data)])
+        sched.step()
+    compared, traces = [], step.traces
+    monkeypatch.setattr(Optimizer, "_bindings", lambda self: compared.append(1) or [])
+    for i in range(6):
+        step(*data[i % len(data)])
+        sched.step()
+    assert step.traces == traces and not compared
+
+
 def test_accumulation_keeps_one_graph_per_phase(dev):
     *_, (_, _, _, step) = run_both(OPTIMIZERS["adam-accumulate-3"], steps=15)
     assert step.captured == 2  # an accumulating micro-step and the applying one

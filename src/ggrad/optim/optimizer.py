@@ -71,8 +71,10 @@ def float32(t: Tensor | None) -> Tensor | None:
 
 
 def count_group_step(shared: dict) -> None:
-    """A replayed step's advance of a group's host step count (capture.on_replay)."""
-    shared["step"] += 1
+    """A replayed step's advance of a group's host step count (capture.on_replay); it moves
+    with the parameters' counts, which every replay checks (`Optimizer._replayable`), so it
+    moves no _Watched dict."""
+    dict.__setitem__(shared, "step", shared["step"] + 1)
 
 
 class _KeptStep:
@@ -113,6 +115,70 @@ class _KeptStep:
 
 _STEP = operator.itemgetter("step")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
+
+
+_edits = 0  # moved by every change to a _Watched dict
+
+
+def _moved() -> None:
+    global _edits
+    _edits += 1
+
+
+class _Watched(dict):
+    """One of an optimizer's own dicts (the state table, a parameter's or a group's state)
+    whose every change moves `_edits`: a replayed step checks again what its graph baked in
+    from them only after something changed one (`Optimizer._replayable`). A dict that is
+    not one (a subclass's, a user's) is checked at every replay, as before."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key, value) -> None:
+        _moved()
+        dict.__setitem__(self, key, value)
+
+    def __delitem__(self, key) -> None:
+        _moved()
+        dict.__delitem__(self, key)
+
+    def __ior__(self, other):
+        _moved()
+        return dict.__ior__(self, other)
+
+    def setdefault(self, key, default=None):
+        """A new plain dict stored here is made a watched one (`self.state.setdefault(p,
+        {"step": 0})` makes a watched state)."""
+        if key not in self:
+            self[key] = _Watched(default) if type(default) is dict else default
+        return dict.__getitem__(self, key)
+
+    def update(self, *args, **kwargs) -> None:
+        _moved()
+        dict.update(self, *args, **kwargs)
+
+    def pop(self, *args):
+        _moved()
+        return dict.pop(self, *args)
+
+    def popitem(self):
+        _moved()
+        return dict.popitem(self)
+
+    def clear(self) -> None:
+        _moved()
+        dict.clear(self)
+
+
+class _WatchedGroup(_Watched):
+    """A parameter group: its "lr" is read on the device at every step (`_lr_tensor`), so
+    a new one (a scheduler's) moves nothing."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key, value) -> None:
+        if key != "lr":
+            _moved()
+        dict.__setitem__(self, key, value)
 
 
 def _same_objects(a: list, b: list) -> bool:
@@ -180,7 +246,7 @@ class Optimizer:
         self.accumulate_steps = accumulate_steps
         self.average = bool(average)
         self.param_groups: list[dict[str, Any]] = []
-        self.state: dict[Tensor, dict[str, Any]] = {}
+        self.state: dict[Tensor, dict[str, Any]] = _Watched()
         self.group_state: list[dict[str, Any]] = []  # state shared by a group's parameters
         self._micro_steps = 0
         self.in_place = True  # False while a guarded step runs (guard.out_of_place)
@@ -225,11 +291,11 @@ class Optimizer:
                               "each is kept once", UserWarning, stacklevel=3)
                 continue
             kept.append(p)
-        full = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept}
+        full = _WatchedGroup({**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept})
         self._validate(full)
         lr = resident_scalar(full["lr"])
         self.param_groups.append(full)
-        self.group_state.append({})
+        self.group_state.append(_Watched())
         self._lr_tensors.append((lr, float(full["lr"])))
         made = self._make(len(self.param_groups) - 1, full)
         if made:
@@ -406,7 +472,7 @@ class Optimizer:
                     self._update_group(index, group, items, self._lr_tensor(index))
         if capture.tracing():
             capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated,
-                                                self._step_counts(stepped, updated), self._bindings()),
+                                                self._step_counts(stepped, updated), self._bindings(), []),
                               functools.partial(self._advance, stepped, updated))
 
     # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
@@ -451,22 +517,46 @@ class Optimizer:
         base = stepped[0]["step"] if stepped else 0
         return [*map(_STEP, stepped), *[self.group_state[i].get("step", base) for i in updated]]
 
+    def _unwatched(self) -> list:
+        """What a step graph reads that no _Watched dict sees change, by identity: the state
+        table and the lists themselves, the groups, the groups' states and the parameters
+        (`opt.state = {}`, a group appended, a parameter put in a group's list)."""
+        groups = self.param_groups
+        return [self.state, groups, self.group_state, *groups, *self.group_state,
+                *itertools.chain.from_iterable([g["params"] for g in groups])]
+
+    def _training(self) -> list[bool]:
+        return [*map(_REQUIRES_GRAD, itertools.chain.from_iterable([g["params"] for g in self.param_groups]))]
+
+    def _all_watched(self) -> bool:
+        """Whether every dict a step reads is one of this optimizer's _Watched ones."""
+        return type(self.state) is _Watched and all(type(g) is _WatchedGroup for g in self.param_groups) \
+            and all(type(d) is _Watched for d in itertools.chain(self.state.values(), self.group_state))
+
     def _replayable(self, apply: bool, hyperparameters: list, stepped: list[dict], updated: list[int],
-                    counts: list[int], bindings: list) -> bool:
+                    counts: list[int], bindings: list, seen: list) -> bool:
         """Whether the next step does what the captured one did, over the same tensors. The
         step counts may have moved on since the trace, but together: a parameter that
         skipped steps (no gradient in an eager step) has bias corrections of its own, which
-        a replay of shared ones would not give it."""
-        if self.next_step_applies != apply or self._hyperparameters() != hyperparameters \
+        a replay of shared ones would not give it. `seen` is [_edits, _unwatched(),
+        _training()] as this check last passed over _Watched dicts only: until one of them
+        changes, what they hold is as it was then, and only the rest is compared."""
+        if self.next_step_applies != apply or (self.accumulate_steps, self.average) != hyperparameters[0] \
                 or len(set(map(operator.sub, self._step_counts(stepped, updated), counts))) > 1:
             return False
-        return _same_objects(self._bindings(), bindings)
+        if seen and seen[0] == _edits and _same_objects(self._unwatched(), seen[1]) and self._training() == seen[2]:
+            return True
+        if self._hyperparameters() != hyperparameters or not _same_objects(self._bindings(), bindings):
+            return False
+        seen[:] = [_edits, self._unwatched(), self._training()] if self._all_watched() else []
+        return True
 
     def _advance(self, stepped: list[dict], updated: list[int]) -> None:
-        """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed."""
+        """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed. The
+        counts move together, which every replay checks, so they move no _Watched dict."""
         self._micro_steps += 1
         for state in stepped:
-            state["step"] += 1
+            dict.__setitem__(state, "step", state["step"] + 1)
         for index in updated:
             self._lr_tensor(index)
 
@@ -529,14 +619,14 @@ class Optimizer:
         Moments take their parameter's dtype, as torch's do."""
         settings, states, shared = self._checked_state_dict(state_dict)
         params = self._parameters()
-        self.state = {}
+        self.state = _Watched()
         for i, s in states.items():
             p = params[i]
-            self.state[p] = {k: (v if k == "step" else Tensor(v, dtype=None if k in self.scalar_state else p.dtype))
-                             for k, v in s.items()}
+            self.state[p] = _Watched({k: (v if k == "step" else Tensor(v, dtype=None if k in self.scalar_state else p.dtype))
+                                      for k, v in s.items()})
         for group, saved in zip(self.param_groups, settings):
             group.update(saved)
-        self.group_state = [{k: (v if k == "step" else Tensor(v)) for k, v in s.items()} for s in shared]
+        self.group_state = [_Watched({k: (v if k == "step" else Tensor(v)) for k, v in s.items()}) for s in shared]
         self._micro_steps = int(state_dict.get("micro_steps", 0))
         self.make_state()  # what this optimizer's update needs and the saved one lacked (another Adam form)
         capture.invalidate()  # the state tensors were replaced
