@@ -71,9 +71,8 @@ def float32(t: Tensor | None) -> Tensor | None:
 
 
 def count_group_step(shared: dict) -> None:
-    """A replayed step's advance of a group's host step count (capture.on_replay); it moves
-    with the parameters' counts, which every replay checks (`Optimizer._replayable`), so it
-    moves no _Watched dict."""
+    """A replayed step's advance of a group's host step count (capture.on_replay), with its
+    parameters' counts (`Optimizer._advance` says when those move `_edits`)."""
     dict.__setitem__(shared, "step", shared["step"] + 1)
 
 
@@ -473,7 +472,8 @@ class Optimizer:
         if capture.tracing():
             capture.on_replay(functools.partial(self._replayable, apply, self._hyperparameters(), stepped, updated,
                                                 self._step_counts(stepped, updated), self._bindings(), []),
-                              functools.partial(self._advance, stepped, updated))
+                              functools.partial(self._advance, stepped, updated, not stepped or (
+                                                len(stepped) == len(self.state) and len(updated) == len(self.param_groups))))
 
     # ---- gradient accumulation seen from outside (DistributedDataParallel) ---------------
     @property
@@ -540,23 +540,29 @@ class Optimizer:
         skipped steps (no gradient in an eager step) has bias corrections of its own, which
         a replay of shared ones would not give it. `seen` is [_edits, _unwatched(),
         _training()] as this check last passed over _Watched dicts only: until one of them
-        changes, what they hold is as it was then, and only the rest is compared."""
-        if self.next_step_applies != apply or (self.accumulate_steps, self.average) != hyperparameters[0] \
-                or len(set(map(operator.sub, self._step_counts(stepped, updated), counts))) > 1:
+        changes (the counts too: `_advance`), what they hold is as it was then, and only
+        the rest is compared."""
+        if self.next_step_applies != apply or (self.accumulate_steps, self.average) != hyperparameters[0]:
             return False
         if seen and seen[0] == _edits and _same_objects(self._unwatched(), seen[1]) and self._training() == seen[2]:
             return True
-        if self._hyperparameters() != hyperparameters or not _same_objects(self._bindings(), bindings):
+        if self._hyperparameters() != hyperparameters or not _same_objects(self._bindings(), bindings) \
+                or len(set(map(operator.sub, self._step_counts(stepped, updated), counts))) > 1:
             return False
         seen[:] = [_edits, self._unwatched(), self._training()] if self._all_watched() else []
         return True
 
-    def _advance(self, stepped: list[dict], updated: list[int]) -> None:
-        """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed. The
-        counts move together, which every replay checks, so they move no _Watched dict."""
+    def _advance(self, stepped: list[dict], updated: list[int], every: bool) -> None:
+        """A replayed step's bookkeeping: the counts, and the lr uploaded if it changed. A
+        step over `every` state and group moves every count together, which leaves every
+        kept step's counts as far apart as they were (as does one that moves none, an
+        accumulating micro-step): no _Watched dict moves. One over some moves `_edits`:
+        the next replay of each compares the counts again."""
         self._micro_steps += 1
         for state in stepped:
             dict.__setitem__(state, "step", state["step"] + 1)
+        if not every:
+            _moved()
         for index in updated:
             self._lr_tensor(index)
 
