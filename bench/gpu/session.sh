@@ -85,9 +85,10 @@
 #   bash bench/gpu/session.sh set57    ~400 s: mlp-small's step alone and in turn with PyTorch's CUDA graph (host_path.py
 #                                      --beside-torch), set56b's rows again; Vulkan's mlp-large (issue 29's row),
 #                                      capture's tests on both devices
-#   bash bench/gpu/session.sh set58    ~330 s: Vulkan's mlp-large at "medium" with ggml-vulkan's graphs left running
-#                                      (train_step.py --asynchronous) and op by op; mlp-small's step by its place in
-#                                      blocks of 20 on CUDA, alone and after PyTorch's (host_path.py --block-start)
+#   bash bench/gpu/session.sh set58    ~400 s: Vulkan's mlp-large at "medium" with ggml-vulkan's graphs left running
+#                                      (train_step.py --asynchronous) and op by op; capture's tests, the MLP rows and
+#                                      mlp-small's step by its place in blocks of 20 on CUDA, alone and after PyTorch's
+#                                      (host_path.py --block-start)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -724,8 +725,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 60 python3 bench/gpu/vulkan_ops.py \
       --model mlp-large --precision medium > $OUT/vulkan-ops-mlp-large.txt 2>&1
     cuda_wheel_installed 300 || exit 1
+    cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py
+    mlps mlp-cuda.txt 20
+    mlps mlp-hold-cuda.txt 20 --hold-loss
+    echo "mlps at $(el) s"
     for model in mlp-small mlp-mnist; do
-      cu timeout 60 python3 bench/gpu/host_path.py --device cuda --precision high --model $model --steps 20 \
+      cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model $model --steps 20 \
         --blocks 30 --hold-loss --block-start >> $OUT/host-path.txt 2>&1
     done ;;
   set53t)
