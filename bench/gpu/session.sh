@@ -725,14 +725,14 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     vk env GGML_VK_PERF_LOGGER=1 GGML_VK_PERF_LOGGER_FREQUENCY=10 timeout 60 python3 bench/gpu/vulkan_ops.py \
       --model mlp-large --precision medium > $OUT/vulkan-ops-mlp-large.txt 2>&1
     cuda_wheel_installed 300 || exit 1
-    cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py
-    mlps mlp-cuda.txt 20
-    mlps mlp-hold-cuda.txt 20 --hold-loss
-    echo "mlps at $(el) s"
     for model in mlp-small mlp-mnist; do
       cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model $model --steps 20 \
         --blocks 30 --hold-loss --block-start >> $OUT/host-path.txt 2>&1
-    done ;;
+    done
+    mlps mlp-cuda.txt 20
+    mlps mlp-hold-cuda.txt 20 --hold-loss
+    echo "mlps at $(el) s"
+    cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
     # with and without relu in the cast and LayerNorm writing bfloat16
