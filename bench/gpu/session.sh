@@ -89,6 +89,7 @@
 #                                      (train_step.py --asynchronous); mlp-small's step by its place in blocks of 20 on
 #                                      CUDA, alone and after PyTorch's (host_path.py --block-start), the MLP rows,
 #                                      capture's tests
+#   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -727,6 +728,17 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "mlps at $(el) s"
     mlps mlp-cuda.txt 20
     cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py ;;
+  set58v)
+    # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
+    # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
+    # and on the device
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    for data in host device; do
+      vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large --cuda-graph --blocks 3 --data $data --asynchronous >> $OUT/mlp-large-vulkan.txt 2>&1
+      echo "vulkan mlp-large, data on the $data, at $(el) s"
+    done ;;
   set53t)
     # ~300 s, set53 cut to a short lease: the new kernels' tests on CUDA, then the bf16 block
     # with and without relu in the cast and LayerNorm writing bfloat16
