@@ -85,11 +85,12 @@
 #   bash bench/gpu/session.sh set57    ~400 s: mlp-small's step alone and in turn with PyTorch's CUDA graph (host_path.py
 #                                      --beside-torch), set56b's rows again; Vulkan's mlp-large (issue 29's row),
 #                                      capture's tests on both devices
-#   bash bench/gpu/session.sh set58    ~280 s: Vulkan's mlp-large at "medium" with ggml-vulkan's graphs left running
-#                                      (train_step.py --asynchronous); mlp-small's step by its place in blocks of 20 on
+#   bash bench/gpu/session.sh set58    ~280 s: Vulkan's mlp-large at "medium" with its graphs left running and waited
+#                                      for (train_step.py --synchronous); mlp-small's step by its place in blocks of 20 on
 #                                      CUDA, alone and after PyTorch's (host_path.py --block-start), the MLP rows,
 #                                      capture's tests
-#   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
+#   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build; ran at 7d85a14 with
+#                                      --asynchronous, the A/B the other way round)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -714,12 +715,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --steps 300 --blocks 5 --hold-loss --beside-torch > $OUT/host-path.txt 2>&1 ;;
   set58)
     # ~280 s: while CUDA builds, Vulkan's mlp-large at "medium" (batches uploaded) with its graphs
-    # left running, an A/B in one process; then on CUDA mlp-small's step by its place in blocks of
+    # left running and waited for, an A/B in one process; then on CUDA mlp-small's step by its place in blocks of
     # 20, alone and after PyTorch's CUDA graph (set57: blocks of 20 cost 11 us a step more than
     # blocks of 300), the MLP rows, capture's tests
     both_devices
     vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data host --asynchronous > $OUT/mlp-large-vulkan.txt 2>&1
+      --models mlp-large --cuda-graph --blocks 3 --data host --synchronous > $OUT/mlp-large-vulkan.txt 2>&1
     echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 300 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
@@ -729,14 +730,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 20
     cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py ;;
   set58v)
-    # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
-    # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
-    # and on the device
+    # ~110 s, set58's Vulkan half alone (no CUDA build): mlp-large at "medium" with its graphs
+    # left running and waited for, an A/B in one process, batches uploaded and on the device
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
     for data in host device; do
       vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-        --models mlp-large --cuda-graph --blocks 3 --data $data --asynchronous >> $OUT/mlp-large-vulkan.txt 2>&1
+        --models mlp-large --cuda-graph --blocks 3 --data $data --synchronous >> $OUT/mlp-large-vulkan.txt 2>&1
       echo "vulkan mlp-large, data on the $data, at $(el) s"
     done ;;
   set53t)
