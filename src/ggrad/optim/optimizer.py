@@ -180,6 +180,37 @@ class _WatchedGroup(_Watched):
         dict.__setitem__(self, key, value)
 
 
+class _WatchedList(list):
+    """One of an optimizer's own lists (its groups, a group's parameters, its group states):
+    every change moves `_edits`, as a _Watched dict's."""
+
+    __slots__ = ()
+
+    def _changed(method):
+        def changed(self, *args):
+            _moved()
+            return method(self, *args)
+        changed.__name__ = method.__name__
+        return changed
+
+    __setitem__ = _changed(list.__setitem__)
+    __delitem__ = _changed(list.__delitem__)
+    __iadd__ = _changed(list.__iadd__)
+    __imul__ = _changed(list.__imul__)
+    append = _changed(list.append)
+    extend = _changed(list.extend)
+    insert = _changed(list.insert)
+    pop = _changed(list.pop)
+    remove = _changed(list.remove)
+    clear = _changed(list.clear)
+    reverse = _changed(list.reverse)
+    del _changed
+
+    def sort(self, *, key=None, reverse=False) -> None:
+        _moved()
+        list.sort(self, key=key, reverse=reverse)
+
+
 def _same_objects(a: list, b: list) -> bool:
     """Whether two `Optimizer._bindings` lists hold the same objects, in order."""
     return len(a) == len(b) and all(map(operator.is_, a, b))
@@ -244,9 +275,9 @@ class Optimizer:
         self.defaults = dict(defaults)
         self.accumulate_steps = accumulate_steps
         self.average = bool(average)
-        self.param_groups: list[dict[str, Any]] = []
+        self.param_groups: list[dict[str, Any]] = _WatchedList()
         self.state: dict[Tensor, dict[str, Any]] = _Watched()
-        self.group_state: list[dict[str, Any]] = []  # state shared by a group's parameters
+        self.group_state: list[dict[str, Any]] = _WatchedList()  # state shared by a group's parameters
         self._micro_steps = 0
         self.in_place = True  # False while a guarded step runs (guard.out_of_place)
         self._lr_tensors: list[tuple[Tensor, float]] = []
@@ -290,7 +321,8 @@ class Optimizer:
                               "each is kept once", UserWarning, stacklevel=3)
                 continue
             kept.append(p)
-        full = _WatchedGroup({**self.defaults, **{k: v for k, v in group.items() if k != "params"}, "params": kept})
+        full = _WatchedGroup({**self.defaults, **{k: v for k, v in group.items() if k != "params"},
+                              "params": _WatchedList(kept)})
         self._validate(full)
         lr = resident_scalar(full["lr"])
         self.param_groups.append(full)
@@ -517,39 +549,39 @@ class Optimizer:
         base = stepped[0]["step"] if stepped else 0
         return [*map(_STEP, stepped), *[self.group_state[i].get("step", base) for i in updated]]
 
-    def _unwatched(self) -> list:
-        """What a step graph reads that no _Watched dict sees change, by identity: the state
-        table and the lists themselves, the groups, the groups' states and the parameters
-        (`opt.state = {}`, a group appended, a parameter put in a group's list)."""
+    def _parameters_watched(self) -> list[Tensor] | None:
+        """Every parameter, where every container a step reads is one of this optimizer's
+        watched ones (so none changes without moving `_edits`); None where one is not (a
+        subclass's, a user's)."""
         groups = self.param_groups
-        return [self.state, groups, self.group_state, *groups, *self.group_state,
-                *itertools.chain.from_iterable([g["params"] for g in groups])]
-
-    def _training(self) -> list[bool]:
-        return [*map(_REQUIRES_GRAD, itertools.chain.from_iterable([g["params"] for g in self.param_groups]))]
-
-    def _all_watched(self) -> bool:
-        """Whether every dict a step reads is one of this optimizer's _Watched ones."""
-        return type(self.state) is _Watched and all(type(g) is _WatchedGroup for g in self.param_groups) \
-            and all(type(d) is _Watched for d in itertools.chain(self.state.values(), self.group_state))
+        if type(self.state) is not _Watched or type(groups) is not _WatchedList \
+                or type(self.group_state) is not _WatchedList \
+                or not all(type(g) is _WatchedGroup and type(g["params"]) is _WatchedList for g in groups) \
+                or not all(type(d) is _Watched for d in itertools.chain(self.state.values(), self.group_state)):
+            return None
+        return [p for g in groups for p in g["params"]]
 
     def _replayable(self, apply: bool, hyperparameters: list, stepped: list[dict], updated: list[int],
                     counts: list[int], bindings: list, seen: list) -> bool:
         """Whether the next step does what the captured one did, over the same tensors. The
         step counts may have moved on since the trace, but together: a parameter that
         skipped steps (no gradient in an eager step) has bias corrections of its own, which
-        a replay of shared ones would not give it. `seen` is [_edits, _unwatched(),
-        _training()] as this check last passed over _Watched dicts only: until one of them
+        a replay of shared ones would not give it. `seen` holds `_edits`, the state table,
+        group list and group-state list, the parameters and which train, as this check last
+        passed over watched containers only (`_parameters_watched`): until one of them
         changes (the counts too: `_advance`), what they hold is as it was then, and only
         the rest is compared."""
         if self.next_step_applies != apply or (self.accumulate_steps, self.average) != hyperparameters[0]:
             return False
-        if seen and seen[0] == _edits and _same_objects(self._unwatched(), seen[1]) and self._training() == seen[2]:
+        if seen and seen[0] == _edits and self.state is seen[1] and self.param_groups is seen[2] \
+                and self.group_state is seen[3] and [*map(_REQUIRES_GRAD, seen[4])] == seen[5]:
             return True
         if self._hyperparameters() != hyperparameters or not _same_objects(self._bindings(), bindings) \
                 or len(set(map(operator.sub, self._step_counts(stepped, updated), counts))) > 1:
             return False
-        seen[:] = [_edits, self._unwatched(), self._training()] if self._all_watched() else []
+        params = self._parameters_watched()
+        seen[:] = [] if params is None else [_edits, self.state, self.param_groups, self.group_state, params,
+                                             [*map(_REQUIRES_GRAD, params)]]
         return True
 
     def _advance(self, stepped: list[dict], updated: list[int], every: bool) -> None:
@@ -632,7 +664,8 @@ class Optimizer:
                                       for k, v in s.items()})
         for group, saved in zip(self.param_groups, settings):
             group.update(saved)
-        self.group_state = [_Watched({k: (v if k == "step" else Tensor(v)) for k, v in s.items()}) for s in shared]
+        self.group_state = _WatchedList([_Watched({k: (v if k == "step" else Tensor(v)) for k, v in s.items()})
+                                         for s in shared])
         self._micro_steps = int(state_dict.get("micro_steps", 0))
         self.make_state()  # what this optimizer's update needs and the saved one lacked (another Adam form)
         capture.invalidate()  # the state tensors were replaced
