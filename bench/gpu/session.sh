@@ -85,16 +85,15 @@
 #   bash bench/gpu/session.sh set57    ~400 s: mlp-small's step alone and in turn with PyTorch's CUDA graph (host_path.py
 #                                      --beside-torch), set56b's rows again; Vulkan's mlp-large (issue 29's row),
 #                                      capture's tests on both devices
-#   bash bench/gpu/session.sh set58    ~280 s: Vulkan's mlp-large at "medium" with its graphs left running and waited
-#                                      for (train_step.py --synchronous); mlp-small's step by its place in blocks of 20 on
+#   bash bench/gpu/session.sh set58    ~280 s: Vulkan's mlp-large at "medium" with ggml-vulkan's graphs left running
+#                                      (train_step.py --asynchronous); mlp-small's step by its place in blocks of 20 on
 #                                      CUDA, alone and after PyTorch's (host_path.py --block-start), the MLP rows,
 #                                      capture's tests
 #   bash bench/gpu/session.sh set59    ~480 s: what the tenth session left unrun on a GPU: Vulkan's suite and rows (cnn,
-#                                      ResNet, bf16 block, mlp-large) with its graphs left running, each against waiting;
+#                                      ResNet, bf16 block, mlp-large) with its graphs left running against waiting;
 #                                      on CUDA the optimizer's watched dicts tested, mlp-small by place in a block of 20,
 #                                      the MLP rows
-#   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build; ran at 7d85a14 with
-#                                      --asynchronous, the A/B the other way round)
+#   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
 #   bash bench/gpu/session.sh vkprof   ~150 s: the Vulkan cnn and ResNet op by op (GGML_VK_PERF_LOGGER)
@@ -719,12 +718,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --steps 300 --blocks 5 --hold-loss --beside-torch > $OUT/host-path.txt 2>&1 ;;
   set58)
     # ~280 s: while CUDA builds, Vulkan's mlp-large at "medium" (batches uploaded) with its graphs
-    # left running and waited for, an A/B in one process; then on CUDA mlp-small's step by its place in blocks of
+    # left running, an A/B in one process; then on CUDA mlp-small's step by its place in blocks of
     # 20, alone and after PyTorch's CUDA graph (set57: blocks of 20 cost 11 us a step more than
     # blocks of 300), the MLP rows, capture's tests
     both_devices
     vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data host --synchronous > $OUT/mlp-large-vulkan.txt 2>&1
+      --models mlp-large --cuda-graph --blocks 3 --data host --asynchronous > $OUT/mlp-large-vulkan.txt 2>&1
     echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 300 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
@@ -734,20 +733,20 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 20
     cuda_tests 40 "capture or budget or change_to_the_optimizer" tests/test_capture.py tests/test_kernels.py ;;
   set59)
-    # ~480 s, what this tree has not run on a GPU: while CUDA builds, Vulkan's test suite
-    # (graphs left running since set58v), its mlp-large ("medium", uploaded, against waiting for
-    # each graph), the cnn and ResNet and the bf16 block; then on CUDA capture's, the optimizers'
-    # and the budget tests (the optimizer's watched dicts), mlp-small's step by its place in
-    # blocks of 20, and the MLP rows
+    # ~480 s, what this tree has not run on a GPU: while CUDA builds, Vulkan's test suite, its
+    # mlp-large ("medium", uploaded), cnn, ResNet and bf16 block each with its graphs left running
+    # against waiting (train_step.py --asynchronous); then on CUDA capture's, the optimizers' and
+    # the budget tests (the optimizer's watched dicts), mlp-small's step by its place in blocks of
+    # 20, and the MLP rows
     both_devices
     vk timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider --tb=short tests -k vulkan > $OUT/tests-vulkan.txt 2>&1
     echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
     vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data host --synchronous > $OUT/mlp-large-vulkan.txt 2>&1
+      --models mlp-large --cuda-graph --blocks 3 --data host --asynchronous > $OUT/mlp-large-vulkan.txt 2>&1
     vk timeout 70 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
-      --steps 4 --synchronous > $OUT/conv-vulkan.txt 2>&1
+      --steps 4 --asynchronous > $OUT/conv-vulkan.txt 2>&1
     vk timeout 50 python3 bench/train_step.py --device vulkan --torch-device cuda --precision high --amp bf16 \
-      --models block --blocks 2 --steps 6 --synchronous > $OUT/block-vulkan.txt 2>&1
+      --models block --blocks 2 --steps 6 --asynchronous > $OUT/block-vulkan.txt 2>&1
     echo "vulkan rows at $(el) s"
     cuda_wheel_installed 330 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
@@ -757,13 +756,14 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "mlps at $(el) s"
     cuda_tests $(( 590 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
   set58v)
-    # ~110 s, set58's Vulkan half alone (no CUDA build): mlp-large at "medium" with its graphs
-    # left running and waited for, an A/B in one process, batches uploaded and on the device
+    # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
+    # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
+    # and on the device
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
     for data in host device; do
       vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-        --models mlp-large --cuda-graph --blocks 3 --data $data --synchronous >> $OUT/mlp-large-vulkan.txt 2>&1
+        --models mlp-large --cuda-graph --blocks 3 --data $data --asynchronous >> $OUT/mlp-large-vulkan.txt 2>&1
       echo "vulkan mlp-large, data on the $data, at $(el) s"
     done ;;
   set53t)

@@ -208,9 +208,9 @@ class Handle:
 
     def copy_from(self, source: "Handle") -> None:
         """Copy `source` (same shape, dtype and device) into this buffer on the device, no
-        host crossing: queued behind the work before it where the backend orders it
-        (streams.QUEUED_UPLOAD_KINDS), else done before this returns (ggml-vulkan records
-        the copy with no barrier before the shaders that would read it)."""
+        host crossing: queued behind the work before it where the backend leaves work
+        running (streams.py), else done before this returns (ggml-vulkan records the copy
+        for its next submission)."""
         with lock:
             self.check_live()
             source.check_live()
