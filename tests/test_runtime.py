@@ -271,7 +271,6 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     monkeypatch.setattr(streams, "enabled", True)
     monkeypatch.setattr(streams, "QUEUED_UPLOADS", True)
     monkeypatch.setattr(streams, "ASYNCHRONOUS_KINDS", frozenset({rt.current().backend.info.kind}))
-    monkeypatch.setattr(streams, "QUEUED_UPLOAD_KINDS", frozenset({rt.current().backend.info.kind}))
     queued = []
     start = streams.queue
     monkeypatch.setattr(streams, "queue", lambda *a: (start(*a), queued.append(dict(streams._queued)))[0])

@@ -216,7 +216,7 @@ class Handle:
             source.check_live()
             backend = self._pool.backend
             G.ggml_backend_tensor_copy_async(backend.handle, backend.handle, source._tensor, self._tensor)
-            if backend.info.kind not in streams.QUEUED_UPLOAD_KINDS or not streams.enabled:
+            if backend.info.kind not in streams.ASYNCHRONOUS_KINDS or not streams.enabled:
                 G.ggml_backend_synchronize(backend.handle)
 
     def evict(self) -> None:

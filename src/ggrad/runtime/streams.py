@@ -1,13 +1,12 @@
 """Device work the host has not waited for yet.
 
 ggml-cuda's graph compute returns once its work is queued on the backend's stream (a CUDA
-graph launched), and ggml-vulkan's once its command buffers are submitted, so the host
-records and uploads the next step while the GPU runs this one, as PyTorch's CUDA streams let
-it. Whatever touches device memory from the host waits here first (`settle`): a download, an
-upload (on CUDA one from pageable memory may instead be queued on the stream behind the graph:
-QUEUED_UPLOADS), a buffer freed, a quantized tensor bound (its padding is cleared outside the
-stream), an NCCL collective, `ggrad.cuda.synchronize()`. The CPU's graphs are waited for at
-the end of each compute.
+graph launched), so the host records and uploads the next step while the GPU runs this
+one, as PyTorch's CUDA streams let it. Whatever touches device memory from the host waits
+here first (`settle`): a download, an upload (one from pageable memory may instead be queued
+on the stream behind the graph: QUEUED_UPLOADS), a buffer freed, a quantized tensor bound
+(its padding is cleared outside the stream), an NCCL collective, `ggrad.cuda.synchronize()`.
+Other backends' graphs are waited for at the end of each compute, as before.
 """
 
 from __future__ import annotations
@@ -17,14 +16,11 @@ from ggml import ggml as G
 
 # the backend kinds whose graphs are left running; `enabled` False waits for every graph
 # (bench/train_step.py --synchronous times both in one process)
-ASYNCHRONOUS_KINDS = frozenset({"cuda", "vulkan"})
+ASYNCHRONOUS_KINDS = frozenset({"cuda"})
 enabled = True
 # uploads queued behind a running graph (False: every upload waits for the device first);
-# the suite passed both ways on an H100 (2026-12-05). Only where the backend orders them: a
-# CUDA stream does; ggml-vulkan records a queued upload or device copy with no barrier before
-# the shaders that read it, so its uploads and copies wait for the device.
+# the suite passed both ways on an H100 (2026-12-05)
 QUEUED_UPLOADS = True
-QUEUED_UPLOAD_KINDS = frozenset({"cuda"})
 
 _queued: dict[int, object] = {}  # id(backend) -> its ggml backend handle, while work may run
 
@@ -51,7 +47,7 @@ def pageable(array: np.ndarray) -> bool:
 def queues_upload(backend, from_pageable: bool) -> bool:
     """Whether an upload into `backend`'s memory may be queued on its stream behind the
     running graphs: only from pageable memory (`pageable`); others wait."""
-    return from_pageable and QUEUED_UPLOADS and backend.info.kind in QUEUED_UPLOAD_KINDS and id(backend) in _queued
+    return from_pageable and QUEUED_UPLOADS and id(backend) in _queued
 
 
 def settle() -> None:
