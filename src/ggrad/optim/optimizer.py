@@ -116,12 +116,21 @@ _STEP = operator.itemgetter("step")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-_edits = 0  # moved by every change to a _Watched dict
+_edits = 0  # moved by every change to a _Watched dict or _WatchedList
 
 
 def _moved() -> None:
     global _edits
     _edits += 1
+
+
+def _moving(method):
+    """`method` of dict or list, moving `_edits` first."""
+    def moving(self, *args, **kwargs):
+        _moved()
+        return method(self, *args, **kwargs)
+    moving.__name__ = method.__name__
+    return moving
 
 
 class _Watched(dict):
@@ -132,17 +141,13 @@ class _Watched(dict):
 
     __slots__ = ()
 
-    def __setitem__(self, key, value) -> None:
-        _moved()
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key) -> None:
-        _moved()
-        dict.__delitem__(self, key)
-
-    def __ior__(self, other):
-        _moved()
-        return dict.__ior__(self, other)
+    __setitem__ = _moving(dict.__setitem__)
+    __delitem__ = _moving(dict.__delitem__)
+    __ior__ = _moving(dict.__ior__)
+    update = _moving(dict.update)
+    pop = _moving(dict.pop)
+    popitem = _moving(dict.popitem)
+    clear = _moving(dict.clear)
 
     def setdefault(self, key, default=None):
         """A new plain dict stored here is made a watched one (`self.state.setdefault(p,
@@ -150,22 +155,6 @@ class _Watched(dict):
         if key not in self:
             self[key] = _Watched(default) if type(default) is dict else default
         return dict.__getitem__(self, key)
-
-    def update(self, *args, **kwargs) -> None:
-        _moved()
-        dict.update(self, *args, **kwargs)
-
-    def pop(self, *args):
-        _moved()
-        return dict.pop(self, *args)
-
-    def popitem(self):
-        _moved()
-        return dict.popitem(self)
-
-    def clear(self) -> None:
-        _moved()
-        dict.clear(self)
 
 
 class _WatchedGroup(_Watched):
@@ -186,29 +175,18 @@ class _WatchedList(list):
 
     __slots__ = ()
 
-    def _changed(method):
-        def changed(self, *args):
-            _moved()
-            return method(self, *args)
-        changed.__name__ = method.__name__
-        return changed
-
-    __setitem__ = _changed(list.__setitem__)
-    __delitem__ = _changed(list.__delitem__)
-    __iadd__ = _changed(list.__iadd__)
-    __imul__ = _changed(list.__imul__)
-    append = _changed(list.append)
-    extend = _changed(list.extend)
-    insert = _changed(list.insert)
-    pop = _changed(list.pop)
-    remove = _changed(list.remove)
-    clear = _changed(list.clear)
-    reverse = _changed(list.reverse)
-    del _changed
-
-    def sort(self, *, key=None, reverse=False) -> None:
-        _moved()
-        list.sort(self, key=key, reverse=reverse)
+    __setitem__ = _moving(list.__setitem__)
+    __delitem__ = _moving(list.__delitem__)
+    __iadd__ = _moving(list.__iadd__)
+    __imul__ = _moving(list.__imul__)
+    append = _moving(list.append)
+    extend = _moving(list.extend)
+    insert = _moving(list.insert)
+    pop = _moving(list.pop)
+    remove = _moving(list.remove)
+    clear = _moving(list.clear)
+    reverse = _moving(list.reverse)
+    sort = _moving(list.sort)
 
 
 def _same_objects(a: list, b: list) -> bool:
