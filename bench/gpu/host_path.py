@@ -41,9 +41,9 @@ def graph_computes_stubbed(stubbed: bool = True):
         backend.Backend.compute = compute
 
 
-def beside_torch(args, step, sync, sample, classes, batch) -> None:
-    """ggrad's step timed alone and in turn with PyTorch's (CUDA graph on a GPU, eager on the
-    CPU), graph computes real, stubbed, real again."""
+def torch_runner(args, sample, classes, batch):
+    """PyTorch's step of the same model as a warmed-up (step, sync) runner (CUDA graph on a
+    GPU, eager on the CPU), and whether it is on a GPU."""
     import torch
     torch.set_float32_matmul_precision(args.precision)
     on_gpu = args.device != "cpu"
@@ -51,6 +51,14 @@ def beside_torch(args, step, sync, sample, classes, batch) -> None:
                              cuda_graph=on_gpu)
     for i in range(50):
         theirs[0](i)
+    theirs[1]()
+    return theirs, on_gpu
+
+
+def beside_torch(args, step, sync, sample, classes, batch) -> None:
+    """ggrad's step timed alone and in turn with PyTorch's (CUDA graph on a GPU, eager on the
+    CPU), graph computes real, stubbed, real again."""
+    theirs, on_gpu = torch_runner(args, sample, classes, batch)
     for stubbed in (False, True, False):
         with graph_computes_stubbed(stubbed):
             alone = per_step(step, sync, args.steps, args.blocks)
@@ -68,14 +76,7 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
     import statistics
     import time
 
-    import torch
-    torch.set_float32_matmul_precision(args.precision)
-    on_gpu = args.device != "cpu"
-    theirs, their_sync = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu",
-                                         True, cuda_graph=on_gpu)
-    for i in range(50):
-        theirs(i)
-    their_sync()
+    (theirs, their_sync), _ = torch_runner(args, sample, classes, batch)
     for after_torch in (False, True):
         places, waits, blocks = [[] for _ in range(args.steps)], [], []
         for b in range(args.blocks):

@@ -263,10 +263,10 @@ class _Capture:
                  tensor_args: dict[int, Tensor], returned: list[Tensor], rebuild,
                  staging: Callable[[int, tuple, np.dtype], np.ndarray]) -> None:
         """`arrays`: the tensors made from numpy arguments, `sources` those arguments' numpy
-        dtypes; `tensor_args`: what the function
-        got for tensor arguments (a leaf of their own, or the tensor itself if it needs a
-        gradient), by argument position; `staging(position, shape, storage)`: the host array
-        a numpy argument is converted into at each replay."""
+        dtypes; `tensor_args`: what the function got for tensor arguments (a leaf of their
+        own, or the tensor itself if it needs a gradient), by argument position;
+        `staging(position, shape, storage)`: the host array a numpy argument is converted
+        into at each replay."""
         runs = trace.graphs()
         last = runs[-1]
         self.dev = last.dev
