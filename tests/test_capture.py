@@ -518,12 +518,8 @@ def test_class_targets_of_any_width_and_byte_order_are_checked_at_each_replay(de
     unsigned (negatives wrap to the top) where its byte order is the machine's: each width
     trains as the eager step does, and a class past the last, or -1, still raises."""
     data = [(x, y.astype(kind)) for x, y in batches(4)]
-    losses = []
-    for compiled in (False, True):
-        model = mlp()
-        step = train_step(model, SGD(model.parameters(), lr=0.1), compiled)
-        losses.append([step(*data[i % 4]).item() for i in range(6)])
-    assert step.captured == 1 and losses[0] == losses[1]
+    (eager, *_), (compiled, _, _, step) = run_both(lambda p: SGD(p, lr=0.1), steps=6, data=data)
+    assert step.captured == 1 and compiled == eager
     x, y = data[0]
     bad = [SIZES[-1], 255] + ([-1] if np.dtype(kind).kind == "i" else [])
     for value in bad:
@@ -539,12 +535,8 @@ def test_ignored_targets_in_replayed_batches_pass_their_check_and_are_ignored(de
     rng = np.random.default_rng(5)
     data = [(rng.standard_normal((8, SIZES[0])).astype(np.float32),
              np.where(rng.random(8) < 0.3, -100, rng.integers(0, SIZES[-1], 8))) for _ in range(3)]
-    losses = []
-    for compiled in (False, True):
-        model = mlp()
-        step = train_step(model, SGD(model.parameters(), lr=0.1), compiled)
-        losses.append([step(*data[i % 3]).item() for i in range(5)])
-    assert step.captured == 1 and losses[0] == losses[1]
+    (eager, *_), (compiled, _, _, step) = run_both(lambda p: SGD(p, lr=0.1), steps=5, data=data)
+    assert step.captured == 1 and compiled == eager
     x, y = data[0]
     with pytest.raises(IndexError, match="class index out of range"):
         step(x, np.where(y == -100, SIZES[-1], y))
