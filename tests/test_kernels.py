@@ -17,7 +17,7 @@ from ggrad.functional import elementwise
 from ggrad.functional.attention import attention_weights
 from ggrad.optim import Adam
 from ggrad.runtime import kernels
-from conftest import compiled_nodes, set_variant
+from conftest import compiled_nodes, run_in_child, set_variant
 
 needs_kernels = pytest.mark.skipif(kernels.version() < 1, reason="ggml built without ggrad's kernel set")
 
@@ -852,6 +852,97 @@ def test_vulkan_leaves_products_to_ggmls_matrix_cores_at_medium(dev, monkeypatch
     monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
     counts = _product_step_counts()
     assert counts.get("MUL_MAT") == 3 and "GGRAD" not in counts, counts
+
+
+def _two_layer_step(x: np.ndarray, w1: np.ndarray, w2: np.ndarray):
+    """A compiled relu MLP step's loss and gradients (x, w1, w2) and its node counts."""
+    params = [ggrad.tensor(a, requires_grad=True) for a in (x, w1, w2)]
+
+    @ggrad.compile
+    def step(*params):
+        with ggrad.grad_tape():
+            x, w1, w2 = params
+            loss = (F.relu(x @ w1.T) @ w2.T).square().sum()
+            loss.backward()
+        grads = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        return loss, grads
+
+    for _ in range(3):
+        loss, grads = step(*params)
+    return loss.item(), [g.numpy() for g in grads], step.op_counts()
+
+
+def _two_layer_float64(x, w1, w2):
+    """_two_layer_step's loss and gradients in float64."""
+    x, w1, w2 = (a.astype(np.float64) for a in (x, w1, w2))
+    pre = x @ w1.T
+    h = np.maximum(pre, 0)
+    y = h @ w2.T
+    gy = 2 * y
+    gh = (gy @ w2) * (pre > 0)
+    return (y ** 2).sum(), [gh @ w1, gh.T @ x, gy.T @ h]
+
+
+def test_vulkan_coopmat2_products_cast_each_operand_to_float16_once(dev, monkeypatch):
+    """On ggml's NV_coopmat2 matrix cores (a Vulkan device started at "medium") ggml-vulkan
+    casts float32 operands to float16 inside each product; ggrad casts each operand once
+    per graph instead and transposes the float16 copy. Forced here (lavapipe has no matrix
+    cores: its products then multiply the float16 operands in float32): the six operands
+    of a two-layer step (x, both weights, the hidden activation, both output gradients)
+    are cast once each, and the results are the float64 ones within float16 rounding."""
+    from ggrad import ops
+    from ggrad.runtime import backend, precision
+    if dev.split(":")[0] != "vulkan":
+        pytest.skip(f"{dev}: not a Vulkan device")
+    rng = np.random.default_rng(0)
+    x, w1, w2 = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((16, 24), (32, 24), (12, 32)))
+    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "float16 operands off")
+    monkeypatch.setattr(ops, "_half_operands", lambda *args: False)
+    _, _, composed = _two_layer_step(x, w1, w2)
+    monkeypatch.undo()
+    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    monkeypatch.setattr(backend, "vulkan_traits", lambda name: {"matrix cores": "NV_coopmat2", "fp16": "1"})
+    monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "float16 operands")
+    loss, grads, counts = _two_layer_step(x, w1, w2)
+    assert counts["MUL_MAT"] == composed["MUL_MAT"] == 6 and counts["CONT"] == composed["CONT"] == 6, (counts, composed)
+    assert counts["CPY"] == composed.get("CPY", 0) + 6, (counts, composed)
+    want_loss, want = _two_layer_float64(x, w1, w2)
+    np.testing.assert_allclose(loss, want_loss, rtol=3e-3)
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=3e-3 * np.abs(expected).max())
+
+
+def test_vulkan_coopmat2_products_equal_with_operands_cast_once(dev):
+    """Where ggml's NV_coopmat2 matrix cores are on (a GPU's Vulkan device started at
+    "medium"), the products over operands cast to float16 once per graph equal, bit for
+    bit, ggml-vulkan's own casts inside each product."""
+    if dev.split(":")[0] != "vulkan":
+        pytest.skip(f"{dev}: not a Vulkan device")
+    out = run_in_child("""
+        import sys, numpy as np, ggrad
+        from ggrad import ops
+        from ggrad.runtime import backend
+        sys.path.insert(0, sys.argv[2])
+        from test_kernels import _two_layer_step
+        ggrad.set_float32_matmul_precision("medium")
+        ggrad.set_device(sys.argv[1])
+        if backend.vulkan_traits(sys.argv[1]).get("matrix cores") != "NV_coopmat2":
+            print("no NV_coopmat2")
+            sys.exit()
+        rng = np.random.default_rng(0)
+        x, w1, w2 = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((512, 1024), (4096, 1024), (1024, 4096)))
+        loss, grads, counts = _two_layer_step(x, w1, w2)
+        ggrad.lazy.BUILD_TAG, ops._half_operands = "float16 operands off", lambda *args: False
+        loss_off, grads_off, counts_off = _two_layer_step(x, w1, w2)
+        same = loss == loss_off and all(np.array_equal(a, b) for a, b in zip(grads, grads_off))
+        print("equal", same, counts["CPY"] - counts_off.get("CPY", 0))
+    """, dev, os.path.dirname(__file__))
+    if "no NV_coopmat2" in out:
+        pytest.skip(f"{dev}: no NV_coopmat2 matrix cores")
+    assert "equal True 6" in out, out
 
 
 @pytest.mark.parametrize("inner, rows, ggml_products, split", [

@@ -24,6 +24,7 @@ from .runtime import kernels, launch
 from .runtime.handle import DTYPES, MAX_DIMS, ggml_ne
 
 F32 = G.GGML_TYPE_F32
+F16 = G.GGML_TYPE_F16
 I32 = G.GGML_TYPE_I32
 
 
@@ -367,6 +368,8 @@ def _product(ctx, src0, src1, arg):
     gemm = _gemm(ctx, src1, src0, False, True, arg)
     if gemm is not None:
         return gemm
+    if _half_operands(arg, src1.contents.ne[1], src0, src1):
+        return _marked(G.ggml_mul_mat(ctx, as_type(ctx, src0, F16), as_type(ctx, src1, F16)), arg)
     if low is not None:
         kind = DTYPES[low]
         src0 = as_type(ctx, src0, kind)
@@ -386,6 +389,29 @@ def _product(ctx, src0, src1, arg):
         if exact is not None:
             return exact
     return _marked(G.ggml_mul_mat(ctx, src0, src1), arg)
+
+
+# ggml-vulkan multiplies a product of at most this many columns (src1's rows) by its
+# matrix-vector shaders, which read float32 operands as they are (MUL_MAT_VEC_MAX_COLS)
+VULKAN_VECTOR_MAX_COLUMNS = 8
+
+
+def _half_operands(arg, columns: int, *operands) -> bool:
+    """Whether a float32 product of `columns` columns takes its `operands` cast to float16
+    once per graph (as_type): on a Vulkan device whose matrix cores are ggml's NV_coopmat2
+    ones (on where it started at "medium"), ggml-vulkan copies each float32 operand to
+    float16 inside every product, so a weight read forward and by its gradient's product
+    was converted twice and a transposed operand copied twice (ggrad's transpose, then
+    ggml's cast); cast first, the transpose moves half the bytes. The same float16 values
+    reach the same shader. Not for autocast's products (_product casts those) nor ggml's
+    matrix-vector products, which multiply in float32."""
+    if arg[1] is not None or columns <= VULKAN_VECTOR_MAX_COLUMNS or backend_kind() != "vulkan" \
+            or any(x.contents.type not in (F32, F16) for x in operands):
+        return False
+    from . import runtime
+    from .runtime import backend, precision
+    name = runtime.current().backend.info.name
+    return backend.vulkan_traits(name).get("matrix cores") == "NV_coopmat2" and precision.vulkan_float16_on(name)
 
 
 def _vulkan_matrix_cores_take(low: int) -> bool:
@@ -1343,13 +1369,16 @@ def _transpose(ctx, y):
     return cont(ctx, G.ggml_transpose(ctx, y))
 
 
-def _transposed_operand(ctx, y, arg):
-    """y^T contiguous, as a product of `arg` reads it: under autocast the low cast comes
-    first, so the forward product's cast of the same tensor is reused (lazy.build_memo) and
-    the copy moves half the bytes; Vulkan multiplies rounded float32 operands (_product)."""
+def _transposed_operand(ctx, y, arg, columns: int):
+    """y^T contiguous, as a product of `arg` over `columns` columns reads it: under autocast
+    the low cast comes first, so the forward product's cast of the same tensor is reused
+    (lazy.build_memo) and the copy moves half the bytes; Vulkan multiplies rounded float32
+    operands (_product), unless its matrix cores take float16 ones (_half_operands)."""
     low = arg[1]
     if low is not None and backend_kind() != "vulkan":
         y = as_type(ctx, y, DTYPES[low])
+    elif _half_operands(arg, columns, y):
+        y = as_type(ctx, y, F16)
     return _transposed_copy(ctx, y)
 
 
@@ -1374,7 +1403,7 @@ def _matmul_nn(ctx, s, node):
         product = _supported(G.ggml_out_prod(ctx, y, xt))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
-    yt = _transposed_operand(ctx, y, node.arg)
+    yt = _transposed_operand(ctx, y, node.arg, x.contents.ne[1])
     ne_x, ne_y = x.contents.ne, yt.contents.ne
     if tuple(ne_y[2:]) != tuple(ne_x[2:]) and _supported(G.ggml_mul_mat(ctx, yt, x)) is None:
         yt = G.ggml_repeat_4d(ctx, yt, ne_y[0], ne_y[1], ne_x[2], ne_x[3])
@@ -1398,7 +1427,8 @@ def _matmul_tn(ctx, s, node):
         product = _supported(G.ggml_out_prod(ctx, y, x))
         if product is not None:
             return reshape(ctx, _marked(product, node.arg), node.shape)
-    yt, xt = _transposed_operand(ctx, y, node.arg), _transposed_operand(ctx, x, node.arg)
+    columns = x.contents.ne[0]  # x^T's rows
+    yt, xt = _transposed_operand(ctx, y, node.arg, columns), _transposed_operand(ctx, x, node.arg, columns)
     return reshape(ctx, _product(ctx, yt, xt, node.arg), node.shape)
 
 

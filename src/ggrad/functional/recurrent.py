@@ -135,7 +135,7 @@ def _recurrent_back(ctx, s, node):
             gates = _step_rows(ctx, out, start, width, batch, steps, t)
             dh = ops._gemm(ctx, gates, w_hh, False, False, arg)
             if dh is None:
-                dh = ops._product(ctx, ops._transposed_operand(ctx, w_hh, arg), gates, arg)
+                dh = ops._product(ctx, ops._transposed_operand(ctx, w_hh, arg, gates.contents.ne[1]), gates, arg)
             dh = contiguous(ctx, dh)
     return ops.reshape(ctx, out, node.shape)
 
