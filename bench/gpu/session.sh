@@ -93,6 +93,8 @@
 #                                      ResNet, bf16 block, mlp-large) with its graphs left running against waiting;
 #                                      on CUDA the optimizer's watched dicts tested, mlp-small by place in a block of 20,
 #                                      the MLP rows
+#   bash bench/gpu/session.sh set60    ~480 s: Vulkan's products over float16 operands cast once (NV_coopmat2): the
+#                                      bit-equality test, mlp-large at "medium" with and without; then set59's CUDA part
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -755,6 +757,27 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 20
     echo "mlps at $(el) s"
     cuda_tests $(( 590 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
+  set60)
+    # ~480 s: Vulkan's products over operands cast to float16 once per graph on NV_coopmat2
+    # (ops._half_operands): bit-equal to ggml's own casts (the test), mlp-large at "medium" with
+    # and without them, batches uploaded and on the device; then on CUDA what set59 was to
+    # measure: mlp-small by place in blocks of 20, the MLP rows, capture's and the optimizers' tests
+    both_devices
+    vk timeout 90 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
+      > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    for data in host device; do
+      vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large --cuda-graph --blocks 3 --data $data --without half_operands > $OUT/mlp-large-vulkan-$data.txt 2>&1
+    done
+    echo "vulkan rows at $(el) s"
+    cuda_wheel_installed 330 || exit 1
+    cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+      --blocks 30 --hold-loss --block-start > $OUT/host-path.txt 2>&1
+    mlps mlp-hold-cuda.txt 40 --hold-loss
+    mlps mlp-cuda.txt 40
+    echo "mlps at $(el) s"
+    cuda_tests $(( 585 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
   set58v)
     # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
     # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
