@@ -201,6 +201,8 @@ PYTHON_CHOICES = {
     "stable_addresses": ("ggrad.capture", "STABLE_ADDRESS_KINDS", frozenset()),
     # Vulkan's NV_coopmat2 products over operands cast to float16 once per graph, not by ggml in each
     "half_operands": ("ggrad.ops", "_half_operands", lambda *args: False),
+    # Vulkan's float16 products at "medium" marked to sum in float32 (ggml-vulkan: float16 sums otherwise)
+    "float32_sums": ("ggrad.ops", "VULKAN_FLOAT32_SUMS", False),
 }
 
 
@@ -337,7 +339,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses, half_operands): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses, half_operands, float32_sums): an A/B in one process")
     ap.add_argument("--again", action="store_true",
                     help="also time a second copy of ggrad's compiled step: an A/B/A that shows how far "
                          "two runners of the same graph differ (up to ~7%% on an H100, 10-20%% on the CPU "

@@ -918,7 +918,8 @@ def test_vulkan_coopmat2_products_cast_each_operand_to_float16_once(dev, monkeyp
 def test_vulkan_coopmat2_products_equal_with_operands_cast_once(dev):
     """Where ggml's NV_coopmat2 matrix cores are on (a GPU's Vulkan device started at
     "medium"), the products over operands cast to float16 once per graph equal, bit for
-    bit, ggml-vulkan's own casts inside each product."""
+    bit, ggml-vulkan's own casts inside each product; and they sum in float32, as
+    PyTorch's "medium" does (4096 ones sum to 4096, not float16's 2048)."""
     if dev.split(":")[0] != "vulkan":
         pytest.skip(f"{dev}: not a Vulkan device")
     out = run_in_child("""
@@ -939,10 +940,12 @@ def test_vulkan_coopmat2_products_equal_with_operands_cast_once(dev):
         loss_off, grads_off, counts_off = _two_layer_step(x, w1, w2)
         same = loss == loss_off and all(np.array_equal(a, b) for a, b in zip(grads, grads_off))
         print("equal", same, counts["CPY"] - counts_off.get("CPY", 0))
+        ones = ggrad.tensor(np.ones((16, 4096), np.float32))
+        print("sums", np.unique((ones @ ones.T).numpy()).tolist())
     """, dev, os.path.dirname(__file__))
     if "no NV_coopmat2" in out:
         pytest.skip(f"{dev}: no NV_coopmat2 matrix cores")
-    assert "equal True 6" in out, out
+    assert "equal True 6" in out and "sums [4096.0]" in out, out
 
 
 @pytest.mark.parametrize("inner, rows, ggml_products, split", [

@@ -758,9 +758,10 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "mlps at $(el) s"
     cuda_tests $(( 590 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
   set60)
-    # ~480 s: Vulkan's products over operands cast to float16 once per graph on NV_coopmat2
+    # ~510 s: Vulkan's products over operands cast to float16 once per graph on NV_coopmat2
     # (ops._half_operands): bit-equal to ggml's own casts (the test), mlp-large at "medium" with
-    # and without them, batches uploaded and on the device; then on CUDA what set59 was to
+    # and without them, batches uploaded and on the device, and with float16 sums (unmarked:
+    # ops.VULKAN_FLOAT32_SUMS); then on CUDA what set59 was to
     # measure: mlp-small by place in blocks of 20, the MLP rows, capture's and the optimizers' tests
     both_devices
     vk timeout 90 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
@@ -770,6 +771,8 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
         --models mlp-large --cuda-graph --blocks 3 --data $data --without half_operands > $OUT/mlp-large-vulkan-$data.txt 2>&1
     done
+    vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+      --models mlp-large --cuda-graph --blocks 3 --data device --without float32_sums > $OUT/mlp-large-vulkan-sums.txt 2>&1
     echo "vulkan rows at $(el) s"
     cuda_wheel_installed 330 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \

@@ -409,9 +409,9 @@ def _half_operands(arg, columns: int, *operands) -> bool:
             or any(x.contents.type not in (F32, F16) for x in operands):
         return False
     from . import runtime
-    from .runtime import backend, precision
-    name = runtime.current().backend.info.name
-    return backend.vulkan_traits(name).get("matrix cores") == "NV_coopmat2" and precision.vulkan_float16_on(name)
+    from .runtime import backend
+    return _vulkan_float16_on() and \
+        backend.vulkan_traits(runtime.current().backend.info.name).get("matrix cores") == "NV_coopmat2"
 
 
 def _vulkan_matrix_cores_take(low: int) -> bool:
@@ -734,9 +734,26 @@ def _precise(product):
 
 def _marked(product, arg):
     """`product` marked GGML_PREC_F32 where `arg` asks for float32 sums: "highest", or
-    low-precision operands."""
+    low-precision operands, or a Vulkan device started at "medium": ggml-vulkan sums
+    float16 operands (its matrix cores take float32 ones as float16) in float16 unless
+    marked (a float16 sum of ones stops at 2048), where PyTorch's "medium" rounds the
+    operands and sums in float32."""
     precision, low = arg
-    return _precise(product) if precision == "highest" or low is not None else product
+    float32_sums = precision == "highest" or low is not None or (VULKAN_FLOAT32_SUMS and _vulkan_float16_on())
+    return _precise(product) if float32_sums else product
+
+
+# ggml-vulkan's float16 products marked to sum in float32 (_marked); bench/train_step.py
+# --without float32_sums times them unmarked
+VULKAN_FLOAT32_SUMS = True
+
+
+def _vulkan_float16_on() -> bool:
+    """Whether this device is a Vulkan one started with its float16 paths on ("medium")."""
+    from . import runtime
+    from .runtime import precision
+    info = runtime.current().backend.info
+    return info.kind == "vulkan" and precision.vulkan_float16_on(info.name)
 
 
 @compute("matmul_nt")
