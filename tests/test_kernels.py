@@ -923,7 +923,10 @@ def test_vulkan_coopmat2_products_equal_with_operands_cast_once(dev):
     if dev.split(":")[0] != "vulkan":
         pytest.skip(f"{dev}: not a Vulkan device")
     out = run_in_child("""
-        import sys, numpy as np, ggrad
+        import os, sys
+        for switch in ("GGML_VK_DISABLE_F16", "GGML_VK_DISABLE_COOPMAT", "GGML_VK_DISABLE_COOPMAT2"):
+            os.environ.pop(switch, None)  # set by this suite's device, started at "highest"
+        import numpy as np, ggrad
         from ggrad import ops
         from ggrad.runtime import backend
         sys.path.insert(0, sys.argv[2])
