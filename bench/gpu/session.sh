@@ -95,6 +95,8 @@
 #                                      the MLP rows
 #   bash bench/gpu/session.sh set60    ~480 s: Vulkan's products over float16 operands cast once (NV_coopmat2): the
 #                                      bit-equality test, mlp-large at "medium" with and without; then set59's CUDA part
+#   bash bench/gpu/session.sh set61    ~420 s: set60 in more blocks (Vulkan float16 operands, float32 sums), the MLP
+#                                      rows with and without uploads to an idle CUDA device queued
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -781,6 +783,29 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 40
     echo "mlps at $(el) s"
     cuda_tests $(( 585 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
+  set61)
+    # ~420 s: set60 again with the noise cut: Vulkan's NV_coopmat2 test (set60 skipped it: the
+    # suite's float16 switches reached the child), mlp-large at "medium" in blocks of 7 with and
+    # without the float16 operands and the float32 sums; on CUDA the MLP rows in 9 blocks with
+    # and without uploads to an idle device queued, mlp-small by place, the streams' tests
+    both_devices
+    vk timeout 90 python3 -m pytest -q -rs -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
+      > $OUT/tests-vulkan.txt 2>&1
+    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+    for ab in "device half_operands" "device float32_sums" "host float32_sums"; do
+      set -- $ab
+      vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large --cuda-graph --blocks 7 --data $1 --without $2 > $OUT/mlp-large-vulkan-$1-$2.txt 2>&1
+    done
+    echo "vulkan rows at $(el) s"
+    cuda_wheel_installed 330 || exit 1
+    mlps mlp-hold-cuda.txt 60 --hold-loss --blocks 9 --without idle_uploads
+    mlps mlp-cuda.txt 60 --blocks 9 --without idle_uploads
+    echo "mlps at $(el) s"
+    cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+      --blocks 30 --hold-loss --block-start > $OUT/host-path.txt 2>&1
+    cuda_tests $(( 585 - $(el) )) "capture or optim or budget or queued or stream" tests/test_capture.py \
+      tests/test_optim.py tests/test_kernels.py tests/test_runtime.py ;;
   set58v)
     # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
     # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
