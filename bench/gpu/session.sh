@@ -174,6 +174,26 @@ autocast_on_cuda() {
   cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 --models block \
     --cuda-graph --blocks 3 --without gemm_low > $OUT/block-cuda.txt 2>&1
 }
+# Vulkan's NV_coopmat2 tests, then mlp-large at "medium" against PyTorch's CUDA graph in $1 blocks:
+# a process for each "batches choice" after it (batches host or device; train_step.py --without choice)
+vulkan_half_ab() {
+  local blocks=$1 ab
+  shift
+  vk timeout 90 python3 -m pytest -q -rs -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
+    > $OUT/tests-vulkan.txt 2>&1
+  echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
+  for ab in "$@"; do
+    set -- $ab
+    vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+      --models mlp-large --cuda-graph --blocks $blocks --data $1 --without $2 > $OUT/mlp-large-vulkan-$1-$2.txt 2>&1
+  done
+  echo "vulkan rows at $(el) s"
+}
+# ~25 s: mlp-small's CUDA step at "high" by its place in blocks of 20 (bench/gpu/host_path.py --block-start)
+mlp_small_block_start() {
+  cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+    --blocks 30 --hold-loss --block-start > $OUT/host-path.txt 2>&1
+}
 # the bf16 ResNet's CUDA kernels and nodes (bench/profile_step.py), until $1 s into the call
 profile_resnet_bf16() {
   cu timeout $(( $1 - $(el) )) python3 bench/profile_step.py --device cuda --model resnet --amp bf16 --precision high \
@@ -763,22 +783,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # ~510 s: Vulkan's products over operands cast to float16 once per graph on NV_coopmat2
     # (ops._half_operands): bit-equal to ggml's own casts (the test), mlp-large at "medium" with
     # and without them, batches uploaded and on the device, and with float16 sums (unmarked:
-    # ops.VULKAN_FLOAT32_SUMS); then on CUDA what set59 was to
-    # measure: mlp-small by place in blocks of 20, the MLP rows, capture's and the optimizers' tests
+    # ops.VULKAN_FLOAT32_SUMS); then on CUDA what set59 was to measure: mlp-small by place in
+    # blocks of 20, the MLP rows, capture's and the optimizers' tests
     both_devices
-    vk timeout 90 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
-      > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
-    for data in host device; do
-      vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-        --models mlp-large --cuda-graph --blocks 3 --data $data --without half_operands > $OUT/mlp-large-vulkan-$data.txt 2>&1
-    done
-    vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data device --without float32_sums > $OUT/mlp-large-vulkan-sums.txt 2>&1
-    echo "vulkan rows at $(el) s"
+    vulkan_half_ab 3 "host half_operands" "device half_operands" "device float32_sums"
     cuda_wheel_installed 330 || exit 1
-    cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
-      --blocks 30 --hold-loss --block-start > $OUT/host-path.txt 2>&1
+    mlp_small_block_start
     mlps mlp-hold-cuda.txt 40 --hold-loss
     mlps mlp-cuda.txt 40
     echo "mlps at $(el) s"
@@ -789,21 +799,12 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # without the float16 operands and the float32 sums; on CUDA the MLP rows in 9 blocks with
     # and without uploads to an idle device queued, mlp-small by place, the streams' tests
     both_devices
-    vk timeout 90 python3 -m pytest -q -rs -p no:cacheprovider --tb=short tests/test_kernels.py -k "vulkan and coopmat2" \
-      > $OUT/tests-vulkan.txt 2>&1
-    echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
-    for ab in "device half_operands" "device float32_sums" "host float32_sums"; do
-      set -- $ab
-      vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-        --models mlp-large --cuda-graph --blocks 7 --data $1 --without $2 > $OUT/mlp-large-vulkan-$1-$2.txt 2>&1
-    done
-    echo "vulkan rows at $(el) s"
+    vulkan_half_ab 7 "device half_operands" "device float32_sums" "host float32_sums"
     cuda_wheel_installed 330 || exit 1
     mlps mlp-hold-cuda.txt 60 --hold-loss --blocks 9 --without idle_uploads
     mlps mlp-cuda.txt 60 --blocks 9 --without idle_uploads
     echo "mlps at $(el) s"
-    cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
-      --blocks 30 --hold-loss --block-start > $OUT/host-path.txt 2>&1
+    mlp_small_block_start
     cuda_tests $(( 585 - $(el) )) "capture or optim or budget or queued or stream" tests/test_capture.py \
       tests/test_optim.py tests/test_kernels.py tests/test_runtime.py ;;
   set58v)
