@@ -13,7 +13,11 @@ import pytest
 from conftest import run_in_child
 
 CHILD = """
-import os, signal, sys, tempfile, numpy as np, ggrad, ggrad.functional as F
+import os, signal, sys, tempfile
+# Python's Ctrl-C (KeyboardInterrupt), even where the suite was started as a background job
+# of a shell without job control, which ignores SIGINT for it and every child
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import numpy as np, ggrad, ggrad.functional as F
 from ggrad import nn
 from ggrad.optim import Adam, SGD
 ggrad.set_device(sys.argv[1])
