@@ -98,6 +98,7 @@
 #   bash bench/gpu/session.sh set61    ~420 s: set60 in more blocks (Vulkan float16 operands, float32 sums), the MLP
 #                                      rows with and without uploads to an idle CUDA device queued
 #   bash bench/gpu/session.sh set62    ~280 s: set61's Vulkan A/Bs on the device, the streams' tests on CUDA, one MLP A/B
+#   bash bench/gpu/session.sh set63    ~140 s: set62's Vulkan A/Bs alone (no CUDA build)
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -819,6 +820,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cuda_tests 60 "queued or stream or capture or replay" tests/test_runtime.py tests/test_capture.py
     mlps mlp-cuda.txt 60 --blocks 9 --without idle_uploads
     echo "mlps at $(el) s" ;;
+  set63)
+    # ~140 s, set62's Vulkan half alone (no CUDA build: 285 s of device time left): the
+    # NV_coopmat2 tests, mlp-large at "medium" on the device in blocks of 7 with and without the
+    # float16 operands and the float32 sums
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vulkan_half_ab 7 "device half_operands" "device float32_sums" ;;
   set58v)
     # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
     # "medium" with ggml-vulkan's graphs left running, an A/B in one process, batches uploaded
