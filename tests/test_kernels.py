@@ -855,7 +855,8 @@ def test_vulkan_leaves_products_to_ggmls_matrix_cores_at_medium(dev, monkeypatch
 
 
 def _two_layer_step(x: np.ndarray, w1: np.ndarray, w2: np.ndarray):
-    """A compiled relu MLP step's loss and gradients (x, w1, w2) and its node counts."""
+    """A compiled relu MLP step's loss and gradients (x, w1, w2), its node counts and its
+    nodes."""
     params = [ggrad.tensor(a, requires_grad=True) for a in (x, w1, w2)]
 
     @ggrad.compile
@@ -871,7 +872,7 @@ def _two_layer_step(x: np.ndarray, w1: np.ndarray, w2: np.ndarray):
 
     for _ in range(3):
         loss, grads = step(*params)
-    return loss.item(), [g.numpy() for g in grads], step.op_counts()
+    return loss.item(), [g.numpy() for g in grads], step.op_counts(), compiled_nodes(step)
 
 
 def _two_layer_float64(x, w1, w2):
@@ -891,24 +892,32 @@ def test_vulkan_coopmat2_products_cast_each_operand_to_float16_once(dev, monkeyp
     per graph instead and transposes the float16 copy. Forced here (lavapipe has no matrix
     cores: its products then multiply the float16 operands in float32): the six operands
     of a two-layer step (x, both weights, the hidden activation, both output gradients)
-    are cast once each, and the results are the float64 ones within float16 rounding."""
+    are cast once each, every product reads float16 operands (the transposes too) and is
+    marked to sum in float32, and the results are the float64 ones within float16 rounding."""
     from ggrad import ops
     from ggrad.runtime import backend, precision
     if dev.split(":")[0] != "vulkan":
         pytest.skip(f"{dev}: not a Vulkan device")
     rng = np.random.default_rng(0)
     x, w1, w2 = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((16, 24), (32, 24), (12, 32)))
+    monkeypatch.setattr(precision, "_precision", ["medium"])  # what the products record (no device restart)
     monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
     monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "float16 operands off")
+    half_operands = ops._half_operands
     monkeypatch.setattr(ops, "_half_operands", lambda *args: False)
-    _, _, composed = _two_layer_step(x, w1, w2)
-    monkeypatch.undo()
-    monkeypatch.setattr(precision, "vulkan_float16_on", lambda name: True)
+    _, _, composed, composed_nodes = _two_layer_step(x, w1, w2)
+    monkeypatch.setattr(ops, "_half_operands", half_operands)
     monkeypatch.setattr(backend, "vulkan_traits", lambda name: {"matrix cores": "NV_coopmat2", "fp16": "1"})
     monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", "float16 operands")
-    loss, grads, counts = _two_layer_step(x, w1, w2)
+    loss, grads, counts, nodes = _two_layer_step(x, w1, w2)
     assert counts["MUL_MAT"] == composed["MUL_MAT"] == 6 and counts["CONT"] == composed["CONT"] == 6, (counts, composed)
     assert counts["CPY"] == composed.get("CPY", 0) + 6, (counts, composed)
+    f16, f32_sums = ops.G.GGML_TYPE_F16, ops.G.GGML_PREC_F32
+    products = [n for n in nodes if n.op == ops.G.GGML_OP_MUL_MAT]
+    assert all(n.src[0].contents.type == n.src[1].contents.type == f16 for n in products)
+    assert all(n.type == f16 for n in nodes if n.op == ops.G.GGML_OP_CONT)  # transposed as float16
+    # at "medium" every product sums in float32, with or without the float16 operands
+    assert all(n.op_params[0] == f32_sums for n in products + [n for n in composed_nodes if n.op == ops.G.GGML_OP_MUL_MAT])
     want_loss, want = _two_layer_float64(x, w1, w2)
     np.testing.assert_allclose(loss, want_loss, rtol=3e-3)
     for got, expected in zip(grads, want):
@@ -938,9 +947,9 @@ def test_vulkan_coopmat2_products_equal_with_operands_cast_once(dev):
             sys.exit()
         rng = np.random.default_rng(0)
         x, w1, w2 = (rng.uniform(-1, 1, shape).astype(np.float32) for shape in ((512, 1024), (4096, 1024), (1024, 4096)))
-        loss, grads, counts = _two_layer_step(x, w1, w2)
+        loss, grads, counts, _ = _two_layer_step(x, w1, w2)
         ggrad.lazy.BUILD_TAG, ops._half_operands = "float16 operands off", lambda *args: False
-        loss_off, grads_off, counts_off = _two_layer_step(x, w1, w2)
+        loss_off, grads_off, counts_off, _ = _two_layer_step(x, w1, w2)
         same = loss == loss_off and all(np.array_equal(a, b) for a, b in zip(grads, grads_off))
         print("equal", same, counts["CPY"] - counts_off.get("CPY", 0))
         ones = ggrad.tensor(np.ones((16, 4096), np.float32))
