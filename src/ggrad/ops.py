@@ -405,13 +405,20 @@ def _half_operands(arg, columns: int, *operands) -> bool:
     ggml's cast); cast first, the transpose moves half the bytes. The same float16 values
     reach the same shader. Not for autocast's products (_product casts those) nor ggml's
     matrix-vector products, which multiply in float32."""
-    if arg[1] is not None or columns <= VULKAN_VECTOR_MAX_COLUMNS or backend_kind() != "vulkan" \
+    if arg[1] is not None or columns <= VULKAN_VECTOR_MAX_COLUMNS \
             or any(x.contents.type not in (F32, F16) for x in operands):
         return False
+    return _vulkan_traits_on().get("matrix cores") == "NV_coopmat2"
+
+
+def _vulkan_traits_on() -> dict[str, str]:
+    """What ggml-vulkan reported of this device (backend.vulkan_traits: its matrix cores,
+    fp16, bf16) where the device started with its float16 paths on ("medium"); {} where
+    they are off or the device is not a Vulkan one."""
     from . import runtime
-    from .runtime import backend
-    return _vulkan_float16_on() and \
-        backend.vulkan_traits(runtime.current().backend.info.name).get("matrix cores") == "NV_coopmat2"
+    from .runtime import backend, precision
+    name = runtime.current().backend.info.name
+    return backend.vulkan_traits(name) if precision.vulkan_float16_on(name) else {}
 
 
 def _vulkan_matrix_cores_take(low: int) -> bool:
@@ -419,11 +426,9 @@ def _vulkan_matrix_cores_take(low: int) -> bool:
     matrix cores: they are on (the device started at matmul precision "medium") and, for
     bfloat16, the driver has the type (VK_KHR_shader_bfloat16) and the build its shaders
     (a glslc with GL_EXT_bfloat16: GGRAD_GLSLC_SUITE=forky)."""
-    from . import runtime
-    from .runtime import backend, precision
-    name = runtime.current().backend.info.name
-    traits = backend.vulkan_traits(name)
-    if traits.get("matrix cores", "none") == "none" or not precision.vulkan_float16_on(name):
+    from .runtime import backend
+    traits = _vulkan_traits_on()
+    if traits.get("matrix cores", "none") == "none":
         return False
     if low == G.GGML_TYPE_BF16:
         return traits.get("bf16") == "1" and "bf16 coopmat" in (backend.vulkan_shader_features() or ())
