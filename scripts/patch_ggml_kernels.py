@@ -68,7 +68,9 @@
   and its gradient through the weight in one (31). On CUDA (set 52): a contiguous cast of
   float32 to float16 or bfloat16 with op_params[2] = 1 applies relu to each value first. On the
   CPU and CUDA (set 53): LayerNorm's kernel writes float16 or bfloat16 where its output's type
-  asks (autocast's cast of its output).
+  asks (autocast's cast of its output). On the CPU, CUDA and Vulkan (set 54): the
+  class-target cross-entropy's reduction in one kernel (32): the loss, the weights' sum and each
+  target's share of a gradient of 1, where SUM_ROWS, DIV, FILL and DIV took four nodes.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -87,7 +89,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 53
+KERNELS_VERSION = 54
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -112,6 +114,7 @@ GEMM_WIDE_TILES = ("128x128", "128x64", "64x128")
 VULKAN_DISPATCH = """
 #include "ggrad_adamw.h"
 #include "ggrad_bn.h"
+#include "ggrad_ce.h"
 #include "ggrad_cell.h"
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
@@ -164,6 +167,9 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 25) {
         return ggrad_running_stat_supported(op);  // ggrad_bn.h
+    }
+    if (kernel == 32) {  // ggrad_ce.h; the shader indexes in uint32
+        return ggrad_class_total_supported(op) && ggml_nelements(op->src[0]) < (int64_t) UINT32_MAX - 65536;
     }
     if (kernel == 9) {  // ggrad_adamw.h; the shader indexes the two parameters' elements in uint32,
         // and binds each (an empty one would be a descriptor range of 0 bytes)
@@ -256,6 +262,20 @@ static void ggml_vk_ggrad_adam_hyper(ggml_backend_vk_context * ctx, vk_context& 
     }
     const std::array<uint32_t, 5> pc = { off[0], off[1], off[2], off[3], off[4] };
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4] }, pc, { 1, 1, 1 });
+}
+
+// the cross-entropy's reduction (ggrad_class_total.comp): one workgroup
+static void ggml_vk_ggrad_class_total(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
+    const ggml_tensor * both = dst->src[0];
+    vk_pipeline pipeline = ctx->device->pipeline_ggrad_class_total_f32;
+    ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    vk_subbuffer b_buf = ggml_vk_tensor_subbuffer(ctx, both, true);
+    vk_subbuffer o_buf = ggml_vk_tensor_subbuffer(ctx, dst, true);
+    const std::array<uint32_t, 5> pc = {
+        (uint32_t) both->ne[0], (uint32_t) (both->nb[1] / sizeof(float)), ggml_vk_ggrad_misalign(b_buf, both),
+        ggml_vk_ggrad_misalign(o_buf, dst), (uint32_t) ggml_get_op_params_i32(dst, 1),
+    };
+    ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b_buf, o_buf }, pc, { 1, 1, 1 });
 }
 
 static void ggml_vk_ggrad_layer_norm_back(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
@@ -480,6 +500,7 @@ static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggm
     const int kernel = ggml_get_op_params_i32(dst, 0);
     switch (kernel) {
         case 3:  ggml_vk_ggrad_adam_hyper(ctx, subctx, dst); return;
+        case 32: ggml_vk_ggrad_class_total(ctx, subctx, dst); return;
         case 4:  ggml_vk_ggrad_layer_norm_back(ctx, subctx, dst); return;
         case 6:  ggml_vk_ggrad_gemm(ctx, subctx, dst); return;
         case 9:  ggml_vk_ggrad_adamw_group(ctx, subctx, dst); return;
@@ -1062,7 +1083,8 @@ def patch(tree: Path) -> None:
         ("static inline float op_relu(float x) {\n    return (x > 0.f) ? x : 0.f;",
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
-    for name in ("ggrad_cpu.inc", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_cell.h", "ggrad_gemm.h", "ggrad_pool.h"):
+    for name in ("ggrad_cpu.inc", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_cell.h", "ggrad_gemm.h",
+                 "ggrad_pool.h"):
         shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
@@ -1096,7 +1118,8 @@ def patch(tree: Path) -> None:
          "                   (((ggml_get_op_params_i32(op, 0) >= 20 && ggml_get_op_params_i32(op, 0) <= 22) ||\n"
          "                     ggml_get_op_params_i32(op, 0) == 25) && ggml_ggrad_cpu_bn_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 30 || ggml_get_op_params_i32(op, 0) == 31) &&\n"
-         "                    ggml_ggrad_cpu_layer_norm_supported(op));\n"
+         "                    ggml_ggrad_cpu_layer_norm_supported(op)) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) == 32 && ggml_ggrad_cpu_class_total_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -1106,7 +1129,8 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_blas_kernel_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_layer_norm_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_layer_norm_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_class_total_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
@@ -1267,7 +1291,8 @@ def patch(tree: Path) -> None:
     if "#include \"ggrad_cpu.inc\"" not in ops.read_text():
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
-    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_cell.h", "ggrad_gemm.h", "ggrad_pool.h"):
+    for name in ("ggrad.cu", "ggrad.cuh", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_cell.h", "ggrad_gemm.h",
+                 "ggrad_pool.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),
@@ -1410,10 +1435,11 @@ def patch(tree: Path) -> None:
     vk = src / "ggml-vulkan"
     for name in ("ggrad_ce.comp", "ggrad_adam_hyper.comp", "ggrad_ln_back.comp", "ggrad_cell.comp",
                  "ggrad_bn.comp", "ggrad_bn_split.comp", "ggrad_pool.comp", "ggrad_fold.comp", "ggrad_running.comp",
+                 "ggrad_class_total.comp",
                  "ggrad_adamw_group.comp", "ggrad_gemm.comp", "ggrad_gemm_wide.comp", "ggrad_qmatmul_back.comp",
                  "ggrad_ieee.glsl"):
         shutil.copy(SOURCES / name, vk / "vulkan-shaders" / name)
-    for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_gemm.h", "ggrad_pool.h"):
+    for name in ("ggrad_adamw.h", "ggrad_cell.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_gemm.h", "ggrad_pool.h"):
         shutil.copy(SOURCES / name, vk / name)
     # REPEAT_BACK with threads per output: ggrad_repeat_back.comp replaces ggml's shader (set 37)
     repeat_back = vk / "vulkan-shaders" / "repeat_back.comp"
@@ -1426,6 +1452,7 @@ def patch(tree: Path) -> None:
          f'    string_to_spv("ggrad_ce_f32", "ggrad_ce.comp", {{}}); // {MARK}\n'
          '    string_to_spv("ggrad_ce_back_f32", "ggrad_ce.comp", {{"BACK", "1"}});\n'
          '    string_to_spv("ggrad_adam_hyper_f32", "ggrad_adam_hyper.comp", {});\n'
+         '    string_to_spv("ggrad_class_total_f32", "ggrad_class_total.comp", {});\n'
          '    string_to_spv("ggrad_ln_back_f32", "ggrad_ln_back.comp", {});\n'
          '    string_to_spv("ggrad_cell_f32", "ggrad_cell.comp", {});\n'
          '    string_to_spv("ggrad_cell_back_f32", "ggrad_cell.comp", {{"BACK", "1"}});\n'
@@ -1511,6 +1538,7 @@ def patch(tree: Path) -> None:
          "    vk_pipeline pipeline_ggrad_bn_back_parts_f32, pipeline_ggrad_bn_back_apply_f32;\n"
          "    vk_pipeline pipeline_ggrad_pool_f32, pipeline_ggrad_pool_back_f32, pipeline_ggrad_fold_f32;\n"
          "    vk_pipeline pipeline_ggrad_running_f32, pipeline_ggrad_adamw_group_f32, pipeline_ggrad_gemm_f32;\n"
+         "    vk_pipeline pipeline_ggrad_class_total_f32;\n"
          "    vk_pipeline pipeline_ggrad_gemm_wide_f32[3];\n"
          "    vk_pipeline pipeline_ggrad_qmatmul_back[GGML_TYPE_COUNT];\n"),
         ("struct vk_op_push_constants {\n",
@@ -1525,6 +1553,8 @@ def patch(tree: Path) -> None:
          'ggrad_ce_back_f32_data, "main", 5, sizeof(vk_op_ggrad_push_constants), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adam_hyper_f32, "ggrad_adam_hyper_f32", '
          'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_class_total_f32, "ggrad_class_total_f32", '
+         'ggrad_class_total_f32_len, ggrad_class_total_f32_data, "main", 2, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ln_back_f32, "ggrad_ln_back_f32", '
          'ggrad_ln_back_f32_len, ggrad_ln_back_f32_data, "main", 3, 9 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_cell_f32, "ggrad_cell_f32", '

@@ -95,7 +95,10 @@
 #                                      the MLP rows
 #   bash bench/gpu/session.sh set60    ~480 s: Vulkan's products over float16 operands cast once (NV_coopmat2): the
 #                                      bit-equality test, mlp-large at "medium" with and without; then set59's CUDA part
-#   bash bench/gpu/session.sh set63    ~140 s: set60's Vulkan A/Bs in blocks of 7 (no CUDA build)
+#   bash bench/gpu/session.sh set61    ~420 s: set60 in more blocks (Vulkan float16 operands, float32 sums), the MLP
+#                                      rows with and without uploads to an idle CUDA device queued
+#   bash bench/gpu/session.sh set62    ~280 s: set61's Vulkan A/Bs on the device, the streams' tests on CUDA, one MLP A/B
+#   bash bench/gpu/session.sh set63    ~140 s: set62's Vulkan A/Bs alone (no CUDA build)
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -792,11 +795,35 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 40
     echo "mlps at $(el) s"
     cuda_tests $(( 585 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
+  set61)
+    # ~420 s: set60 again with the noise cut: Vulkan's NV_coopmat2 test (set60 skipped it: the
+    # suite's float16 switches reached the child), mlp-large at "medium" in blocks of 7 with and
+    # without the float16 operands and the float32 sums; on CUDA the MLP rows in 9 blocks with
+    # and without uploads to an idle device queued, mlp-small by place, the streams' tests
+    both_devices
+    vulkan_half_ab 7 "device half_operands" "device float32_sums" "host float32_sums"
+    cuda_wheel_installed 330 || exit 1
+    mlps mlp-hold-cuda.txt 60 --hold-loss --blocks 9 --without idle_uploads
+    mlps mlp-cuda.txt 60 --blocks 9 --without idle_uploads
+    echo "mlps at $(el) s"
+    mlp_small_block_start
+    cuda_tests $(( 585 - $(el) )) "capture or optim or budget or queued or stream" tests/test_capture.py \
+      tests/test_optim.py tests/test_kernels.py tests/test_runtime.py ;;
+  set62)
+    # ~280 s, set61 cut to what the last device time allows: Vulkan's NV_coopmat2 test, mlp-large
+    # at "medium" on the device in blocks of 7 with and without the float16 operands and the
+    # float32 sums; on CUDA the streams' and capture's tests (uploads to an idle device queued),
+    # then the MLP rows in 9 blocks with and without that
+    both_devices
+    vulkan_half_ab 7 "device half_operands" "device float32_sums"
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 60 "queued or stream or capture or replay" tests/test_runtime.py tests/test_capture.py
+    mlps mlp-cuda.txt 60 --blocks 9 --without idle_uploads
+    echo "mlps at $(el) s" ;;
   set63)
-    # ~140 s, set60's Vulkan A/Bs again with the noise cut (no CUDA build: 285 s of device time
-    # left): the NV_coopmat2 tests (set60 skipped them: the suite's float16 switches reached the
-    # child), mlp-large at "medium" on the device in blocks of 7 with and without the float16
-    # operands and the float32 sums
+    # ~140 s, set62's Vulkan half alone (no CUDA build: 285 s of device time left): the
+    # NV_coopmat2 tests, mlp-large at "medium" on the device in blocks of 7 with and without the
+    # float16 operands and the float32 sums
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
     vulkan_half_ab 7 "device half_operands" "device float32_sums" ;;

@@ -3,6 +3,7 @@
 #include "ggrad.cuh"
 #include "ggrad_adamw.h"
 #include "ggrad_bn.h"
+#include "ggrad_ce.h"
 #include "ggrad_cell.h"
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
@@ -125,6 +126,26 @@ static __device__ __forceinline__ float ggrad_block_sum(float v, float * shared)
         v = warp_reduce_sum(lane < block_size / WARP_SIZE ? shared[lane] : 0.0f);
     }
     return v;
+}
+
+// the cross-entropy's reduction (kernel 32; ggrad_cpu.inc): one block sums both rows, the
+// quotients rounded as IEEE's (no fast math)
+static __global__ void ggrad_class_total_f32(const float * both, const int64_t stride, const int n, const bool mean,
+                                             float * out) {
+    __shared__ float shared[32];
+    float losses = 0.0f;
+    float weights = 0.0f;
+    for (int i = threadIdx.x; i < n; i += 256) {
+        losses += both[i];
+        weights += both[stride + i];
+    }
+    losses = ggrad_block_sum<256>(losses, shared);
+    weights = ggrad_block_sum<256>(weights, shared);
+    if (threadIdx.x == 0) {
+        out[0] = mean ? __fdiv_rn(losses, weights) : losses;
+        out[1] = weights;
+        out[2] = mean ? __fdiv_rn(1.0f, weights) : 1.0f;
+    }
 }
 
 // a row's mean and 1/sqrt(variance + eps) over the block: the mean, then the squared deviations
@@ -834,6 +855,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 30 || kernel == 31) {
         return ggrad_layer_norm_supported(op);  // ggrad_bn.h
     }
+    if (kernel == 32) {
+        return ggrad_class_total_supported(op);  // ggrad_ce.h
+    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -1020,6 +1044,12 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
                                                   (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,
                                                   (float *) dst->data);
+        CUDA_CHECK(cudaGetLastError());
+        return;
+    }
+    if (kernel == 32) {
+        ggrad_class_total_f32<<<1, 256, 0, stream>>>((const float *) x->data, x->nb[1]/sizeof(float), (int) x->ne[0],
+                                                     ggml_get_op_params_i32(dst, 1) != 0, (float *) dst->data);
         CUDA_CHECK(cudaGetLastError());
         return;
     }

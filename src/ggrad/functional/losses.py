@@ -250,11 +250,22 @@ def _fused_class_cross_entropy(scores: Tensor, target: Tensor, w: Tensor | None,
 def _class_total(both: Tensor, mean: bool) -> Tensor:
     """The kernel's losses summed, over the weights' sum for the mean (which takes no
     gradient, as torch's): one node each way, where slicing and dividing the sums took
-    ten. The gradient is g (over the weights' sum) on the losses' row, 0 on the weights'."""
+    ten. The gradient is g (over the weights' sum) on the losses' row, 0 on the weights'.
+    With ggrad's reduction kernel (CLASS_TOTAL) the forward is that one node, and
+    backward's seed of 1 needs no node: the kernel wrote each target's share of it."""
+    reduction = kernels.supported(runtime.current().backend, kernels.CLASS_TOTAL)
+
     def rule(ctx, g):
-        return (_apply("class_total_back", (g, ctx.parents[0].detach()), ctx.parents[0].shape, arg=mean,
-                       dtype=g.dtype),)
-    return _apply("class_total", (both,), (), rule, arg=mean, dtype=both.dtype)
+        both = ctx.parents[0].detach()
+        sources = (both,) if reduction and _is_seed(g) else (g, both)
+        return (_apply("class_total_back", sources, both.shape, arg=(mean, reduction), dtype=both.dtype),)
+    return _apply("class_total", (both,), (), rule, arg=(mean, reduction), dtype=both.dtype)
+
+
+def _is_seed(g: Tensor) -> bool:
+    """Whether `g` is backward's implied seed, a float32 1 filled on the device."""
+    node = g._node
+    return node.op == "fill" and node.arg == 1.0 and g.dtype is dtypes.float32
 
 
 def _gather_weights(w: Tensor, index: Tensor) -> Tensor:
@@ -415,24 +426,42 @@ def _class_sums(ctx, both):
                           lambda: G.ggml_sum_rows(ctx, contiguous_rows(ctx, both)))
 
 
+def _class_reduced(ctx, both, mean: bool):
+    """CLASS_TOTAL's (loss, weights' sum, a target's share of a gradient of 1) over the
+    kernel's (rows, 2), made once per graph as `_class_sums`."""
+    return once_per_graph(("class total", ctypes.addressof(both.contents), mean),
+                          lambda: kernels.op(ctx, kernels.CLASS_TOTAL, (3, 1), [contiguous_rows(ctx, both)],
+                                             [int(mean)]))
+
+
+def _element(ctx, vector, i: int):
+    """Element `i` of a contiguous float32 vector, as a one-value view (DIV and the
+    cross-entropy kernels read views off their buffer's alignment on every backend:
+    ggml-vulkan passes the offset to the shader)."""
+    return G.ggml_view_1d(ctx, vector, 1, i * vector.contents.nb[0])
+
+
 @compute("class_total")
 def _class_total_build(ctx, s, node):
+    mean, reduction = node.arg
+    if reduction:
+        return _element(ctx, _class_reduced(ctx, s[0], mean), 0)
     sums = _class_sums(ctx, s[0])
-    total = G.ggml_view_1d(ctx, sums, 1, 0)
-    return G.ggml_div(ctx, total, _weights_sum(ctx, sums)) if node.arg else G.ggml_cont(ctx, total)
-
-
-def _weights_sum(ctx, sums):
-    """The second of the sums, as a view: its readers are DIVs, which read a view off its
-    buffer's alignment on every backend (ggml-vulkan passes the offset to the shader)."""
-    return G.ggml_view_1d(ctx, sums, 1, sums.contents.nb[1])
+    total = _element(ctx, sums, 0)
+    return G.ggml_div(ctx, total, _element(ctx, sums, 1)) if mean else G.ggml_cont(ctx, total)
 
 
 @compute("class_total_back")
 def _class_total_back(ctx, s, node):
-    g, both = s
-    if node.arg:
-        g = G.ggml_div(ctx, g, _weights_sum(ctx, _class_sums(ctx, both)))
+    mean, reduction = node.arg
+    both = s[-1]
+    if len(s) == 1:  # backward's seed of 1 (`_is_seed`): the reduction kernel's share of it
+        g = _element(ctx, _class_reduced(ctx, both, mean), 2)
+    elif not mean:
+        g = s[0]
+    else:
+        weights = _element(ctx, _class_reduced(ctx, both, mean) if reduction else _class_sums(ctx, both), 1)
+        g = G.ggml_div(ctx, s[0], weights)
     rows = both.contents.ne[0]
     losses = G.ggml_repeat(ctx, g, template(ctx, (rows,)))
     padded = G.ggml_pad(ctx, G.ggml_reshape_2d(ctx, losses, rows, 1), 0, 1, 0, 0)

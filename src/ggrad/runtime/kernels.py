@@ -54,13 +54,15 @@ BATCH_NORM_BACK_PARTS = 28    # x, g, mean, var; as BATCH_STATS_PARTS -> each pa
 BATCH_NORM_BACK_JOIN = 29     # x, g, mean, var, [weight], those; as BATCH_STATS_PARTS -> BATCH_NORM_BACK's
 LAYER_NORM = 30               # x (D, R), [weight (D)], [bias (D)]; eps -> xhat * weight + bias (cpu, cuda)
 LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 1 -> dx, then g * xhat (D, 2R) (cpu, cuda)
+CLASS_TOTAL = 32              # CLASS_CROSS_ENTROPY's (N, 2); mean -> the loss, the weights' sum, a target's share of a gradient of 1 (3)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
          CONV_BACK_WEIGHT: 19, QMATMUL_BACK: 20, CELL: 25, CELL_BACK: 25,
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
-         BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51,
+         CLASS_TOTAL: 54}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
@@ -177,7 +179,8 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # QROWS, GEMM, ADAMW_GROUP and RUNNING_STAT passed their tests on cuda:0 and left it too;
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
 # H100, set53 (2026-12-06): LayerNorm's kernels (set 51) and its bfloat16 output passed theirs.
-UNVERIFIED: dict[str, set[int]] = {}
+# Set 54's CLASS_TOTAL: compile-checked for CUDA, not yet run there.
+UNVERIFIED: dict[str, set[int]] = {"cuda": {CLASS_TOTAL}}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -296,6 +299,8 @@ def _ask(dev_backend, kernel: int) -> bool:
         targets = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_I32, 2)
         if kernel == CLASS_CROSS_ENTROPY:
             node = op(ctx, kernel, (2, 2), [logits, targets], [-100, 1.0, 0.0])
+        elif kernel == CLASS_TOTAL:
+            node = op(ctx, kernel, (3, 1), [G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_F32, 2, 2)], [1])
         elif kernel == CLASS_CROSS_ENTROPY_BACK:
             grad = G.ggml_new_tensor_1d(ctx, G.GGML_TYPE_F32, 2)
             node = op(ctx, kernel, (4, 2), [logits, targets, grad], [-100, 1.0, 0.0])
