@@ -95,10 +95,14 @@
 #                                      the MLP rows
 #   bash bench/gpu/session.sh set60    ~480 s: Vulkan's products over float16 operands cast once (NV_coopmat2): the
 #                                      bit-equality test, mlp-large at "medium" with and without; then set59's CUDA part
+#   (sets 61, 62 and 64 time uploads to an idle CUDA device queued: `git revert 6830884` first, or branch idle-uploads)
 #   bash bench/gpu/session.sh set61    ~420 s: set60 in more blocks (Vulkan float16 operands, float32 sums), the MLP
 #                                      rows with and without uploads to an idle CUDA device queued
 #   bash bench/gpu/session.sh set62    ~280 s: set61's Vulkan A/Bs on the device, the streams' tests on CUDA, one MLP A/B
 #   bash bench/gpu/session.sh set63    ~140 s: set62's Vulkan A/Bs alone (no CUDA build)
+#   bash bench/gpu/session.sh set64    ~540 s: kernel set 54 and idle-device uploads on CUDA (tests, MLP A/Bs), set63 before
+#   bash bench/gpu/session.sh set65    ~430 s: set64 without the idle-upload A/B and the held losses
+#   bash bench/gpu/session.sh set66    ~320 s: set65 without Vulkan: kernel set 54's CUDA tests and MLP A/B only
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -795,6 +799,40 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 40
     echo "mlps at $(el) s"
     cuda_tests $(( 585 - $(el) )) "capture or optim or budget" tests/test_capture.py tests/test_optim.py tests/test_kernels.py ;;
+  set64)
+    # ~540 s: kernel set 54 (CLASS_TOTAL: the cross-entropy's reduction, mlp-small 27 -> 24 nodes)
+    # and uploads to an idle CUDA device queued: their CUDA tests, then mlp-small and mlp-mnist
+    # at "high" in 9 blocks with and without each (one A/B a process); before, while the CUDA
+    # wheel builds, set63's Vulkan part (the NV_coopmat2 tests, mlp-large's A/Bs in blocks of 7)
+    both_devices
+    vulkan_half_ab 7 "device half_operands" "device float32_sums"
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 80 "cross_entropy or budget or queued or stream or capture or replay" tests/test_kernels.py \
+      tests/test_runtime.py tests/test_capture.py
+    mlps mlp-cuda-total.txt 45 --blocks 9 --without CLASS_TOTAL
+    echo "mlps without CLASS_TOTAL at $(el) s"
+    mlps mlp-cuda-idle.txt 45 --blocks 9 --without idle_uploads
+    echo "mlps without idle uploads at $(el) s"
+    [ "$(el)" -lt 530 ] && mlps mlp-hold-cuda.txt $(( 580 - $(el) )) --hold-loss --blocks 9 --without CLASS_TOTAL
+    echo "mlps at $(el) s" ;;
+  set65)
+    # ~430 s, set64 cut to a short lease: kernel set 54 on CUDA (its tests, mlp-small and mlp-mnist
+    # with and without CLASS_TOTAL), set63's Vulkan part while the CUDA wheel builds
+    both_devices
+    vulkan_half_ab 7 "device half_operands" "device float32_sums"
+    cuda_wheel_installed 330 || exit 1
+    cuda_tests 60 "cross_entropy or budget" tests/test_kernels.py
+    mlps mlp-cuda-total.txt $(( 430 - $(el) )) --blocks 9 --without CLASS_TOTAL
+    echo "mlps at $(el) s" ;;
+  set66)
+    # ~320 s, the least that verifies kernel set 54 on CUDA: the CUDA wheel, the cross-entropy's
+    # and the budgets' tests, mlp-small and mlp-mnist with and without CLASS_TOTAL
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 45 "cross_entropy or budget" tests/test_kernels.py
+    mlps mlp-cuda-total.txt $(( 330 - $(el) )) --blocks 9 --without CLASS_TOTAL
+    echo "mlps at $(el) s" ;;
   set61)
     # ~420 s: set60 again with the noise cut: Vulkan's NV_coopmat2 test (set60 skipped it: the
     # suite's float16 switches reached the child), mlp-large at "medium" in blocks of 7 with and
