@@ -185,12 +185,6 @@ def _with_setting(runner, module, name: str, value):
 
 
 # choices of ggrad's own (module attributes) that --without can undo: the value without it
-def _uploads_queued_behind_graphs_only(backend, from_pageable: bool) -> bool:
-    """streams.queues_upload before uploads to an idle CUDA device were queued too."""
-    from ggrad.runtime import streams
-    return from_pageable and streams.QUEUED_UPLOADS and id(backend) in streams._queued
-
-
 PYTHON_CHOICES = {
     "batched_transposes": ("ggrad.ops", "_batched_transpose", lambda x: None),  # ops.cont's copies as three axes
     "gemm_parts": ("ggrad.ops", "VULKAN_GEMM_SPLIT_TILES", 0),  # Vulkan's few-tile products summed in parts
@@ -209,8 +203,6 @@ PYTHON_CHOICES = {
     "half_operands": ("ggrad.ops", "_half_operands", lambda *args: False),
     # Vulkan's float16 products at "medium" marked to sum in float32 (ggml-vulkan: float16 sums otherwise)
     "float32_sums": ("ggrad.ops", "VULKAN_FLOAT32_SUMS", False),
-    # uploads to an idle device queued on its stream too, not made waiting
-    "idle_uploads": ("ggrad.runtime.streams", "queues_upload", _uploads_queued_behind_graphs_only),
 }
 
 
@@ -347,7 +339,7 @@ def main() -> None:
     ap.add_argument("--without", nargs="+", default=[], metavar="KERNEL",
                     help="also time ggrad compiled with these kernels refused (runtime/kernels.py names, "
                          "e.g. GEMM ADAMW_GROUP), ggml op variants unasked (cast_x4), or ggrad's choices in "
-                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses, half_operands, float32_sums, idle_uploads): an A/B in one process")
+                         "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses, half_operands, float32_sums): an A/B in one process")
     ap.add_argument("--again", action="store_true",
                     help="also time a second copy of ggrad's compiled step: an A/B/A that shows how far "
                          "two runners of the same graph differ (up to ~7%% on an H100, 10-20%% on the CPU "

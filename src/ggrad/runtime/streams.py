@@ -28,7 +28,7 @@ _queued: dict[int, object] = {}  # id(backend) -> its ggml backend handle, while
 def queue(backend, graph) -> None:
     """Start `graph` on the started `backend` (runtime/backend.py), returning once queued."""
     status = G.ggml_backend_graph_compute_async(backend.handle, graph)
-    queued(backend)
+    _queued[id(backend)] = backend.handle
     if status != 0:
         settle()
         raise RuntimeError(f"ggml graph compute failed (status {status})")
@@ -45,15 +45,9 @@ def pageable(array: np.ndarray) -> bool:
 
 
 def queues_upload(backend, from_pageable: bool) -> bool:
-    """Whether an upload into `backend`'s memory may be queued on its stream (behind the
-    running graphs, if any: an idle device too, so the first step after a wait does not
-    wait for its copies either): only from pageable memory (`pageable`); others wait."""
-    return from_pageable and QUEUED_UPLOADS and enabled and backend.info.kind in ASYNCHRONOUS_KINDS
-
-
-def queued(backend) -> None:
-    """Work was queued on the started `backend`'s stream outside a graph (an upload)."""
-    _queued[id(backend)] = backend.handle
+    """Whether an upload into `backend`'s memory may be queued on its stream behind the
+    running graphs: only from pageable memory (`pageable`); others wait."""
+    return from_pageable and QUEUED_UPLOADS and id(backend) in _queued
 
 
 def settle() -> None:

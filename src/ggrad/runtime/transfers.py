@@ -92,7 +92,6 @@ def upload_from(tensor, address: int, nbytes: int, backend, pageable: bool) -> N
     have finished."""
     if streams.queues_upload(backend, pageable):
         G.ggml_backend_tensor_set_async(backend.handle, tensor, address, 0, nbytes)
-        streams.queued(backend)
     else:
         streams.settle()
         G.ggml_backend_tensor_set(tensor, address, 0, nbytes)
