@@ -504,6 +504,28 @@ def test_cross_entropy_reduction_kernel_is_the_composed_sums(dev, monkeypatch, c
 
 
 @needs_class_total
+def test_cross_entropy_reduction_kernel_over_many_rows_is_float64s(dev):
+    """Rows past every stride of the kernels' loops (256 a thread's stride on GPUs, the CPU's
+    eight lanes), some ignored, with class weights: the mean and its gradient within float32
+    rounding of float64's."""
+    rng = np.random.default_rng(5)
+    rows = 70001
+    logits = rng.standard_normal((rows, 3)).astype(np.float32)
+    targets = rng.integers(0, 3, rows)
+    targets[rng.random(rows) < 0.1] = -100
+    weight = np.array([0.5, 2.0, 1.25], np.float32)
+    x = ggrad.tensor(logits, requires_grad=True)
+    with ggrad.grad_tape():
+        loss = F.cross_entropy(x, ggrad.tensor(targets), weight=ggrad.tensor(weight))
+        loss.backward()
+    want_x = torch.tensor(logits.astype(np.float64), requires_grad=True)
+    want = torch.nn.functional.cross_entropy(want_x, torch.tensor(targets), weight=torch.tensor(weight, dtype=torch.float64))
+    want.backward()
+    np.testing.assert_allclose(loss.numpy(), want.item(), rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), want_x.grad.numpy(), rtol=1e-5, atol=1e-11)
+
+
+@needs_class_total
 def test_cross_entropy_reduction_kernel_with_every_target_ignored_is_torchs(dev):
     """The mean over no kept target: torch's NaN loss and zero gradients (the kernel's share
     of the seed is 1/0 = inf, which no kept row reads)."""
