@@ -346,6 +346,7 @@ CE_LOGITS = np.array([[0.5, -1.0, 2.0, 0.0, 1.5],
                       [-np.inf, -np.inf, 1.0, 0.0, 0.0],  # ignored, -inf at its safe index 0
                       [3.0, 3.0, 3.0, 3.0, 3.0]], np.float32)
 CE_TARGETS = np.array([2, -100, 1, 0, -100, 4])
+CE_FINITE_LOGITS = np.nan_to_num(CE_LOGITS, nan=0.5, posinf=3.0, neginf=-3.0)
 CE_CASES = {
     "mean": {},
     "sum": {"reduction": "sum"},
@@ -357,12 +358,12 @@ CE_CASES = {
 }
 
 
-def _cross_entropy(logits: np.ndarray, targets: np.ndarray, kwargs: dict, module):
+def _cross_entropy(logits: np.ndarray, targets: np.ndarray, kwargs: dict, module, seed: float = 1.0):
     x = module.tensor(logits, requires_grad=True)
     kw = {k: module.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
     if module is torch:
         loss = torch.nn.functional.cross_entropy(x, torch.tensor(targets), **kw)
-        loss.backward(torch.ones_like(loss))
+        loss.backward(torch.full_like(loss, seed))
         return loss.detach().numpy(), x.grad.numpy()
     with ggrad.grad_tape():
         loss = F.cross_entropy(x, ggrad.tensor(targets), **kw)
@@ -454,7 +455,7 @@ needs_class_total = pytest.mark.skipif(kernels.version() < kernels.SINCE[kernels
 def _reduced_step(targets: np.ndarray, kwargs: dict, seed):
     """A compiled cross-entropy's loss and logits' gradient, twice (the replay's too), with
     backward's implied seed (None) or `seed` as the loss's gradient."""
-    logits = np.nan_to_num(CE_LOGITS, nan=0.5, posinf=3.0, neginf=-3.0)
+    logits = CE_FINITE_LOGITS
     kw = {k: ggrad.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
 
     @ggrad.compile
@@ -492,18 +493,15 @@ def test_cross_entropy_reduction_kernel_is_the_composed_sums(dev, monkeypatch, c
     composed, composed_counts = _reduced_step(CE_TARGETS, kwargs, seed)
     assert counts.get("SUM_ROWS", 0) == 0 and composed_counts.get("SUM_ROWS") == 1, (counts, composed_counts)
     assert counts.get("FILL", 0) == 0 and counts.get("DIV", 0) == (seed is not None and case != "sum"), counts
-    x = torch.tensor(np.nan_to_num(CE_LOGITS, nan=0.5, posinf=3.0, neginf=-3.0), requires_grad=True)
-    kw = {k: torch.tensor(v) if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
-    want = torch.nn.functional.cross_entropy(x, torch.tensor(CE_TARGETS), **kw)
-    want.backward(torch.tensor(1.0 if seed is None else seed))
+    want_loss, want_grad = _cross_entropy(CE_FINITE_LOGITS, CE_TARGETS, kwargs, torch, 1.0 if seed is None else seed)
     for (loss, grad), (composed_loss, composed_grad) in zip(fused, composed):
         if dev == "cpu":
             np.testing.assert_array_equal(np.float32(loss).view(np.uint32), np.float32(composed_loss).view(np.uint32))
             np.testing.assert_array_equal(grad.view(np.uint32), composed_grad.view(np.uint32))
         np.testing.assert_allclose(loss, composed_loss, rtol=1e-6)
         np.testing.assert_allclose(grad, composed_grad, rtol=1e-6, atol=1e-8)
-        np.testing.assert_allclose(loss, want.detach().numpy(), rtol=2e-6)
-        np.testing.assert_allclose(grad, x.grad.numpy(), rtol=2e-6, atol=1e-7)
+        np.testing.assert_allclose(loss, want_loss, rtol=2e-6)
+        np.testing.assert_allclose(grad, want_grad, rtol=2e-6, atol=1e-7)
 
 
 @needs_class_total
@@ -546,7 +544,7 @@ def test_cross_entropy_gradient_reads_the_loss_gradient_without_a_repeat(dev, mo
     the compiled step, and the same bits as with the REPEAT (forced back)."""
     from ggrad import ops
     kwargs = {k: ggrad.tensor(v) if isinstance(v, np.ndarray) else v for k, v in CE_CASES[case].items()}
-    logits, targets = np.nan_to_num(CE_LOGITS, nan=0.5, posinf=3.0, neginf=-3.0), ggrad.tensor(CE_TARGETS)
+    logits, targets = CE_FINITE_LOGITS, ggrad.tensor(CE_TARGETS)
     results, kinds = [], ops.STRIDE_ZERO_KINDS
     for view in (False, True):
         monkeypatch.setattr(ops, "STRIDE_ZERO_KINDS", kinds if view else frozenset())
