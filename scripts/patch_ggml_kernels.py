@@ -89,7 +89,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 54
+KERNELS_VERSION = 55
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -204,12 +204,7 @@ static bool ggml_vk_ggrad_supported(const ggml_tensor * op) {
                ggml_nelements(op->src[kernel == 10 ? 0 : 1]) < INT32_MAX;
     }
     if (kernel == 3) {
-        for (int i = 0; i < 4; ++i) {
-            if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
-                return false;
-            }
-        }
-        return true;
+        return ggrad_adam_hyper_supported(op);  // ggrad_adamw.h
     }
     if (kernel != 1 && kernel != 2) {
         return false;
@@ -253,14 +248,15 @@ static std::array<uint32_t, 3> ggml_vk_ggrad_elements(uint32_t n) {
 static void ggml_vk_ggrad_adam_hyper(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {
     vk_pipeline pipeline = ctx->device->pipeline_ggrad_adam_hyper_f32;
     ggml_pipeline_request_descriptor_sets(ctx, pipeline, 1);
+    const int first = ggrad_adam_hyper_first(dst);  // 1: in place (ggrad_adamw.h)
     vk_subbuffer b[5];
     uint32_t off[5];
     for (int i = 0; i < 5; ++i) {
-        const ggml_tensor * t = i < 4 ? dst->src[i] : dst;
+        const ggml_tensor * t = i < 4 ? dst->src[first + i] : dst;
         b[i] = ggml_vk_tensor_subbuffer(ctx, t, true);
         off[i] = ggml_vk_ggrad_misalign(b[i], t);
     }
-    const std::array<uint32_t, 5> pc = { off[0], off[1], off[2], off[3], off[4] };
+    const std::array<uint32_t, 6> pc = { off[0], off[1], off[2], off[3], off[4], (uint32_t) first };
     ggml_vk_dispatch_pipeline(ctx, subctx, pipeline, { b[0], b[1], b[2], b[3], b[4] }, pc, { 1, 1, 1 });
 }
 
@@ -1098,7 +1094,9 @@ def patch(tree: Path) -> None:
     _patch_file(src / "ggml-cpu" / "ggml-cpu.cpp", [
         ("    switch (op->op) {\n        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n",
          f"    switch (op->op) {{\n        case GGML_OP_GGRAD: /* {MARK}: the kernels ggrad_cpu.inc has */\n"
-         "            return (ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5) ||\n"
+         "            return (ggml_get_op_params_i32(op, 0) >= 1 && ggml_get_op_params_i32(op, 0) <= 5 &&\n"
+         "                    ggml_get_op_params_i32(op, 0) != 3) ||\n"
+         "                   (ggml_get_op_params_i32(op, 0) == 3 && ggml_ggrad_cpu_adam_hyper_supported(op)) ||\n"
          "                   (ggml_get_op_params_i32(op, 0) == 6 && ggml_ggrad_cpu_gemm_supported(op)) ||\n"
          "                   (ggml_get_op_params_i32(op, 0) == 7 && ggml_is_contiguous(op->src[0]) &&\n"
          "                    ggml_is_contiguous(op->src[1]) && op->src[0]->type == GGML_TYPE_F32 &&\n"
@@ -1130,7 +1128,8 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_cell_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_layer_norm_supported(const struct ggml_tensor * op);\n"
-         "extern \"C\" bool ggml_ggrad_cpu_class_total_supported(const struct ggml_tensor * op);\n\n"
+         "extern \"C\" bool ggml_ggrad_cpu_class_total_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_adam_hyper_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
@@ -1552,7 +1551,7 @@ def patch(tree: Path) -> None:
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ce_back_f32, "ggrad_ce_back_f32", ggrad_ce_back_f32_len, '
          'ggrad_ce_back_f32_data, "main", 5, sizeof(vk_op_ggrad_push_constants), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_adam_hyper_f32, "ggrad_adam_hyper_f32", '
-         'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
+         'ggrad_adam_hyper_f32_len, ggrad_adam_hyper_f32_data, "main", 5, 6 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_class_total_f32, "ggrad_class_total_f32", '
          'ggrad_class_total_f32_len, ggrad_class_total_f32_data, "main", 2, 5 * sizeof(uint32_t), {1, 1, 1}, {}, 1);\n'
          '    ggml_vk_create_pipeline(device, device->pipeline_ggrad_ln_back_f32, "ggrad_ln_back_f32", '

@@ -102,7 +102,7 @@
 #   bash bench/gpu/session.sh set63    ~140 s: set62's Vulkan A/Bs alone (no CUDA build)
 #   bash bench/gpu/session.sh set64    ~540 s: kernel set 54 and idle-device uploads on CUDA (tests, MLP A/Bs), set63 before
 #   bash bench/gpu/session.sh set65    ~430 s: set64 without the idle-upload A/B and the held losses
-#   bash bench/gpu/session.sh set66    ~320 s: set65 without Vulkan: kernel set 54's CUDA tests and MLP A/B only
+#   bash bench/gpu/session.sh set66    ~330 s: CUDA only: kernel sets 54-55's tests and MLP A/B
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -825,13 +825,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda-total.txt $(( 430 - $(el) )) --blocks 9 --without CLASS_TOTAL
     echo "mlps at $(el) s" ;;
   set66)
-    # ~320 s, the least that verifies kernel set 54 on CUDA: the CUDA wheel, the cross-entropy's
-    # and the budgets' tests, mlp-small and mlp-mnist with and without CLASS_TOTAL
+    # ~330 s, the least that verifies kernel sets 54 and 55 on CUDA: the CUDA wheel, the
+    # cross-entropy's, Adam's constants' and the budgets' tests, mlp-small and mlp-mnist with
+    # and without CLASS_TOTAL and the in-place ADAM_HYPER
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 300 || exit 1
-    cuda_tests 45 "cross_entropy or budget" tests/test_kernels.py
-    mlps mlp-cuda-total.txt $(( 330 - $(el) )) --blocks 9 --without CLASS_TOTAL
+    cuda_tests 50 "cross_entropy or budget or adam_constants or in_place_in_one_dispatch" tests/test_kernels.py \
+      tests/test_optim.py
+    mlps mlp-cuda-total.txt $(( 340 - $(el) )) --blocks 9 --without CLASS_TOTAL adam_hyper_in_place
     echo "mlps at $(el) s" ;;
   set61)
     # ~420 s: set60 again with the noise cut: Vulkan's NV_coopmat2 test (set60 skipped it: the

@@ -104,12 +104,14 @@ static __global__ void ggrad_class_ce_back_f32(const float * x, const int64_t ro
 }
 
 // Adam's per-step constants (ggrad_cpu.inc): round-to-nearest intrinsics, never fused
+// (c1, c2 into `corrections`: h + 9, or c itself in place, read before)
 static __global__ void ggrad_adam_hyper_f32(const float * c, const float * lr, const float * k, const float * in,
-                                            float * h) {
+                                            float * h, float * corrections) {
     const float c1 = __fadd_rn(__fmul_rn(c[0], k[0]), in[0]);
     const float c2 = __fadd_rn(__fmul_rn(c[1], k[1]), in[1]);
     h[0] = lr[0]; h[1] = k[0]; h[2] = k[1]; h[3] = k[2]; h[4] = k[3];
-    h[5] = __fdiv_rn(lr[0], c1); h[6] = __fsqrt_rn(c2); h[7] = in[0]; h[8] = in[1]; h[9] = c1; h[10] = c2;
+    h[5] = __fdiv_rn(lr[0], c1); h[6] = __fsqrt_rn(c2); h[7] = in[0]; h[8] = in[1];
+    corrections[0] = c1; corrections[1] = c2;
 }
 
 // a sum over the block, the same on every thread; shared holds a value per warp
@@ -864,12 +866,7 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
                ggml_are_same_shape(op->src[0], op->src[1]) && ggml_is_contiguous_rows(op);
     }
     if (kernel == 3) {
-        for (int i = 0; i < 4; ++i) {
-            if (op->src[i] == nullptr || op->src[i]->type != GGML_TYPE_F32 || !ggml_is_contiguous(op->src[i])) {
-                return false;
-            }
-        }
-        return true;
+        return ggrad_adam_hyper_supported(op);  // ggrad_adamw.h
     }
     if (kernel != 1 && kernel != 2) {
         return false;
@@ -1041,9 +1038,12 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int64_t N = ggml_nrows(x);
     cudaStream_t stream = ctx.stream();
     if (kernel == 3) {
-        ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>((const float *) dst->src[0]->data, (const float *) dst->src[1]->data,
-                                                  (const float *) dst->src[2]->data, (const float *) dst->src[3]->data,
-                                                  (float *) dst->data);
+        const int first = ggrad_adam_hyper_first(dst);  // 1: in place (ggrad_adamw.h)
+        float * c = (float *) dst->src[first]->data;
+        ggrad_adam_hyper_f32<<<1, 1, 0, stream>>>(c, (const float *) dst->src[first + 1]->data,
+                                                  (const float *) dst->src[first + 2]->data,
+                                                  (const float *) dst->src[first + 3]->data, (float *) dst->data,
+                                                  first == 1 ? c : (float *) dst->data + 9);
         CUDA_CHECK(cudaGetLastError());
         return;
     }

@@ -11,6 +11,7 @@ import numpy as np
 from .. import capture, dtypes, runtime
 from .. import functional as F
 from ..functional._core import _apply
+from ..lazy import builder
 from ..ops import compute
 from ..runtime import backend, kernels
 from ..tensor import Tensor, inplace
@@ -83,7 +84,7 @@ class Adam(Optimizer):
 
     decoupled = False
     scalar_state = ("correction1", "correction2")
-    group_state_shapes = {"constants": (4,), "betas": (2,), "inflow": (2,), "corrections": (2,)}
+    group_state_shapes = {"constants": (4,), "betas": (2,), "inflow": (2,), "corrections": (2,), "hyper": (9,)}
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
@@ -121,11 +122,19 @@ class Adam(Optimizer):
         shared["step"] += 1
         capture.on_replay(advance=functools.partial(count_group_step, shared))
         exact = backend.adamw_exact()
+        hyper_in_place = False
         if exact and kernels.supported(runtime.current().backend, kernels.ADAM_HYPER):
             # one kernel: this step's corrections and the 9 constants, as composed below
-            both = _apply("adam_hyper", (shared["corrections"], lr, shared["constants"], shared["inflow"]), (11,))
-            shared["corrections"]._assign(both[9:], temporary=True)
-            hyper = both[:9]
+            sources = (shared["corrections"], lr, shared["constants"], shared["inflow"])
+            hyper_in_place = self._hyper_in_place(shared, items)
+            if hyper_in_place:  # into the group's buffers: no copy of the corrections after it
+                inplace("adam_hyper_in_place", (shared["hyper"], *sources), (shared["hyper"], shared["corrections"]),
+                        chained=True)
+                hyper = shared["hyper"]
+            else:
+                both = _apply("adam_hyper", sources, (11,))
+                shared["corrections"]._assign(both[9:], temporary=True)
+                hyper = both[:9]
         else:
             # c = (1 - beta) + beta * c from c = 0 is 1 - beta^t, without cancellation in float32
             shared["corrections"]._assign(shared["corrections"] * shared["betas"] + shared["inflow"], temporary=True)
@@ -149,14 +158,24 @@ class Adam(Optimizer):
                     inplace("adamw", (*operands, own_hyper), (p, state["m"], state["v"]))
             else:
                 in_place += self._fused(p, g, state, group, hyper)
-        if in_place:  # one effect for the group: one record, one signature entry
+        if in_place:  # one effect for the group: one record, one signature entry (after the constants' effect)
             inplace("adamw", (*in_place, hyper), tuple([t for i in range(0, len(in_place), 4)
-                                                       for t in (in_place[i], in_place[i + 2], in_place[i + 3])]))
+                                                       for t in (in_place[i], in_place[i + 2], in_place[i + 3])]),
+                    chained=hyper_in_place)
+
+    def _hyper_in_place(self, shared: dict, items: list) -> bool:
+        """Whether this step's constants may be written into the group's own buffer by set
+        55's in-place ADAM_HYPER: every parameter is updated in place by the kernel at the
+        group's count. A composed update (a guarded step, a half-precision parameter) reads
+        the constants as a value: an effect's pending version would run the step as two
+        graphs, and a guarded step must leave the corrections to the guard."""
+        return self.in_place and kernels.variant(runtime.current().backend, "adam_hyper_in_place") and all(
+            p.dtype is dtypes.float32 and state["step"] == shared["step"] for p, _, state in items)
 
     def _init_group(self, index: int, group: dict) -> list[Tensor]:
-        """The kernel's per-group tensors: its constants and the shared bias corrections,
-        made when the group is added (not inside a step, where a guarded step that failed
-        would zero what it made: optim/guard.py)."""
+        """The kernel's per-group tensors: its constants, the shared bias corrections and the
+        buffer of the 9 constants it reads, made when the group is added (not inside a step,
+        where a guarded step that failed would zero what it made: optim/guard.py)."""
         if not self._kernel(group):
             return []
         shared, made = self.group_state[index], []
@@ -171,6 +190,9 @@ class Adam(Optimizer):
                 # today's betas, which the recurrence below only follows from a fresh start
                 shared.pop("corrections", None)
             shared["constants_of"] = constants
+        if "hyper" not in shared:  # the kernel's 9 constants, written each step where it runs in place
+            shared["hyper"] = Tensor(np.zeros(9, dtype=np.float32))
+            made.append(shared["hyper"])
         if not {"corrections", "step"} <= shared.keys():  # 1 - beta^t for the steps the group's state has taken
             t = shared["step"] if "step" in shared else self._steps_taken(group)
             shared["corrections"] = Tensor(np.array([1 - beta1 ** t, 1 - beta2 ** t], dtype=np.float32))
@@ -240,3 +262,12 @@ def _adam_hyper(ctx, s, node):
     """This step's bias corrections and the exact AdamW kernel's 9 constants, one node
     (runtime/kernels.py ADAM_HYPER)."""
     return kernels.op(ctx, kernels.ADAM_HYPER, (11, 1), list(s), [])
+
+
+@builder("adam_hyper_in_place")
+def _adam_hyper_in_place(ctx, s, effect):
+    """ADAM_HYPER into the 9 constants' buffer (s[0]), this step's bias corrections over
+    the corrections (s[1], read first): a write ggml does not see, so nothing else in the
+    graph may read them after it (only the next step's node does)."""
+    hyper, *sources = s
+    return [kernels.op_in_place(ctx, kernels.ADAM_HYPER, hyper, sources, [])]

@@ -23,7 +23,7 @@ from . import backend
 # GGML_OP_GGRAD's kernels (scripts/ggml_kernels/ggrad_cpu.inc says what each computes)
 CLASS_CROSS_ENTROPY = 1       # logits (C, N), targets i32 (N), weights (C) | None -> (N, 2)
 CLASS_CROSS_ENTROPY_BACK = 2  # logits, targets, gradient per target (N), weights | None -> (C, N)
-ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11)
+ADAM_HYPER = 3                # corrections (2), lr (1), constants (4), 1 - betas (2) -> (11); in place: (9)
 LAYER_NORM_BACK = 4           # x (D, R), gradient of the normalized rows (D, R) -> (D, R); eps
 TRANSPOSE = 5                 # x (A, B), rows contiguous -> x^T (B, A), contiguous (cpu only)
 GEMM = 6                      # A, B[, bias (N)]; transpose flags, TF32 -> op(A) @ op(B) [+ bias] (cpu with OpenBLAS, cuda, vulkan: set 40)
@@ -244,13 +244,17 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
                "im2col_low": ("cuda", 46, None), "running_count": (None, 47, None), "im2col_x4": ("cuda", 47, 8),
                "gemm_wide": ("vulkan", 48, 4), "gemm_bias_epilogue": ("cuda", 48, 5), "gemm_whole_k": ("cuda", 49, 6),
                "softmax_rows": ("cuda", 50, 2), "unary_x4": ("cuda", 50, 1), "cast_relu": ("cuda", 52, 2),
-               "layer_norm_low": (None, 53, None)}
+               "layer_norm_low": (None, 53, None), "adam_hyper_in_place": (None, 55, None)}
 # (H100, set49e, the alignment hint capped at 16: test_kernels, test_optim, test_capture,
 # test_amp, test_autograd's and test_attention's CUDA cases passed with both cuBLASLt paths,
 # 235 tests, but test_capture's accumulation iteration one ulp off eager's: a failure seen on
 # CUDA since 2026-12-05, before set 48, with these paths off too.)
 # (H100, set53: layer_norm_low's tests passed; set54b: cast_relu's, its NaN compared as NaN.)
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+# adam_hyper_in_place: ggrad's ADAM_HYPER (kernel 3) given the 9 constants' own buffer as src0
+# (a 9-element node over it, the four sources after) writes them there and this step's bias
+# corrections over its corrections source: Adam's group needs no copy of them a step (set 55;
+# no slot: the node's size asks; cpu and lavapipe in CI, compile-checked for CUDA).
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"adam_hyper_in_place"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
