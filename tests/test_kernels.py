@@ -1632,6 +1632,17 @@ def test_gelu_kernel_is_torchs_over_every_range(dev):
 needs_adamw_group_kernel = pytest.mark.skipif(kernels.version() < 15, reason="ggml built without ggrad's ADAMW_GROUP")
 
 
+def _compiled_gradient_step(params, opt):
+    """A compiled step that gives each parameter its argument as gradient and steps `opt`."""
+    @ggrad.compile
+    def step(*gs):
+        for p, g in zip(params, gs):
+            p.grad = g
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
 @needs_adamw_group_kernel
 def test_adam_over_two_parameters_a_node_is_ggmls_adamw_bit_for_bit(dev, monkeypatch):
     """Adam's kernel updates two parameters a node (ADAMW_GROUP): five steps of three
@@ -1650,13 +1661,7 @@ def test_adam_over_two_parameters_a_node_is_ggmls_adamw_bit_for_bit(dev, monkeyp
             monkeypatch.setattr(kernels, "supported", lambda b, k: k != kernels.ADAMW_GROUP and supported(b, k))
         params = [ggrad.param(a) for a in start]
         opt = Adam(params, lr=0.01, weight_decay=0.1)
-
-        @ggrad.compile
-        def step(*gs):
-            for p, g in zip(params, gs):
-                p.grad = g
-            opt.step()
-            opt.zero_grad()
+        step = _compiled_gradient_step(params, opt)
 
         for gs in grads:
             step(*[ggrad.tensor(g) for g in gs])
@@ -1690,13 +1695,7 @@ def test_adam_constants_in_their_buffers_are_the_copied_ones_bit_for_bit(dev, mo
         shared = opt.group_state[0]
         kept = [shared["corrections"], shared["hyper"]]
         pointers = [t.handle.ptr for t in kept]
-
-        @ggrad.compile
-        def step(*gs):
-            for p, g in zip(params, gs):
-                p.grad = g
-            opt.step()
-            opt.zero_grad()
+        step = _compiled_gradient_step(params, opt)
 
         for gs in grads[:5]:
             step(*[ggrad.tensor(g) for g in gs])
