@@ -483,13 +483,14 @@ static void ggml_vk_ggrad_adamw_group(ggml_backend_vk_context * ctx, vk_context&
 }
 
 // the sources a node writes in place besides its own memory: ADAMW_GROUP's p, m and v;
-// RUNNING_STAT's counter (set 47)
+// RUNNING_STAT's counter (set 47); the in-place ADAM_HYPER's bias corrections (set 55)
 static bool ggml_vk_ggrad_writes_source(const ggml_tensor * node, int j) {
     if (node->op != GGML_OP_GGRAD) {
         return false;
     }
     const int kernel = ggml_get_op_params_i32(node, 0);
-    return (kernel == 9 && j >= 1 && (j - 1) % 4 != 1) || (kernel == 25 && j == 2);
+    return (kernel == 9 && j >= 1 && (j - 1) % 4 != 1) || (kernel == 25 && j == 2) ||
+           (kernel == 3 && j == 1 && ggrad_adam_hyper_first(node) == 1);
 }
 
 static void ggml_vk_ggrad(ggml_backend_vk_context * ctx, vk_context& subctx, ggml_tensor * dst) {

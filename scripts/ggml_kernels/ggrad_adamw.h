@@ -3,14 +3,16 @@
 #pragma once
 
 // the ADAM_HYPER node's sources: bias corrections (2), lr (1), constants (4), 1 - betas (2),
-// contiguous f32, from src0 (11 out) or after the 9 constants' own buffer (9 out, set 55)
+// contiguous f32, from src0 (11 out) or after the 9 constants' own buffer (9 out, a view of
+// src0: in place, set 55)
 static inline int ggrad_adam_hyper_first(const ggml_tensor * op) {
     return ggml_nelements(op) == 9 ? 1 : 0;
 }
 
 static inline bool ggrad_adam_hyper_supported(const ggml_tensor * op) {
     static const int64_t sizes[4] = {2, 1, 4, 2};
-    if (op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op) || (ggml_nelements(op) != 9 && ggml_nelements(op) != 11)) {
+    if (op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op) || (ggml_nelements(op) != 9 && ggml_nelements(op) != 11) ||
+        (ggml_nelements(op) == 9 && (op->src[0] == NULL || op->view_src != op->src[0]))) {
         return false;
     }
     for (int i = 0; i < 4; ++i) {

@@ -246,6 +246,8 @@ class Optimizer:
     # (every other array has its parameter's shape) and the group-shared arrays' shapes.
     scalar_state: tuple[str, ...] = ()
     group_state_shapes: dict[str, tuple[int, ...]] = {}
+    # group-shared buffers each step writes before it reads them: not saved, made when missing
+    scratch_group_state: tuple[str, ...] = ()
 
     def __init__(self, params, defaults: dict, accumulate_steps: int = 1, average: bool = True) -> None:
         if not isinstance(accumulate_steps, int) or isinstance(accumulate_steps, bool) or accumulate_steps < 1:
@@ -625,7 +627,8 @@ class Optimizer:
             state[index[id(p)]] = {k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} | {"params": [index[id(p)] for p in g["params"]]}
                   for g in self.param_groups]
-        shared = [{k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()} for s in self.group_state]
+        shared = [{k: (v.numpy() if isinstance(v, Tensor) else v) for k, v in s.items()
+                   if k not in self.scratch_group_state} for s in self.group_state]
         return {"state": state, "param_groups": groups, "group_state": shared, "micro_steps": self._micro_steps}
 
     def load_state_dict(self, state_dict: dict) -> None:
