@@ -103,6 +103,7 @@
 #   bash bench/gpu/session.sh set64    ~540 s: kernel set 54 and idle-device uploads on CUDA (tests, MLP A/Bs), set63 before
 #   bash bench/gpu/session.sh set65    ~430 s: set64 without the idle-upload A/B and the held losses
 #   bash bench/gpu/session.sh set66    ~330 s: CUDA only: kernel sets 54-55's tests and MLP A/B
+#   bash bench/gpu/session.sh set67    ~170 s: Vulkan only: sets 54-55's and NV_coopmat2's tests, set63's rows
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -866,6 +867,17 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # float16 operands and the float32 sums
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
+    vulkan_half_ab 7 "device half_operands" "device float32_sums" ;;
+  set67)
+    # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
+    # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then
+    # set63's mlp-large rows at "medium" in blocks of 7 with and without the float16 operands and
+    # the float32 sums (carry.sh vulkan's wheel of this tree)
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vulkan_tests 60 "cross_entropy or adam_constants or budget or in_place_in_one_dispatch" tests/test_kernels.py \
+      tests/test_optim.py
+    mv $OUT/tests-vulkan.txt $OUT/tests-vulkan-sets54-55.txt
     vulkan_half_ab 7 "device half_operands" "device float32_sums" ;;
   set58v)
     # ~110 s, set58's Vulkan half alone (no CUDA build: 268 s of device time left): mlp-large at
