@@ -1447,9 +1447,12 @@ def _compiled_step_nodes(model, x, y=None, amp=None) -> dict[str, int]:
 # it; on Vulkan a CONT and a CPY: the slice was misaligned), cpu and lavapipe (CUDA as before
 # until it has run there): mlp 24 -> 23, 25 -> 23; block 57 -> 56, 64 -> 62; cnn 28 -> 27,
 # 40 -> 38; lstm 86 -> 85, 87 -> 85; batch_norm 24 -> 23, 29 -> 27; bf16 block 98 -> 97, 147 -> 145.
-BUDGETS = {"mlp": {"cpu": 23, "vulkan": 23, "cuda": 28}, "block": {"cpu": 56, "vulkan": 62, "cuda": 57},
-           "cnn": {"cpu": 27, "vulkan": 38, "cuda": 41}, "lstm": {"cpu": 85, "vulkan": 85, "cuda": 90},
-           "batch_norm": {"cpu": 23, "vulkan": 27, "cuda": 32}}
+# Both sets on CUDA since set66 (an H100 passed their tests): 3 + 1 nodes fewer than the composed
+# forms' budgets there (mlp 28 -> 24, cnn 41 -> 37, lstm 90 -> 86, batch_norm 32 -> 28; the blocks,
+# whose loss is no cross-entropy, 1: 57 -> 56, bf16 69 -> 68); mlp-small's step counted 23 there.
+BUDGETS = {"mlp": {"cpu": 23, "vulkan": 23, "cuda": 24}, "block": {"cpu": 56, "vulkan": 62, "cuda": 56},
+           "cnn": {"cpu": 27, "vulkan": 38, "cuda": 37}, "lstm": {"cpu": 85, "vulkan": 85, "cuda": 86},
+           "batch_norm": {"cpu": 23, "vulkan": 27, "cuda": 28}}
 
 
 def _budget(model: str) -> int:
@@ -1479,7 +1482,7 @@ def test_node_budget_of_a_compiled_transformer_block_step(dev):
 
 # the same block under bf16 autocast (2026-12-06; CUDA counted on an H100 in set53 with cast_relu,
 # trusted since set54b: relu's node leaves into the cast)
-BF16_BLOCK_BUDGETS = {"cpu": 97, "vulkan": 145, "cuda": 69}
+BF16_BLOCK_BUDGETS = {"cpu": 97, "vulkan": 145, "cuda": 68}
 
 
 @needs_kernels
