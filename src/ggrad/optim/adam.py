@@ -268,7 +268,7 @@ def _adam_hyper(ctx, s, node):
 @builder("adam_hyper_in_place")
 def _adam_hyper_in_place(ctx, s, effect):
     """ADAM_HYPER into the 9 constants' buffer (s[0]), this step's bias corrections over
-    the corrections (s[1], read first): a write ggml does not see, so nothing else in the
-    graph may read them after it (only the next step's node does)."""
+    the corrections (s[1], read first): a write the ggml graph does not show (ggml-vulkan's
+    sync table is told), so nothing else in the step reads them after it."""
     hyper, *sources = s
     return [kernels.op_in_place(ctx, kernels.ADAM_HYPER, hyper, sources, [])]
