@@ -104,6 +104,7 @@
 #   bash bench/gpu/session.sh set65    ~430 s: set64 without the idle-upload A/B and the held losses
 #   bash bench/gpu/session.sh set66    ~330 s: CUDA only: kernel sets 54-55's tests and MLP A/B
 #   bash bench/gpu/session.sh set67    ~170 s: Vulkan only: sets 54-55's and NV_coopmat2's tests, set63's rows
+#   bash bench/gpu/session.sh set68    ~260 s: CUDA: mlp-small beside a twin of itself (--again), two processes
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -868,6 +869,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     setup_vulkan
     vulkan_half_ab 7 "device half_operands" "device float32_sums" ;;
+  set68)
+    # ~260 s, CUDA: is mlp-small's standalone ratio (0.99-1.04, set66's last calls) the block
+    # after PyTorch's starting cold? mlp-small with a twin of itself (--again) in two processes:
+    # both ggrad runners near set66's A/B 0.065 ms would say so
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 240 || exit 1
+    for i in 1 2; do
+      cu timeout 30 python3 bench/train_step.py --device cuda --torch-device cuda --precision high \
+        --models mlp-small --cuda-graph --blocks 15 --again > $OUT/mlp-small-again-$i.txt 2>&1
+      grep "CUDA graph" $OUT/mlp-small-again-$i.txt
+    done ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then
