@@ -29,7 +29,6 @@ float32, so they agree to about 1e-2 under amp, about 1e-5 without (CPU, "highes
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import time
@@ -107,20 +106,34 @@ def torch_model(name, seed=0):
     return MODELS[name][0](torch.nn)
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n runners in which each follows every other equally often (a Williams
+    design: n orders for even n, 2n for odd). A runner's time depends on which runner
+    came before it (after PyTorch's, ggrad's host path starts cold), so a shuffled order
+    handed each runner the places of its position in the dict: the same mlp-small graph
+    read 0.064 and 0.072 ms side by side on an H100 (set68)."""
+    first, low, high = [0], 1, n - 1
+    for k in range(1, n):
+        if k % 2:
+            first, low = first + [low], low + 1
+        else:
+            first, high = first + [high], high - 1
+    rows = [[(i + r) % n for i in first] for r in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
     """Median seconds per step of each (step, sync) runner, timed in alternating blocks so
-    that a noisy machine slows every runner alike. Each block takes them in a shuffled order
-    (seeded): the runner timed right after PyTorch's was 10-20% slower than the same graph
-    timed later (CPU and CUDA alike; `--again` shows it), so no runner keeps that place."""
+    that a noisy machine slows every runner alike, the blocks' orders cycling through
+    `balanced_orders` (blocks a multiple of its length balance them exactly)."""
     for step, sync in runners.values():
         for i in range(warmup):
             step(i)
         sync()
     times: dict = {label: [] for label in runners}
-    order, shuffle = list(runners.items()), random.Random(0).shuffle
+    items, orders = list(runners.items()), balanced_orders(len(runners))
     for b in range(blocks):
-        shuffle(order)
-        for label, (step, sync) in order:
+        for label, (step, sync) in [items[i] for i in orders[b % len(orders)]]:
             t0 = time.perf_counter()
             for i in range(steps):
                 step(b * steps + i)
