@@ -355,8 +355,8 @@ def main() -> None:
                          "PYTHON_CHOICES undone (batched_transposes, gemm_parts, gemm_parts_many, input_gradient_conv, row_sum_product, rows_layout, stride_zero, stable_addresses, half_operands, float32_sums): an A/B in one process")
     ap.add_argument("--again", action="store_true",
                     help="also time a second copy of ggrad's compiled step: an A/B/A that shows how far "
-                         "two runners of the same graph differ (up to ~7%% on an H100, 10-20%% on the CPU "
-                         "before the order was shuffled)")
+                         "two runners of the same graph differ (up to 12%% on an H100 and the CPU while "
+                         "the blocks' order was a seeded shuffle; the order is balanced now)")
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
