@@ -84,7 +84,7 @@ class Adam(Optimizer):
 
     decoupled = False
     scalar_state = ("correction1", "correction2")
-    group_state_shapes = {"constants": (4,), "betas": (2,), "inflow": (2,), "corrections": (2,), "hyper": (9,)}
+    group_state_shapes = {"constants": (4,), "betas": (2,), "inflow": (2,), "corrections": (2,)}
     scratch_group_state = ("hyper",)  # the kernel's 9 constants of the last step (set 55)
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
