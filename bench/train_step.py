@@ -122,16 +122,18 @@ def balanced_orders(n: int) -> list[list[int]]:
     return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
 
 
-def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dict:
+def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int, after: dict | None = None) -> dict:
     """Median seconds per step of each (step, sync) runner, timed in alternating blocks so
     that a noisy machine slows every runner alike, the blocks' orders cycling through
-    `balanced_orders` (blocks a multiple of its length balance them exactly)."""
+    `balanced_orders` (blocks a multiple of its length balance them exactly). `after`, if
+    given, receives each (runner, the runner timed just before it)'s seconds per step."""
     for step, sync in runners.values():
         for i in range(warmup):
             step(i)
         sync()
     times: dict = {label: [] for label in runners}
     items, orders = list(runners.items()), balanced_orders(len(runners))
+    previous = None
     for b in range(blocks):
         for label, (step, sync) in [items[i] for i in orders[b % len(orders)]]:
             t0 = time.perf_counter()
@@ -139,6 +141,9 @@ def time_interleaved(runners: dict, steps: int, blocks: int, warmup: int) -> dic
                 step(b * steps + i)
             sync()
             times[label].append((time.perf_counter() - t0) / steps)
+            if after is not None and previous is not None:
+                after.setdefault((label, previous), []).append(times[label][-1])
+            previous = label
     return {label: statistics.median(t) for label, t in times.items()}
 
 
@@ -366,6 +371,9 @@ def main() -> None:
     ap.add_argument("--hold-loss", action="store_true",
                     help="every runner keeps each step's loss until the next step returns, as `loss = step(x, y)` "
                          "in a training loop does")
+    ap.add_argument("--by-predecessor", action="store_true",
+                    help="also each runner's median by the runner timed just before it (a block after "
+                         "PyTorch's can start with ggrad's host path cold)")
     ap.add_argument("--block-batch", type=int, default=MODELS["block"][3])
     ap.add_argument("--block-seq", type=int, default=MODELS["block"][1][0])
     args = ap.parse_args()
@@ -452,7 +460,11 @@ def main() -> None:
         if args.hold_loss:
             runners = {key: holding_the_loss(runner) for key, runner in runners.items()}
             notes.append(f"{label}: every runner held each step's loss until the next step returned (--hold-loss)")
-        ms = time_interleaved(runners, steps, args.blocks, args.warmup)
+        after: dict | None = {} if args.by_predecessor else None
+        ms = time_interleaved(runners, steps, args.blocks, args.warmup, after)
+        for (runner, before), t in sorted((after or {}).items()):
+            notes.append(f"{label}: {' '.join(runner)} after {' '.join(before)}: {statistics.median(t) * 1e3:.3f} ms "
+                         f"a step (median of {len(t)} blocks)")
         for (side, their_tag) in runners:
             if side != "torch":
                 continue

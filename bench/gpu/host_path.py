@@ -41,14 +41,14 @@ def graph_computes_stubbed(stubbed: bool = True):
         backend.Backend.compute = compute
 
 
-def torch_runner(args, sample, classes, batch):
+def torch_runner(args, sample, classes, batch, graph: bool | None = None):
     """PyTorch's step of the same model as a warmed-up (step, sync) runner (CUDA graph on a
-    GPU, eager on the CPU), and whether it is on a GPU."""
+    GPU unless `graph` is False, eager on the CPU), and whether it is on a GPU."""
     import torch
     torch.set_float32_matmul_precision(args.precision)
     on_gpu = args.device != "cpu"
     theirs = T.torch_step_fn(args.model, T.batches(sample, classes, batch), "cuda" if on_gpu else "cpu", True,
-                             cuda_graph=on_gpu)
+                             cuda_graph=on_gpu if graph is None else graph and on_gpu)
     for i in range(50):
         theirs[0](i)
     theirs[1]()
@@ -71,19 +71,22 @@ def beside_torch(args, step, sync, sample, classes, batch) -> None:
 
 def block_start(args, step, sync, sample, classes, batch) -> None:
     """Where a short block's time goes: each step's host time by its place in a block of
-    --steps (medians over --blocks), alone and right after a block of PyTorch's step (CUDA
-    graph on a GPU, eager on the CPU), and the block's wait for the device at its end."""
+    --steps (medians over --blocks), alone and right after a block of PyTorch's step (its
+    CUDA graph and its eager step on a GPU, eager on the CPU), and the block's wait for the
+    device at its end."""
     import statistics
     import time
 
-    (theirs, their_sync), _ = torch_runner(args, sample, classes, batch)
-    for after_torch in (False, True):
+    before = {"alone": None, "after PyTorch": torch_runner(args, sample, classes, batch)[0]}
+    if args.device != "cpu":
+        before["after PyTorch eager"] = torch_runner(args, sample, classes, batch, graph=False)[0]
+    for where, theirs in before.items():
         places, waits, blocks = [[] for _ in range(args.steps)], [], []
         for b in range(args.blocks):
-            if after_torch:
+            if theirs is not None:
                 for i in range(args.steps):
-                    theirs(i)
-                their_sync()
+                    theirs[0](i)
+                theirs[1]()
             start = last = time.perf_counter()
             for i in range(args.steps):
                 step(b * args.steps + i)
@@ -95,7 +98,7 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
             waits.append(end - last)
             blocks.append(end - start)
         firsts = " ".join(f"{statistics.median(p) * 1e6:.0f}" for p in places)
-        print(f"{args.model} on {args.device}, blocks of {args.steps}{' after PyTorch' if after_torch else ' alone'}: "
+        print(f"{args.model} on {args.device}, blocks of {args.steps} {where}: "
               f"{statistics.median(blocks) / args.steps * 1e6:.1f} us a step; host us by place: {firsts}; "
               f"wait at the end {statistics.median(waits) * 1e6:.0f} us")
 

@@ -105,6 +105,8 @@
 #   bash bench/gpu/session.sh set66    ~330 s: CUDA only: kernel sets 54-55's tests and MLP A/B
 #   bash bench/gpu/session.sh set67    ~170 s: Vulkan only: sets 54-55's and NV_coopmat2's tests, set63's rows
 #   bash bench/gpu/session.sh set68    ~260 s: CUDA: mlp-small beside a twin of itself (--again), two processes
+#   bash bench/gpu/session.sh set69    ~380 s: CUDA: the MLP rows under the balanced order, each runner's time by the
+#                                      runner before it; mlp-small's host time by place after PyTorch's graph and eager
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -881,6 +883,23 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
         --models mlp-small --cuda-graph --blocks 15 --again > $OUT/mlp-small-again-$i.txt 2>&1
       grep "CUDA graph" $OUT/mlp-small-again-$i.txt
     done ;;
+  set69)
+    # ~380 s, CUDA: the MLP rows at "high" under train_step.py's balanced order (set66's were
+    # biased by the shuffle), each runner's step by the runner timed before it, in two processes
+    # (losses dropped, held); mlp-small's host time by place after PyTorch's graph and its eager
+    # step; the bf16 block against PyTorch's eager step and graph
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    mlps mlp-cuda-balanced.txt 45 --blocks 12 --by-predecessor
+    mlps mlp-hold-cuda-balanced.txt 45 --blocks 12 --by-predecessor --hold-loss
+    echo "mlps at $(el) s"
+    cu timeout 50 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+      --blocks 30 --block-start > $OUT/host-path.txt 2>&1
+    echo "host path at $(el) s"
+    cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 6 --by-predecessor > $OUT/block-bf16.txt 2>&1
+    echo "block at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then
