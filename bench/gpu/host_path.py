@@ -82,11 +82,14 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
         before["after PyTorch eager"] = torch_runner(args, sample, classes, batch, graph=False)[0]
     for where, theirs in before.items():
         places, waits, blocks = [[] for _ in range(args.steps)], [], []
+        profile = cProfile.Profile() if args.profile else None
         for b in range(args.blocks):
             if theirs is not None:
                 for i in range(args.steps):
                     theirs[0](i)
                 theirs[1]()
+            if profile is not None:
+                profile.enable()
             start = last = time.perf_counter()
             for i in range(args.steps):
                 step(b * args.steps + i)
@@ -95,12 +98,18 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
                 last = now
             sync()
             end = time.perf_counter()
+            if profile is not None:
+                profile.disable()
             waits.append(end - last)
             blocks.append(end - start)
         firsts = " ".join(f"{statistics.median(p) * 1e6:.0f}" for p in places)
         print(f"{args.model} on {args.device}, blocks of {args.steps} {where}: "
               f"{statistics.median(blocks) / args.steps * 1e6:.1f} us a step; host us by place: {firsts}; "
               f"wait at the end {statistics.median(waits) * 1e6:.0f} us")
+        if profile is not None:
+            print(f"\nggrad's blocks {where} under cProfile ({args.blocks} blocks of {args.steps}; its own cost inflates "
+                  f"small functions):")
+            pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
 
 
 def main() -> None:
@@ -111,7 +120,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--blocks", type=int, default=7)
     ap.add_argument("--profile", type=int, default=0, metavar="N",
-                    help="also the N largest Python functions (cProfile's own time) of the running step")
+                    help="also the N largest Python functions (cProfile's own time) of the running step (with "
+                         "--block-start: of ggrad's blocks alone and after each of PyTorch's runners)")
     ap.add_argument("--hold-loss", action="store_true",
                     help="also each row with every loss held until the next step returns (train_step.py's)")
     ap.add_argument("--stable", action="store_true",

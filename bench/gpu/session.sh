@@ -107,6 +107,8 @@
 #   bash bench/gpu/session.sh set68    ~260 s: CUDA: mlp-small beside a twin of itself (--again), two processes
 #   bash bench/gpu/session.sh set69    ~380 s: CUDA: the MLP rows under the balanced order, each runner's time by the
 #                                      runner before it; mlp-small's host time by place after PyTorch's graph and eager
+#   bash bench/gpu/session.sh set70    ~230 s: CUDA: mlp-small's host path by block place under cProfile, alone and
+#                                      after each of PyTorch's runners
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -900,6 +902,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 60 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 6 --by-predecessor > $OUT/block-bf16.txt 2>&1
     echo "block at $(el) s" ;;
+  set70)
+    # ~260 s, CUDA: set69 put mlp-small's host path at ~78 us a step for a whole block after
+    # PyTorch's CUDA graph's block (39 alone): which of ggrad's calls grows, under cProfile
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cu timeout 60 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+      --blocks 30 --block-start --profile 25 > $OUT/host-path-profile.txt 2>&1
+    echo "host path at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then
