@@ -71,6 +71,9 @@
   asks (autocast's cast of its output). On the CPU, CUDA and Vulkan (set 54): the
   class-target cross-entropy's reduction in one kernel (32): the loss, the weights' sum and each
   target's share of a gradient of 1, where SUM_ROWS, DIV, FILL and DIV took four nodes.
+  On Vulkan (set 56): a graph computed while earlier ones may still run (ggrad leaves them
+  running, as on CUDA) starts with one barrier after all of their work, and ggml-vulkan's
+  lists of unsynchronized nodes start empty (theirs named tensors since freed or re-pointed).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -89,7 +92,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 55
+KERNELS_VERSION = 56
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -1511,6 +1514,23 @@ def patch(tree: Path) -> None:
          "FLOAT_TYPE(data_b[get_boffset() + src1_idx(i00, i01, i02, i03)])))"),
     ])
     _patch_file(vk / "ggml-vulkan.cpp", [
+        # a graph may start while the graphs before it still run (ggrad does not wait for
+        # each): ggml-vulkan orders nodes by lists of the unsynchronized ones, which it empties
+        # only when the host waits, so they still named the earlier graphs' tensors, whose
+        # structs ggrad may have freed (an eager op's graph) or re-pointed (a replay's slots)
+        # since: the check read stale memory and could leave out the barrier (a random draw
+        # repeated now and then on lavapipe). One barrier after everything submitted before,
+        # and empty lists, order each graph after the last whatever its tensors.
+        ("    ctx->prealloc_y_last_pipeline_used = nullptr;\n    ctx->prealloc_y_last_tensor_used = nullptr;\n"
+         "    ctx->prealloc_y_last_decode_vector_staging = false;\n\n    if (ctx->prealloc_size_add_rms_partials) {\n",
+         f"    if (ctx->submit_pending || !ctx->unsynced_nodes_written.empty() || !ctx->unsynced_nodes_read.empty()) {{  // {MARK}\n"
+         "        vk_context first = ggml_vk_get_compute_ctx(ctx);\n"
+         "        ggml_vk_sync_buffers(ctx, first);\n"
+         "        ctx->unsynced_nodes_written.clear();\n"
+         "        ctx->unsynced_nodes_read.clear();\n"
+         "    }\n\n"
+         "    ctx->prealloc_y_last_pipeline_used = nullptr;\n    ctx->prealloc_y_last_tensor_used = nullptr;\n"
+         "    ctx->prealloc_y_last_decode_vector_staging = false;\n\n    if (ctx->prealloc_size_add_rms_partials) {\n"),
         # GGML_VK_PERF_LOGGER names ggrad's nodes by kernel, a GEMM by its tile, sizes and FLOPs
         ("class vk_perf_logger {\n", f'#include "ggrad_gemm.h"  // {MARK}: the perf logger\n\nclass vk_perf_logger {{\n'),
         ("        if (node->op == GGML_OP_UNARY) {\n            return fusion_str + ggml_unary_op_name(ggml_get_unary_op(node));\n"

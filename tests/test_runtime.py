@@ -271,6 +271,8 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     monkeypatch.setattr(streams, "enabled", True)
     monkeypatch.setattr(streams, "QUEUED_UPLOADS", True)
     monkeypatch.setattr(streams, "ASYNCHRONOUS_KINDS", frozenset({rt.current().backend.info.kind}))
+    monkeypatch.setattr(streams, "QUEUED_UPLOAD_KINDS", frozenset({rt.current().backend.info.kind}))
+    monkeypatch.setattr(rt.current().backend, "leaves_running", True)
     queued = []
     start = streams.queue
     monkeypatch.setattr(streams, "queue", lambda *a: (start(*a), queued.append(dict(streams._queued)))[0])
@@ -289,6 +291,39 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
     assert streams._queued
     ggrad.cuda.synchronize()
     assert not streams._queued
+
+
+def test_graphs_left_running_read_what_the_one_before_wrote(dev, monkeypatch):
+    """Each graph left running (CUDA; Vulkan from kernel set 56) reads what the graph before
+    it wrote: 300 graphs, each adding to the last one's result and each freed once queued
+    (an eager op's), and their own random draws, before one read. ggml-vulkan ordered a graph
+    after the running ones by tensors the earlier graphs named, freed since: now and then it
+    left the barrier out and a draw repeated on lavapipe. A Vulkan device never holds more
+    than streams.QUEUE_DEPTH graphs unwaited for (each keeps its command buffers until then)."""
+    from ggrad.runtime import kernels, streams
+    import ggrad.functional as F
+    backend = rt.current().backend
+    kind = backend.info.kind
+    if kind == "vulkan":
+        assert backend.leaves_running == (kernels.version() >= streams.LEFT_RUNNING_SINCE["vulkan"])
+    left_running = streams.enabled and kind in streams.ASYNCHRONOUS_KINDS and backend.leaves_running
+    depths = []
+    start = streams.queue
+    monkeypatch.setattr(streams, "queue", lambda *a: (start(*a), depths.append(streams._depth.get(id(a[0]), 0)))[0])
+    x = ggrad.tensor(np.zeros(4096, np.float32))
+    draws = []
+    for i in range(300):
+        x = x * 1.0 + 1.0
+        ggrad.realize(x)
+        if i % 30 == 0:
+            draws.append(F.rand_like(x))
+            ggrad.realize(draws[-1])
+    assert (len(depths) > 300) == left_running, (kind, len(depths))
+    if kind in streams.QUEUE_DEPTH and left_running:
+        assert max(depths) == streams.QUEUE_DEPTH[kind]
+    np.testing.assert_array_equal(x.numpy(), np.full(4096, 300, np.float32))
+    values = [d.numpy() for d in draws]
+    assert len({v.tobytes() for v in values}) == len(values)
 
 
 def test_vulkan_devices_start_without_integer_dot_products(dev):

@@ -109,6 +109,8 @@
 #                                      runner before it; mlp-small's host time by place after PyTorch's graph and eager
 #   bash bench/gpu/session.sh set70    ~230 s: CUDA: mlp-small's host path by block place under cProfile, alone and
 #                                      after each of PyTorch's runners
+#   bash bench/gpu/session.sh set71    ~240 s: Vulkan only (kernel set 56): graphs left running after a barrier, its
+#                                      tests, ten draws in fresh processes, mlp-large with and without (--synchronous)
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -911,6 +913,23 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 60 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
       --blocks 30 --block-start --profile 25 > $OUT/host-path-profile.txt 2>&1
     echo "host path at $(el) s" ;;
+  set71)
+    # ~240 s, Vulkan alone (carry.sh vulkan's wheel of kernel set 56): graphs left running
+    # again, each after a barrier: the streams', draws' and budget tests on the H100's Vulkan
+    # device, ten draws in 60 fresh processes, then mlp-large at "medium" on the device in
+    # blocks of 7 with and without (--synchronous), two processes
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    setup_vulkan
+    vulkan_tests 80 "left_running or queued or ten_random or long_pending or budget or cross_entropy or adam_constants" \
+      tests/test_runtime.py tests/test_autograd.py tests/test_kernels.py tests/test_optim.py
+    vk timeout 60 python3 bench/gpu/draws_stress.py --device vulkan --rounds 60 > $OUT/draws-vulkan.txt 2>&1
+    echo "draws at $(el) s: $(tail -1 $OUT/draws-vulkan.txt)"
+    for i in 1 2; do
+      vk timeout 50 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
+        --models mlp-large --cuda-graph --blocks 7 --data device --synchronous > $OUT/mlp-large-vulkan-$i.txt 2>&1
+      grep "CUDA graph" $OUT/mlp-large-vulkan-$i.txt
+    done
+    echo "rows at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then

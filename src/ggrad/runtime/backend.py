@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import functools
 import re
 import warnings
 from dataclasses import dataclass
@@ -110,6 +111,8 @@ class Backend:
         # larger graphs are split (lazy.py)
         self.max_graph_nodes = VULKAN_MAX_GRAPH_NODES if info.kind == "vulkan" else None
         self.max_tensor_bytes = _largest_supported_tensor(handle) if info.kind == "vulkan" else None
+        # graphs left running (streams.py) where the kind's ggml orders each after the last
+        self.leaves_running = kernel_set() >= streams.LEFT_RUNNING_SINCE.get(info.kind, 0)
 
     def supports(self, node) -> bool:
         """Whether the backend runs `node` and can launch its kernel at its sizes."""
@@ -130,8 +133,8 @@ class Backend:
         return found
 
     def compute(self, graph) -> None:
-        """Run `graph`; on CUDA it may still be running on return (streams.py)."""
-        if streams.enabled and self.info.kind in streams.ASYNCHRONOUS_KINDS:
+        """Run `graph`; on CUDA and Vulkan it may still be running on return (streams.py)."""
+        if streams.enabled and self.info.kind in streams.ASYNCHRONOUS_KINDS and self.leaves_running:
             streams.queue(self, graph)
             return
         status = G.ggml_backend_graph_compute(self.handle, graph)
@@ -197,6 +200,14 @@ def ggml_library(name: str):
         return ctypes.CDLL(ggml_library_path(name))
     except OSError:
         return None
+
+
+@functools.cache
+def kernel_set() -> int:
+    """The version of ggrad's kernel set in the loaded ggml (scripts/patch_ggml_kernels.py),
+    0 without it."""
+    marker = getattr(ggml_library("libggml-base.so"), "ggml_ggrad_kernels", None)
+    return int(marker()) if marker is not None else 0
 
 
 def adamw_exact() -> bool:

@@ -208,15 +208,19 @@ class Handle:
 
     def copy_from(self, source: "Handle") -> None:
         """Copy `source` (same shape, dtype and device) into this buffer on the device, no
-        host crossing: queued behind the work before it where the backend leaves work
-        running (streams.py), else done before this returns (ggml-vulkan records the copy
-        for its next submission)."""
+        host crossing: queued behind the work before it where the backend orders it
+        (streams.QUEUED_UPLOAD_KINDS), else after that work and done before this returns
+        (ggml-vulkan records the copy with no barrier after the shaders before it, nor
+        before those after it)."""
         with lock:
             self.check_live()
             source.check_live()
             backend = self._pool.backend
+            queued = backend.info.kind in streams.QUEUED_UPLOAD_KINDS and streams.enabled
+            if not queued:
+                streams.settle()
             G.ggml_backend_tensor_copy_async(backend.handle, backend.handle, source._tensor, self._tensor)
-            if backend.info.kind not in streams.ASYNCHRONOUS_KINDS or not streams.enabled:
+            if not queued:
                 G.ggml_backend_synchronize(backend.handle)
 
     def evict(self) -> None:

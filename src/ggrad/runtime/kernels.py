@@ -71,11 +71,9 @@ def names() -> dict[int, str]:
             if name.isupper() and isinstance(value, int) and value in SINCE}
 
 
-@functools.cache
 def version() -> int:
     """The kernel set's version in the loaded ggml, 0 without it."""
-    marker = getattr(backend.ggml_library("libggml-base.so"), "ggml_ggrad_kernels", None)
-    return int(marker()) if marker is not None else 0
+    return backend.kernel_set()
 
 
 @functools.cache
