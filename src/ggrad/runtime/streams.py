@@ -42,7 +42,8 @@ _depth: dict[int, int] = {}  # id(backend) -> graphs queued since it was last wa
 def queue(backend, graph) -> None:
     """Start `graph` on the started `backend` (runtime/backend.py), returning once queued."""
     key = id(backend)
-    if _depth.get(key, 0) >= QUEUE_DEPTH.get(backend.info.kind, _depth.get(key, 0) + 1):
+    limit = QUEUE_DEPTH.get(backend.info.kind)
+    if limit is not None and _depth.get(key, 0) >= limit:
         settle()
     status = G.ggml_backend_graph_compute_async(backend.handle, graph)
     _queued[key] = backend.handle
