@@ -390,6 +390,33 @@ def test_ten_random_tensors_before_one_read(dev):
     assert "ok True True 10" in out, out
 
 
+def test_the_device_generator_steps_through_distinct_states(dev, monkeypatch):
+    """Each draw advances the device generator's state k / 2^13 by ops.RAND_STEP modulo
+    ops.RAND_STATES, exactly (float64's closed form) on every backend, so 3000 states are
+    distinct. The old step rounded onto ~8000 values and was no permutation: from seeds 226,
+    451, 608 and 900, ten draws held a repeat (a flake blamed on Vulkan's graphs left
+    running), and every sequence fell into a cycle of ~100 draws."""
+    from ggrad import ops
+    from ggrad import random as R
+    from ggrad.functional._core import _apply
+    seed = 608.0
+    state = ggrad.tensor(np.array([seed], np.float32))
+    states = []
+    for _ in range(3000):
+        state = _apply("rand_next", (state,), (1,))
+        states.append(state)
+    got = np.concatenate([s.numpy() for s in states]).astype(np.float64)
+    k = (seed * ops.RAND_GRID + ops.RAND_STEP * np.arange(1, 3001, dtype=np.float64)) % ops.RAND_STATES
+    np.testing.assert_array_equal(got, k / ops.RAND_GRID)
+    assert len(set(got.tolist())) == 3000
+    x = ggrad.tensor(np.ones((4, 4), np.float32))
+    for seed in (226, 451, 608, 900):
+        monkeypatch.setattr(R, "_device_seed", float(seed))
+        monkeypatch.setattr(R, "_device_state", None)
+        draws = np.stack([F.rand_like(x).numpy() for _ in range(10)])
+        assert len({d.tobytes() for d in draws}) == 10, seed
+
+
 def test_a_long_pending_chain_runs(dev):
     """70,000 pending ops before one read: lavapipe's driver crashed on a graph of ~65k
     nodes; a Vulkan graph over 32768 nodes now runs in parts."""

@@ -1359,10 +1359,26 @@ def _rand(ctx, s, node):
     return reshape(ctx, _fract(ctx, G.ggml_mul(ctx, G.ggml_add(ctx, e, G.ggml_add(ctx, b, d)), e)), node.shape)
 
 
+# The device generator's state: k / 2^13 for an integer k below 8,192,000 (so below 1000, where
+# rand's hash stays precise), each draw stepping k by RAND_STEP modulo 8,192,000: a Weyl
+# sequence, whose states are exact float32 sums on every backend and all distinct for
+# 8,192,000 draws (RAND_STEP is odd and prime to 5; ~0.618 of the range, so consecutive states
+# lie far apart). The old step, fract(state * golden + 1/pi) * 1000, rounded onto ~8000 values
+# and was no permutation: from 4 of the 1000 seeds ten draws held a repeat, and every sequence
+# fell into a cycle of ~100 draws (dropout masks repeating through training).
+RAND_GRID = 8192.0
+RAND_STATES = 8_192_000
+RAND_STEP = 5_062_797
+
+
 @compute("rand_next")
 def _rand_next(ctx, s, node):
-    """The next state: fract(state * golden + 1/pi) * 1000, bounded so the hash stays precise."""
-    return G.ggml_scale(ctx, _fract(ctx, G.ggml_scale_bias(ctx, s[0], 1.6180339887, 0.3183098862)), 1000.0)
+    """The next state (RAND_STEP above); a state off the grid (one saved by an older ggrad)
+    is floored onto it first."""
+    on_grid = G.ggml_floor(ctx, G.ggml_scale(ctx, s[0], RAND_GRID))
+    stepped = G.ggml_scale_bias(ctx, on_grid, 1.0 / RAND_GRID, RAND_STEP / RAND_GRID)  # exact: below 2048
+    wrapped = G.ggml_step(ctx, G.ggml_scale_bias(ctx, stepped, 1.0, -(RAND_STATES - 0.5) / RAND_GRID))
+    return G.ggml_sub(ctx, stepped, G.ggml_scale(ctx, wrapped, RAND_STATES / RAND_GRID))
 
 
 # Where weight gradients come from OUT_PROD (no transposes) rather than from transposing
