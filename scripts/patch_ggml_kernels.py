@@ -1518,9 +1518,9 @@ def patch(tree: Path) -> None:
         # each): ggml-vulkan orders nodes by lists of the unsynchronized ones, which it empties
         # only when the host waits, so they still named the earlier graphs' tensors, whose
         # structs ggrad may have freed (an eager op's graph) or re-pointed (a replay's slots)
-        # since: the check read stale memory and could leave out the barrier (a random draw
-        # repeated now and then on lavapipe). One barrier after everything submitted before,
-        # and empty lists, order each graph after the last whatever its tensors.
+        # since: the check read stale memory and could leave out a barrier. One barrier after
+        # everything submitted before, and empty lists, order each graph after the last
+        # whatever its tensors.
         ("    ctx->prealloc_y_last_pipeline_used = nullptr;\n    ctx->prealloc_y_last_tensor_used = nullptr;\n"
          "    ctx->prealloc_y_last_decode_vector_staging = false;\n\n    if (ctx->prealloc_size_add_rms_partials) {\n",
          f"    if (ctx->submit_pending || !ctx->unsynced_nodes_written.empty() || !ctx->unsynced_nodes_read.empty()) {{  // {MARK}\n"

@@ -296,10 +296,11 @@ def test_queued_graphs_finish_before_the_host_touches_their_memory(dev, monkeypa
 def test_graphs_left_running_read_what_the_one_before_wrote(dev, monkeypatch):
     """Each graph left running (CUDA; Vulkan from kernel set 56) reads what the graph before
     it wrote: 300 graphs, each adding to the last one's result and each freed once queued
-    (an eager op's), and their own random draws, before one read. ggml-vulkan ordered a graph
-    after the running ones by tensors the earlier graphs named, freed since: now and then it
-    left the barrier out and a draw repeated on lavapipe. A Vulkan device never holds more
-    than streams.QUEUE_DEPTH graphs unwaited for (each keeps its command buffers until then)."""
+    (an eager op's), and random draws (each advancing the generator's state in place),
+    before one read. ggml-vulkan ordered a graph after the running ones by tensors the
+    earlier graphs named, freed since; set 56 puts a barrier first. A Vulkan device never
+    holds more than streams.QUEUE_DEPTH graphs unwaited for (each keeps its command buffers
+    until then)."""
     from ggrad.runtime import kernels, streams
     import ggrad.functional as F
     backend = rt.current().backend

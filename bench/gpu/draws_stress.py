@@ -1,7 +1,9 @@
-"""Ten random draws before one read, in fresh processes: each draw reads the device
-generator's state, which the next advances in place, so a graph left running that the next
-one does not wait for repeats a draw. ggml-vulkan did so now and then on lavapipe (2 of 253
-processes) until kernel set 56 put a barrier before each graph.
+"""Ten random draws before one read, in fresh processes (each with its own random seed):
+each draw reads the device generator's state, which the next advances in place, so a graph
+left running that the next one does not wait for would repeat a draw. 2 of 253 processes
+on lavapipe repeated one with Vulkan's graphs left running (2026-12-06), and 1 of 300 with
+kernel set 56's barrier: the generator's own step, which from 4 of the 1000 seeds repeated
+a state within ten draws (ops.RAND_STEP replaced it). A repeat now would be an ordering fault.
 
     python bench/gpu/draws_stress.py --device vulkan --rounds 300
 """

@@ -111,6 +111,8 @@
 #                                      after each of PyTorch's runners
 #   bash bench/gpu/session.sh set71    ~240 s: Vulkan only (kernel set 56): graphs left running after a barrier, its
 #                                      tests, ten draws in fresh processes, mlp-large with and without (--synchronous)
+#   bash bench/gpu/session.sh set72    ~360 s: the device generator's new step and graphs left running on Vulkan and
+#                                      CUDA: their tests, ten draws in fresh processes, the MLP rows
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -930,6 +932,21 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       grep "CUDA graph" $OUT/mlp-large-vulkan-$i.txt
     done
     echo "rows at $(el) s" ;;
+  set72)
+    # ~330 s: the device generator's new step (ops.RAND_STEP) and graphs left running on both
+    # devices: Vulkan's (carry.sh vulkan's wheel of set 56) runtime, autograd, capture and
+    # dropout tests and ten draws in 60 fresh processes while the CUDA wheel builds, then the
+    # same files on CUDA (the streams' Python changed with set 56: queue depth, leaves_running)
+    both_devices
+    vulkan_tests 90 "generator or left_running or queued or ten_random or long_pending or dropout or capture" \
+      tests/test_runtime.py tests/test_autograd.py tests/test_capture.py tests/test_layers.py tests/test_nn.py
+    vk timeout 60 python3 bench/gpu/draws_stress.py --device vulkan --rounds 60 > $OUT/draws-vulkan.txt 2>&1
+    echo "draws at $(el) s: $(tail -1 $OUT/draws-vulkan.txt)"
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 120 "generator or left_running or queued or ten_random or long_pending or dropout or capture or stream" \
+      tests/test_runtime.py tests/test_autograd.py tests/test_capture.py tests/test_layers.py tests/test_nn.py
+    mlps mlp-cuda.txt $(( 420 - $(el) )) --blocks 12
+    echo "mlps at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then

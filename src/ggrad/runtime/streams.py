@@ -19,9 +19,9 @@ from ggml import ggml as G
 # (bench/train_step.py --synchronous times both in one process)
 ASYNCHRONOUS_KINDS = frozenset({"cuda", "vulkan"})
 # the kernel set a kind's ggml needs for that: ggml-vulkan ordered a graph after the running
-# ones by lists of tensors the earlier graphs named, freed or re-pointed since, and now and
-# then left out the barrier (a random draw repeated on lavapipe); set 56 puts one barrier
-# before each graph (scripts/patch_ggml_kernels.py). Older builds wait for each graph.
+# ones by lists of tensors the earlier graphs named, freed or re-pointed since (its check
+# read stale memory); set 56 puts one barrier before each graph and empties the lists
+# (scripts/patch_ggml_kernels.py). Older builds wait for each graph.
 LEFT_RUNNING_SINCE = {"vulkan": 56}
 # graphs a kind leaves running before its next one waits for them all: ggml-vulkan keeps each
 # graph's command buffers and descriptor sets until the host waits, so a loop that never reads
