@@ -44,11 +44,11 @@ def train_step(model, opt, compiled: bool):
     return ggrad.compile(step) if compiled else step
 
 
-def warmed_up(calls: int = 3, **adam):
-    """A compiled Adam step on the MLP, called `calls` times: (model, opt, step, data)."""
+def warmed_up(calls: int = 3, compiled: bool = True, **adam):
+    """A compiled (or eager) Adam step on the MLP, called `calls` times: (model, opt, step, data)."""
     model = mlp()
     opt = Adam(model.parameters(), **{"lr": 1e-2, **adam})
-    step = train_step(model, opt, True)
+    step = train_step(model, opt, compiled)
     data = batches()
     for i in range(calls):
         step(*data[i])
@@ -439,14 +439,20 @@ def test_a_results_copy_limit_counts_its_stored_bytes_as_an_arguments_does(dev, 
         assert total.item() == (x * 2).sum()
 
 
-def test_host_batches_cost_one_upload_each_and_reading_the_loss_one_download(dev):
+def test_a_host_batch_costs_one_upload_and_reading_the_loss_one_download(dev):
+    """x and y go up in one copy (the capture's batch buffer holds both), with their bytes:
+    both arrays' values reach the graph (the loss equals the eager step's)."""
     model, opt, step, data = warmed_up()
+    x, y = data[3]
     with ggrad.count_transfers() as counts:
-        loss = step(*data[3])
-        loss.item()
+        loss = step(x, y)
+        value = loss.item()
     assert counts.dispatches == 1
     host_memory = ggrad.runtime.current().backend.host_memory  # cpu: copies are not crossings
-    assert counts.crossings == (0 if host_memory else 3)  # x and y up, the loss down
+    assert counts.crossings == (0 if host_memory else 2)  # x and y up together, the loss down
+    assert counts.bytes_up >= (0 if host_memory else x.nbytes + y.size * 4)
+    eager_step = warmed_up(compiled=False)[2]
+    assert value == eager_step(x, y).item()
 
 
 def test_the_captures_of_one_function_share_the_arrays_their_batches_wait_in(dev):

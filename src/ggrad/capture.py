@@ -159,6 +159,7 @@ def _host_read() -> None:
 # value (an H100 copies 16 MiB in ~10 us); a larger one is bound where it lies, as elsewhere.
 STABLE_ADDRESS_KINDS = frozenset({"cuda"})
 STABLE_COPY_BYTES = 16 << 20
+BATCH_ALIGNMENT = 256  # each numpy argument's offset in a capture's batch buffer (and more where the device asks)
 MAX_VARIANTS = 8  # kept graphs per argument signature (e.g. one per phase of accumulation)
 MAX_SIGNATURES = 16  # argument signatures with kept graphs (static arguments make new ones)
 _STATIC = (type(None), bool, numbers.Number, str, bytes)
@@ -219,18 +220,15 @@ class _Upload:
     `passes`) at once, and where every check passes from 0 up, the greatest of the values
     read as unsigned does: a batch of class targets costs one reduction.
 
-    The kept array is numpy's own memory (CUDA may queue its upload: it copies such memory
-    aside before the call returns), shared by the function's captures with an argument of
-    that shape and storage type at that position: their replays run one at a time."""
+    The kept array lies in the capture's host block (`Compiled._staging`), which the
+    replay uploads whole after every argument is staged (`_Capture._batch_buffer`)."""
 
-    __slots__ = ("pos", "handle", "dtype", "checks", "staged", "address", "unsigned", "below")
+    __slots__ = ("pos", "dtype", "checks", "staged", "unsigned", "below")
 
-    def __init__(self, pos: int, handle, dtype: dtypes.dtype, checks: list, staged: np.ndarray,
-                 source: np.dtype) -> None:
+    def __init__(self, pos: int, dtype: dtypes.dtype, checks: list, staged: np.ndarray, source: np.dtype) -> None:
         """`source`: the argument's numpy dtype (the same at every replay: the capture's key)."""
-        self.pos, self.handle, self.dtype, self.checks = pos, handle, dtype, checks
+        self.pos, self.dtype, self.checks = pos, dtype, checks
         self.staged = staged
-        self.address = staged.ctypes.data
         # integers that every check passes from 0 up to `below` (and int32's range with them):
         # one reduction of the values read as unsigned tells it, negatives wrapping to the top
         self.unsigned = self.below = None
@@ -251,8 +249,20 @@ class _Upload:
             if low is None or not first <= low <= high < end:
                 check(self.staged)
 
-    def write(self) -> None:
-        self.handle.write_from(self.address, self.staged.nbytes, pageable=True)
+
+
+class _Part:
+    """A stretch of a device block, where graph slots can point (Graph.rebind asks for
+    `location`): a capture's numpy argument in its batch buffer."""
+
+    __slots__ = ("block", "offset")
+
+    def __init__(self, block, offset: int) -> None:
+        self.block, self.offset = block, offset
+
+    def location(self) -> tuple[int, int]:
+        buffer, data = self.block.location()
+        return buffer, data + self.offset
 
 
 class _Capture:
@@ -290,16 +300,14 @@ class _Capture:
         for node, check in trace.input_checks:
             if id(node) in checked:
                 checks.setdefault(checked[id(node)], []).append(check)
-        uploaded: set[int] = set()
+        read_at: dict[int, list[tuple[Any, int]]] = {}  # numpy argument -> the (graph, slot)s reading it
+        leaves: dict[int, lazy.Node] = {}
         for run in runs:
             for slot, leaf in enumerate(run.leaves):
                 if id(leaf) in arg_of_node:
                     pos = arg_of_node[id(leaf)]
-                    if pos not in uploaded:  # read by several graphs: one upload
-                        uploaded.add(pos)
-                        dtype = arrays[pos].dtype
-                        self.uploads.append(_Upload(pos, leaf.handle, dtype, checks.get(pos, []),
-                                                    staging(pos, leaf.handle.shape, dtype.storage), sources[pos]))
+                    leaves.setdefault(pos, leaf)  # read by several graphs: one upload
+                    read_at.setdefault(pos, []).append((run.graph, slot))
                 elif id(leaf) in tensor_arg_of_node:
                     pos = tensor_arg_of_node[id(leaf)]
                     self.rebinds.append((run.graph, slot, pos))
@@ -309,6 +317,7 @@ class _Capture:
                                    "memory, gone at the next tape); pass it as an argument")
                 else:
                     self.fixed.append(leaf)
+        self.batch = self._batch_buffer(leaves, read_at, arrays, sources, checks, staging)
         arguments = {id(t.node.handle) for t in [*arrays.values(), *tensor_args.values()]}
         written = {id(t.handle) for run in runs for t, _ in run.stores} | {
             id(t.handle) for run in runs for e in run.effects for t in e.targets}
@@ -352,6 +361,29 @@ class _Capture:
         self._turn = 0  # which of each pair the last replay wrote
         self.returned_count = len(returned)
 
+    def _batch_buffer(self, leaves: dict, read_at: dict, arrays: dict, sources: dict, checks: dict, staging):
+        """The numpy arguments' buffer: one device block holding each at an aligned offset,
+        every graph slot that reads one pointed there, so that a replay uploads the whole
+        batch in one copy from one host block laid out alike (each upload is a driver call:
+        ~5 us of an H100 host's step, and a synchronous copy each where the device waits).
+        Returns (device block, host address, bytes), or None without numpy arguments."""
+        if not leaves:
+            return None
+        align = max(BATCH_ALIGNMENT, self.dev.backend.alignment)
+        layout, offsets, end = [], [], 0
+        for pos, leaf in leaves.items():
+            layout.append((pos, leaf.handle.shape, arrays[pos].dtype.storage))
+            offsets.append(end)
+            end += -(-leaf.handle.nbytes // align) * align
+        host, views = staging(tuple(layout), offsets, end)
+        block = self.dev.new_handle((end // 4,), np.float32, "persistent")
+        for (pos, leaf), offset, view in zip(leaves.items(), offsets, views):
+            self.uploads.append(_Upload(pos, arrays[pos].dtype, checks.get(pos, []), view, sources[pos]))
+            part = _Part(block, offset)
+            for graph, slot in read_at[pos]:
+                graph.rebind(slot, part)
+        return block, host.ctypes.data, end
+
     def matches(self) -> bool:
         """Whether the next call would do what the traced one did (state as before it)."""
         return all(check() for check in self.checks)
@@ -363,8 +395,9 @@ class _Capture:
             host = values[pos].node.host  # known on the host: checked as an eager step would
             for check, _ in checks if host is not None else ():
                 check(host)
-        for upload in self.uploads:
-            upload.write()
+        if self.batch is not None:
+            block, address, nbytes = self.batch
+            block.write_from(address, nbytes, pageable=True)
         stable = self.dev.backend.info.kind in STABLE_ADDRESS_KINDS
         bound: dict[int, Any] = {}
         for graph, slot, pos in self.rebinds:
@@ -490,7 +523,7 @@ class Compiled:
         self._captures: dict[tuple, list[_Capture]] = {}  # per signature, newest first
         self._epoch = replay.epoch()
         self._dev = None  # the device the kept graphs belong to
-        self._staged: dict[tuple, np.ndarray] = {}  # `_staging`'s arrays
+        self._staged: dict[tuple, tuple] = {}  # `_staging`'s host blocks and arrays
         self._failures = 0
         self._warned = not warn
         _compiled.add(self)
@@ -601,12 +634,16 @@ class Compiled:
                           f"{self._failures} calls, which ran as ordinary steps (later calls try again): "
                           f"{reason}", RuntimeWarning, stacklevel=4)
 
-    def _staging(self, pos: int, shape: tuple, storage: np.dtype) -> np.ndarray:
-        """The host array the numpy argument at `pos` is converted into at each replay, one
-        for every capture with such an argument there (replays run one at a time)."""
-        key = (pos, shape, storage)
+    def _staging(self, layout: tuple, offsets: list[int], nbytes: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The host block a capture's numpy arguments are converted into at each replay
+        (`layout`: each one's position, shape and storage type; `offsets`: where each
+        starts), and each one's array in it: one for every capture with that layout
+        (replays run one at a time). numpy's own memory, so CUDA may queue its upload."""
+        key = (layout, tuple(offsets), nbytes)
         if key not in self._staged:
-            self._staged[key] = np.empty(shape, storage)
+            host = np.empty(nbytes, np.uint8)
+            self._staged[key] = (host, [host[start:start + math.prod(shape) * storage.itemsize].view(storage).reshape(shape)
+                                        for (_, shape, storage), start in zip(layout, offsets)])
         return self._staged[key]
 
     def release(self) -> None:
