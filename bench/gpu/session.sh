@@ -113,6 +113,7 @@
 #                                      tests, ten draws in fresh processes, mlp-large with and without (--synchronous)
 #   bash bench/gpu/session.sh set72    ~360 s: the device generator's new step and graphs left running on Vulkan and
 #                                      CUDA: their tests, ten draws in fresh processes, the MLP rows
+#   bash bench/gpu/session.sh set73    ~300 s: CUDA: one upload a replay: its tests, a block's first step by phase, MLP rows
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -946,6 +947,19 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cuda_tests 120 "generator or left_running or queued or ten_random or long_pending or dropout or capture or stream" \
       tests/test_runtime.py tests/test_autograd.py tests/test_capture.py tests/test_layers.py tests/test_nn.py
     mlps mlp-cuda.txt $(( 420 - $(el) )) --blocks 12
+    echo "mlps at $(el) s" ;;
+  set73)
+    # ~300 s, CUDA: a replay's numpy arguments uploaded in one copy (capture._batch_buffer): the
+    # capture, runtime and optimizer tests on cuda:0, a block's first step by phase, the MLP rows
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 90 "capture or replay or compile or stream or queued or upload or budget" tests/test_capture.py \
+      tests/test_runtime.py tests/test_optim.py tests/test_kernels.py tests/test_train.py
+    cu timeout 40 python3 bench/gpu/first_step.py --device cuda --blocks 30 > $OUT/first-step.txt 2>&1
+    cat $OUT/first-step.txt
+    mlps mlp-cuda.txt 60 --blocks 12 --by-predecessor
+    grep "CUDA graph" $OUT/mlp-cuda.txt
     echo "mlps at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
