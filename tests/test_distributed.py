@@ -135,8 +135,9 @@ def test_ddp_equals_one_process_with_the_whole_batch(dev, tmp_path, size, optimi
     buckets = 2  # bucket_mb=0.0002 (209 bytes): the first weight alone, then the other three
     assert counts["exchanges"].tolist() == [buckets] * 20  # one per applied step: none on the others
     if mode == "compiled" and dev != "cpu":  # the cpu device's memory is the host's: nothing crosses
-        # each micro-step uploads its batch (x, y); an applying one stages each bucket down and up
-        applying = [2 + 2 * buckets if (i + 1) % accumulate == 0 else 2 for i in range(20 * accumulate)]
+        # each micro-step uploads its batch (x and y in one copy); an applying one stages each
+        # bucket down and up
+        applying = [1 + 2 * buckets if (i + 1) % accumulate == 0 else 1 for i in range(20 * accumulate)]
         assert counts["crossings"][2 * accumulate:].tolist() == applying[2 * accumulate:]
 
 

@@ -141,3 +141,53 @@ counts = {}
 print(in_threads([(trace, 1, counts), (trace, 2, counts)]), sorted(counts.items()))
 """, "cpu")
     assert "[] [(1, 1), (2, 1)]" in out, out
+
+
+def test_a_traced_graph_leaves_the_reuse_cache_before_its_capture_is_built(dev, monkeypatch):
+    """Between a traced call's last graph and its capture, another thread's call of the same
+    shape took that graph from the device's reuse cache and bound it to its own buffers:
+    both captures then ran one graph (two threads' compiled models trained wrong, now and
+    then). The trace takes its graphs out of the cache as it records them."""
+    import numpy as np
+    import ggrad
+    import ggrad.functional as F
+    from ggrad import capture, nn
+    from ggrad.optim import Adam
+    seen = []
+    build = capture._Capture.__init__
+
+    def checked(self, trace, *args):
+        seen.extend(run.dev.cached_graph(run.key) is run.graph for run in trace.graphs())
+        build(self, trace, *args)
+    monkeypatch.setattr(capture._Capture, "__init__", checked)
+    model = nn.Sequential(nn.Linear(8, 4))
+    opt = Adam(model.parameters(), lr=0.01)
+
+    def step(x, y):
+        with ggrad.grad_tape():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    run = ggrad.compile(step)
+    x, y = np.ones((4, 8), np.float32), np.zeros(4, np.int64)
+    for _ in range(3):
+        run(x, y).item()
+    assert seen and not any(seen)
+    assert run.captured == 1
+
+
+def test_waiting_for_the_device_holds_the_ggml_lock(dev, monkeypatch):
+    """A wait for queued graphs (streams.settle) runs under the ggml lock: ggml-vulkan's
+    synchronize beside another thread's compute hung two threads training on lavapipe."""
+    import ggrad
+    from ggrad.runtime import critical, streams
+    held = []
+    sync = streams.G.ggml_backend_synchronize
+    monkeypatch.setattr(streams.G, "ggml_backend_synchronize",
+                        lambda handle: (held.append(critical.lock._is_owned()), sync(handle))[1])
+    backend = ggrad.runtime.current().backend
+    monkeypatch.setattr(streams, "_queued", {id(backend): backend.handle})
+    streams.settle()
+    assert held == [True]

@@ -62,7 +62,11 @@ class _Trace:
         self.carried_nodes = [grad.node for grad in self.carried]
 
     def record(self, run: lazy.Run) -> None:
+        """A graph the traced call ran (inside lazy's critical section): taken out of the
+        device's reuse cache at once, before another thread's call of the same shape could
+        take it and bind it to its own buffers (both captures would then run one graph)."""
         if self.final:
+            run.dev.take_graph(run.key, run.graph)
             self.runs.append(run)
         elif self.at_boundary:
             run.dev.take_graph(run.key, run.graph)  # a later graph of the same shape must not reuse it
@@ -77,8 +81,9 @@ class _Trace:
         return self.boundary_runs() + self.runs
 
     def give_back(self) -> None:
-        """A refused trace: its boundaries' graphs go back to the device's reuse cache."""
-        for run in self.boundary_runs():
+        """A refused trace: its graphs go back to the device's reuse cache."""
+        for run in self.graphs():
+            run.dev.held.discard(run.graph)
             if run.dev.cached_graph(run.key) is None:
                 run.dev.keep_graph(run.key, run.graph)
             else:
@@ -600,7 +605,6 @@ class Compiled:
             self._refused(str(why))
             return result
         run = trace.runs[0]
-        run.dev.take_graph(run.key, run.graph)  # the capture owns its graphs now
         if key not in self._captures and len(self._captures) >= MAX_SIGNATURES:
             for old in self._captures.pop(next(iter(self._captures))):  # the oldest signature
                 old.free()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from ggml import ggml as G
 
+from .critical import lock
+
 # the backend kinds whose graphs are left running; `enabled` False waits for every graph
 # (bench/train_step.py --synchronous times both in one process)
 ASYNCHRONOUS_KINDS = frozenset({"cuda", "vulkan"})
@@ -70,9 +72,11 @@ def queues_upload(backend, from_pageable: bool) -> bool:
 
 
 def settle() -> None:
-    """Wait until every queued graph has finished (an entry leaves only once waited for, so
-    another thread settling meanwhile waits too)."""
-    for key, handle in list(_queued.items()):
-        G.ggml_backend_synchronize(handle)
-        _queued.pop(key, None)
-        _depth.pop(key, None)
+    """Wait until every queued graph has finished, holding the ggml lock (critical.py): a
+    thread that frees a graph or reads a value waits while another queues work, never beside
+    it (ggml-vulkan's synchronize beside another thread's compute hung two threads training)."""
+    with lock:
+        for key, handle in list(_queued.items()):
+            G.ggml_backend_synchronize(handle)
+            _queued.pop(key, None)
+            _depth.pop(key, None)
