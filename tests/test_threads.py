@@ -5,7 +5,7 @@ inference, aborted or segfaulted on cpu and Vulkan. Each case runs in a child pr
 and compares every thread's result with the same work done in one thread.
 """
 
-from conftest import run_in_child
+from conftest import assert_resident_training, run_in_child
 
 PRELUDE = """
 import sys, threading, numpy as np, ggrad, ggrad.functional as F
@@ -150,9 +150,7 @@ def test_a_traced_graph_leaves_the_reuse_cache_before_its_capture_is_built(dev, 
     then). The trace takes its graphs out of the cache as it records them."""
     import numpy as np
     import ggrad
-    import ggrad.functional as F
     from ggrad import capture, nn
-    from ggrad.optim import Adam
     seen = []
     build = capture._Capture.__init__
 
@@ -161,21 +159,9 @@ def test_a_traced_graph_leaves_the_reuse_cache_before_its_capture_is_built(dev, 
         build(self, trace, *args)
     monkeypatch.setattr(capture._Capture, "__init__", checked)
     model = nn.Sequential(nn.Linear(8, 4))
-    opt = Adam(model.parameters(), lr=0.01)
-
-    def step(x, y):
-        with ggrad.grad_tape():
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    run = ggrad.compile(step)
-    x, y = np.ones((4, 8), np.float32), np.zeros(4, np.int64)
-    for _ in range(3):
-        run(x, y).item()
+    x = ggrad.tensor(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+    assert_resident_training(model, model.parameters(), x, ggrad.tensor(np.arange(4)))
     assert seen and not any(seen)
-    assert run.captured == 1
 
 
 def test_waiting_for_the_device_holds_the_ggml_lock(dev, monkeypatch):
