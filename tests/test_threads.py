@@ -177,3 +177,20 @@ def test_waiting_for_the_device_holds_the_ggml_lock(dev, monkeypatch):
     monkeypatch.setattr(streams, "_queued", {id(backend): backend.handle})
     streams.settle()
     assert held == [True]
+
+
+def test_freeing_a_graph_holds_the_ggml_lock(dev, monkeypatch):
+    """A graph is freed under the ggml lock (its scratch buffers go back to the backend):
+    a thread dropping its compiled steps' graphs did so beside another thread's compute."""
+    import numpy as np
+    import ggrad
+    from ggrad.runtime import critical, graph as graphs
+    x = ggrad.tensor(np.ones(4, np.float32)) * 2.0
+    ggrad.realize(x)
+    device = ggrad.runtime.current()
+    _, kept = device.graphs.popitem()
+    held = []
+    free = graphs.G.ggml_free
+    monkeypatch.setattr(graphs.G, "ggml_free", lambda ctx: (held.append(critical.lock._is_owned()), free(ctx))[1])
+    kept.free()
+    assert held and all(held)

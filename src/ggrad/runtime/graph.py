@@ -239,17 +239,20 @@ class Graph:
         return G.ggml_gallocr_get_buffer_size(self.galloc, 0) if self._owns_allocator and self.galloc else 0
 
     def free(self) -> None:
-        if self.ctx:
-            G.ggml_free(self.ctx)
-            self.ctx = None
-        if self._twin is not None:
-            G.ggml_free(self._twin[0])
-            self._twin = None
-        if self._owns_allocator and self.galloc:
-            streams.settle()
-            G.ggml_gallocr_free(self.galloc)
-        self.galloc = None
-        self._uploads.clear()
+        """Under the ggml lock: a thread dropping its compiled steps' graphs frees backend
+        buffers, which must not happen beside another thread's compute."""
+        with critical():
+            if self.ctx:
+                G.ggml_free(self.ctx)
+                self.ctx = None
+            if self._twin is not None:
+                G.ggml_free(self._twin[0])
+                self._twin = None
+            if self._owns_allocator and self.galloc:
+                streams.settle()
+                G.ggml_gallocr_free(self.galloc)
+            self.galloc = None
+            self._uploads.clear()
 
     def _views_of_slots(self) -> list[list[tuple[object, int]]]:
         index = {ctypes.addressof(s.contents): i for i, s in enumerate(self.slots)}
