@@ -455,6 +455,34 @@ def test_a_host_batch_costs_one_upload_and_reading_the_loss_one_download(dev):
     assert value == eager_step(x, y).item()
 
 
+def test_numpy_arguments_of_several_types_go_up_in_one_copy_and_each_reaches_its_graph(dev):
+    """Three numpy arguments (float32, int64 indices, bool) share one batch buffer at aligned
+    offsets: every call uploads once, and each graph reads each argument's own new values
+    (a slot left at the trace's buffer, or an offset off by one argument, would repeat the
+    first call's values or mix them up)."""
+    rng = np.random.default_rng(3)
+    w = ggrad.param(rng.standard_normal((7, 3)).astype(np.float32))
+
+    def f(x, idx, keep):
+        picked = x[idx]  # rows of x by idx
+        return ((picked * keep.float()) @ w.T).sum(), x.mean()
+
+    compiled = ggrad.compile(f)
+    host_memory = ggrad.runtime.current().backend.host_memory
+    for i in range(5):
+        x = rng.standard_normal((6, 3)).astype(np.float32)
+        idx = rng.integers(0, 6, 4)
+        keep = rng.random((4, 3)) < 0.5
+        with ggrad.count_transfers() as counts:
+            got = [t.numpy() for t in compiled(x, idx, keep)]
+        expected = [t.numpy() for t in f(*(ggrad.tensor(a) for a in (x, idx, keep)))]
+        for a, b in zip(got, expected):
+            np.testing.assert_array_equal(a, b)
+        if i >= 2:  # replays
+            assert counts.uploads == (0 if host_memory else 1)
+    assert compiled.traces <= 2
+
+
 def test_the_captures_of_one_function_share_the_arrays_their_batches_wait_in(dev):
     """Each phase of an accumulation is a capture of its own; the batch of each argument
     waits in one host array for all of them."""
