@@ -255,7 +255,6 @@ class _Upload:
                 check(self.staged)
 
 
-
 class _Part:
     """A stretch of a device block, where graph slots can point (Graph.rebind asks for
     `location`): a capture's numpy argument in its batch buffer."""
@@ -382,7 +381,7 @@ class _Capture:
             end += -(-leaf.handle.nbytes // align) * align
         host, views = staging(tuple(layout), offsets, end)
         block = self.dev.new_handle((end // 4,), np.float32, "persistent")
-        for (pos, leaf), offset, view in zip(leaves.items(), offsets, views):
+        for pos, offset, view in zip(leaves, offsets, views):
             self.uploads.append(_Upload(pos, arrays[pos].dtype, checks.get(pos, []), view, sources[pos]))
             part = _Part(block, offset)
             for graph, slot in read_at[pos]:
