@@ -266,15 +266,6 @@ def waiting_for_each_graph(runner):
     return _with_setting(runner, streams, "enabled", False)
 
 
-def leaving_graphs_running(runner, kind: str):
-    """`runner` whose graph computes on a `kind` device return once submitted, as CUDA's do
-    (streams.ASYNCHRONOUS_KINDS), every upload waiting for the device first: an A/B of
-    ggml-vulkan's asynchronous compute."""
-    from ggrad.runtime import streams
-    step, sync = _with_setting(runner, streams, "ASYNCHRONOUS_KINDS", streams.ASYNCHRONOUS_KINDS | {kind})
-    return _with_setting((step, sync), streams, "QUEUED_UPLOADS", False)
-
-
 def node_note(label: str, step) -> str:
     """The ggml ops one replay of a compiled step computes (views left out)."""
     counts = step.compiled.op_counts()
@@ -365,9 +356,6 @@ def main() -> None:
     ap.add_argument("--synchronous", action="store_true",
                     help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
                          "returns once queued): an A/B in one process")
-    ap.add_argument("--asynchronous", action="store_true",
-                    help="also time ggrad compiled with the device's graph computes returning once submitted, "
-                         "as CUDA's do (Vulkan), uploads waiting for the device first: an A/B in one process")
     ap.add_argument("--hold-loss", action="store_true",
                     help="every runner keeps each step's loss until the next step returns, as `loss = step(x, y)` "
                          "in a training loop does")
@@ -422,10 +410,6 @@ def main() -> None:
             ours.append(("compiled, synchronous", True))
             runners[("ggrad", "compiled, synchronous")] = waiting_for_each_graph(ggrad_step_fn(
                 name, data, args.device, True, True, args.amp, resident))
-        if args.asynchronous:
-            ours.append(("compiled, asynchronous", True))
-            runners[("ggrad", "compiled, asynchronous")] = leaving_graphs_running(ggrad_step_fn(
-                name, data, args.device, True, True, args.amp, resident), args.device.split(":")[0])
         if args.again:
             ours.append(("compiled, again", True))
             runners[("ggrad", "compiled, again")] = ggrad_step_fn(name, data, args.device, True, True, args.amp,

@@ -86,7 +86,7 @@
 #                                      --beside-torch), set56b's rows again; Vulkan's mlp-large (issue 29's row),
 #                                      capture's tests on both devices
 #   bash bench/gpu/session.sh set58    ~280 s: Vulkan's mlp-large at "medium" with ggml-vulkan's graphs left running
-#                                      (train_step.py --asynchronous); mlp-small's step by its place in blocks of 20 on
+#                                      (train_step.py --asynchronous then, --synchronous since kernel set 56); mlp-small's step by its place in blocks of 20 on
 #                                      CUDA, alone and after PyTorch's (host_path.py --block-start), the MLP rows,
 #                                      capture's tests
 #   bash bench/gpu/session.sh set59    ~480 s: what the tenth session left unrun on a GPU: Vulkan's suite and rows (cnn,
@@ -764,7 +764,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # blocks of 300), the MLP rows, capture's tests
     both_devices
     vk timeout 60 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data host --asynchronous > $OUT/mlp-large-vulkan.txt 2>&1
+      --models mlp-large --cuda-graph --blocks 3 --data host --synchronous > $OUT/mlp-large-vulkan.txt 2>&1
     echo "vulkan mlp-large at $(el) s"
     cuda_wheel_installed 300 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
@@ -776,18 +776,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
   set59)
     # ~480 s, what this tree has not run on a GPU: while CUDA builds, Vulkan's test suite, its
     # mlp-large ("medium", uploaded), cnn, ResNet and bf16 block each with its graphs left running
-    # against waiting (train_step.py --asynchronous); then on CUDA capture's, the optimizers' and
+    # against waiting (train_step.py --asynchronous then, --synchronous since kernel set 56); then on CUDA capture's, the optimizers' and
     # the budget tests (the optimizer's watched dicts), mlp-small's step by its place in blocks of
     # 20, and the MLP rows
     both_devices
     vk timeout 100 python3 -m pytest -q -n 8 -p no:cacheprovider --tb=short tests -k vulkan > $OUT/tests-vulkan.txt 2>&1
     echo "vulkan tests at $(el) s: $(tail -1 $OUT/tests-vulkan.txt)"
     vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-      --models mlp-large --cuda-graph --blocks 3 --data host --asynchronous > $OUT/mlp-large-vulkan.txt 2>&1
+      --models mlp-large --cuda-graph --blocks 3 --data host --synchronous > $OUT/mlp-large-vulkan.txt 2>&1
     vk timeout 70 python3 bench/train_step.py --device vulkan --torch-device cuda --models cnn resnet --blocks 2 \
-      --steps 4 --asynchronous > $OUT/conv-vulkan.txt 2>&1
+      --steps 4 --synchronous > $OUT/conv-vulkan.txt 2>&1
     vk timeout 50 python3 bench/train_step.py --device vulkan --torch-device cuda --precision high --amp bf16 \
-      --models block --blocks 2 --steps 6 --asynchronous > $OUT/block-vulkan.txt 2>&1
+      --models block --blocks 2 --steps 6 --synchronous > $OUT/block-vulkan.txt 2>&1
     echo "vulkan rows at $(el) s"
     cuda_wheel_installed 330 || exit 1
     cu timeout 40 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
@@ -980,7 +980,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     setup_vulkan
     for data in host device; do
       vk timeout 45 python3 bench/train_step.py --device vulkan --torch-device cuda --precision medium \
-        --models mlp-large --cuda-graph --blocks 3 --data $data --asynchronous >> $OUT/mlp-large-vulkan.txt 2>&1
+        --models mlp-large --cuda-graph --blocks 3 --data $data --synchronous >> $OUT/mlp-large-vulkan.txt 2>&1
       echo "vulkan mlp-large, data on the $data, at $(el) s"
     done ;;
   set53t)

@@ -8,9 +8,9 @@ Names users see: ``cpu``, ``vulkan`` / ``vulkan:N``, ``cuda`` / ``cuda:N`` and `
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
-import functools
 import re
 import warnings
 from dataclasses import dataclass
