@@ -354,8 +354,8 @@ def main() -> None:
                          "two runners of the same graph differ (up to 12%% on an H100 and the CPU while "
                          "the blocks' order was a seeded shuffle; the order is balanced now)")
     ap.add_argument("--synchronous", action="store_true",
-                    help="also time ggrad compiled with each graph compute waiting for the device (CUDA "
-                         "returns once queued): an A/B in one process")
+                    help="also time ggrad compiled with each graph compute waiting for the device (CUDA and Vulkan "
+                         "return once queued): an A/B in one process")
     ap.add_argument("--hold-loss", action="store_true",
                     help="every runner keeps each step's loss until the next step returns, as `loss = step(x, y)` "
                          "in a training loop does")
