@@ -14,14 +14,20 @@ import contextlib
 import cProfile
 import os
 import pstats
+import statistics
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import train_step as T  # noqa: E402
 
 import ggrad  # noqa: E402
 from ggrad import runtime  # noqa: E402
-from ggrad.runtime import backend  # noqa: E402
+from ggrad.runtime import backend, streams  # noqa: E402
+
+transfers = sys.modules["ggrad.runtime.transfers"]  # ggrad.runtime.transfers is also a function's name
+# a step's phases that --phases times: its batch uploads and its graph's launch
+PHASES = {"uploads": (transfers, "upload_from"), "launch": (streams, "queue")}
 
 
 def per_step(step, sync, steps: int, blocks: int) -> float:
@@ -39,6 +45,33 @@ def graph_computes_stubbed(stubbed: bool = True):
         yield
     finally:
         backend.Backend.compute = compute
+
+
+@contextlib.contextmanager
+def phases_timed(on: bool):
+    """The PHASES' functions wrapped to add their seconds into the yielded dict (None and
+    nothing wrapped when not `on`)."""
+    if not on:
+        yield None
+        return
+    spent = {name: 0.0 for name in PHASES}
+    originals = {name: getattr(module, attr) for name, (module, attr) in PHASES.items()}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+        return wrapper
+    for name, (module, attr) in PHASES.items():
+        setattr(module, attr, timed(name, originals[name]))
+    try:
+        yield spent
+    finally:
+        for name, (module, attr) in PHASES.items():
+            setattr(module, attr, originals[name])
 
 
 def torch_runner(args, sample, classes, batch, graph: bool | None = None):
@@ -73,15 +106,14 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
     """Where a short block's time goes: each step's host time by its place in a block of
     --steps (medians over --blocks), alone and right after a block of PyTorch's step (its
     CUDA graph and its eager step on a GPU, eager on the CPU), and the block's wait for the
-    device at its end."""
-    import statistics
-    import time
-
+    device at its end; with --phases also the host time of each step's batch uploads and
+    graph launch by place."""
     before = {"alone": None, "after PyTorch": torch_runner(args, sample, classes, batch)[0]}
     if args.device != "cpu":
         before["after PyTorch eager"] = torch_runner(args, sample, classes, batch, graph=False)[0]
     for where, theirs in before.items():
         places, waits, blocks = [[] for _ in range(args.steps)], [], []
+        phases = {name: [[] for _ in range(args.steps)] for name in PHASES}
         profile = cProfile.Profile() if args.profile else None
         for b in range(args.blocks):
             if theirs is not None:
@@ -90,12 +122,17 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
                 theirs[1]()
             if profile is not None:
                 profile.enable()
-            start = last = time.perf_counter()
-            for i in range(args.steps):
-                step(b * args.steps + i)
-                now = time.perf_counter()
-                places[i].append(now - last)
-                last = now
+            with phases_timed(args.phases) as spent:
+                start = last = time.perf_counter()
+                for i in range(args.steps):
+                    for name in spent or ():
+                        spent[name] = 0.0
+                    step(b * args.steps + i)
+                    now = time.perf_counter()
+                    places[i].append(now - last)
+                    last = now
+                    for name, seconds in (spent or {}).items():
+                        phases[name][i].append(seconds)
             sync()
             end = time.perf_counter()
             if profile is not None:
@@ -106,6 +143,8 @@ def block_start(args, step, sync, sample, classes, batch) -> None:
         print(f"{args.model} on {args.device}, blocks of {args.steps} {where}: "
               f"{statistics.median(blocks) / args.steps * 1e6:.1f} us a step; host us by place: {firsts}; "
               f"wait at the end {statistics.median(waits) * 1e6:.0f} us")
+        for name, by_place in phases.items() if args.phases else ():
+            print(f"  of which {name}, us by place: {' '.join(f'{statistics.median(p) * 1e6:.0f}' for p in by_place)}")
         if profile is not None:
             print(f"\nggrad's blocks {where} under cProfile ({args.blocks} blocks of {args.steps}; its own cost inflates "
                   f"small functions):")
@@ -129,6 +168,8 @@ def main() -> None:
     ap.add_argument("--beside-torch", action="store_true",
                     help="also ggrad's step timed in turn with PyTorch's (CUDA graph on a GPU, eager on the "
                          "CPU) in blocks of --steps, as train_step.py times them, beside ggrad's alone")
+    ap.add_argument("--phases", action="store_true",
+                    help="with --block-start: also each step's batch uploads and graph launch by place")
     ap.add_argument("--block-start", action="store_true",
                     help="also each step's host time by its place in a block of --steps, alone and after "
                          "a block of PyTorch's step, and the wait at the block's end")

@@ -956,7 +956,8 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cuda_wheel_installed 300 || exit 1
     cuda_tests 90 "capture or replay or compile or stream or queued or upload or budget" tests/test_capture.py \
       tests/test_runtime.py tests/test_optim.py tests/test_kernels.py tests/test_train.py
-    cu timeout 40 python3 bench/gpu/first_step.py --device cuda --blocks 30 > $OUT/first-step.txt 2>&1
+    cu timeout 60 python3 bench/gpu/host_path.py --device cuda --precision high --model mlp-small --steps 20 \
+      --blocks 30 --block-start --phases > $OUT/first-step.txt 2>&1
     cat $OUT/first-step.txt
     mlps mlp-cuda.txt 60 --blocks 12 --by-predecessor
     grep "CUDA graph" $OUT/mlp-cuda.txt
