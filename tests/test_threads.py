@@ -164,15 +164,22 @@ def test_a_traced_graph_leaves_the_reuse_cache_before_its_capture_is_built(dev, 
     assert seen and not any(seen)
 
 
+def _lock_held_in(monkeypatch, name: str) -> list:
+    """Whether the ggml lock (runtime/critical.py) was held at each call of ggml's `name`."""
+    from ggml import ggml as G
+    from ggrad.runtime import critical
+    held = []
+    real = getattr(G, name)
+    monkeypatch.setattr(G, name, lambda *args: (held.append(critical.lock._is_owned()), real(*args))[1])
+    return held
+
+
 def test_waiting_for_the_device_holds_the_ggml_lock(dev, monkeypatch):
     """A wait for queued graphs (streams.settle) runs under the ggml lock: ggml-vulkan's
     synchronize beside another thread's compute hung two threads training on lavapipe."""
     import ggrad
-    from ggrad.runtime import critical, streams
-    held = []
-    sync = streams.G.ggml_backend_synchronize
-    monkeypatch.setattr(streams.G, "ggml_backend_synchronize",
-                        lambda handle: (held.append(critical.lock._is_owned()), sync(handle))[1])
+    from ggrad.runtime import streams
+    held = _lock_held_in(monkeypatch, "ggml_backend_synchronize")
     backend = ggrad.runtime.current().backend
     monkeypatch.setattr(streams, "_queued", {id(backend): backend.handle})
     streams.settle()
@@ -184,13 +191,9 @@ def test_freeing_a_graph_holds_the_ggml_lock(dev, monkeypatch):
     a thread dropping its compiled steps' graphs did so beside another thread's compute."""
     import numpy as np
     import ggrad
-    from ggrad.runtime import critical, graph as graphs
     x = ggrad.tensor(np.ones(4, np.float32)) * 2.0
     ggrad.realize(x)
-    device = ggrad.runtime.current()
-    _, kept = device.graphs.popitem()
-    held = []
-    free = graphs.G.ggml_free
-    monkeypatch.setattr(graphs.G, "ggml_free", lambda ctx: (held.append(critical.lock._is_owned()), free(ctx))[1])
+    _, kept = ggrad.runtime.current().graphs.popitem()
+    held = _lock_held_in(monkeypatch, "ggml_free")
     kept.free()
     assert held and all(held)
