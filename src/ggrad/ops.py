@@ -1373,10 +1373,9 @@ RAND_STEP = 5_062_797
 
 @compute("rand_next")
 def _rand_next(ctx, s, node):
-    """The next state (RAND_STEP above); a state off the grid (one saved by an older ggrad)
-    is floored onto it first."""
-    on_grid = G.ggml_floor(ctx, G.ggml_scale(ctx, s[0], RAND_GRID))
-    stepped = G.ggml_scale_bias(ctx, on_grid, 1.0 / RAND_GRID, RAND_STEP / RAND_GRID)  # exact: below 2048
+    """The next state (RAND_STEP above; a restored state is put on the grid by
+    random.set_rng_state)."""
+    stepped = G.ggml_scale_bias(ctx, s[0], 1.0, RAND_STEP / RAND_GRID)  # exact: on the grid, below 2048
     wrapped = G.ggml_step(ctx, G.ggml_scale_bias(ctx, stepped, 1.0, -(RAND_STATES - 0.5) / RAND_GRID))
     return G.ggml_sub(ctx, stepped, G.ggml_scale(ctx, wrapped, RAND_STATES / RAND_GRID))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import replay
+from .ops import RAND_GRID
 
 _generator = np.random.default_rng()
 _device_seed = float(np.random.default_rng().integers(0, 1000))
@@ -67,6 +68,8 @@ def set_rng_state(state: dict) -> None:
     device = np.asarray(state["device"], dtype=np.float32)
     if device.size != 1:
         raise ValueError(f"set_rng_state: the device state is one number, got shape {device.shape}")
+    # onto the grid of the generator's steps (ops.RAND_STEP): a state an older ggrad saved lies off it
+    device = (np.floor(device.astype(np.float64) * RAND_GRID) / RAND_GRID).astype(np.float32)
     global _generator, _device_seed
     _generator, _device_seed = np.random.Generator(bit_generator), float(state["device_seed"])
     from .autograd import no_grad
