@@ -57,7 +57,7 @@ def profile(graphs, backend, repeats: int, listed: frozenset = frozenset()) -> d
     times: dict[str, list[float]] = collections.defaultdict(list)
     for (_, _, node), seen in zip(nodes, runs):
         times[op_label(node)].append(sorted(seen)[len(seen) // 2])
-        if op_label(node) in listed:
+        if op_label(node) in listed or "all" in listed:
             c = node.contents
             sources = ", ".join(f"{tuple(c.src[k].contents.ne)}/{tuple(c.src[k].contents.nb)}" for k in range(2) if c.src[k])
             print(f"{op_label(node)}: {times[op_label(node)][-1] * 1e6:.1f} us, {sources} -> {tuple(c.ne)}")
@@ -106,7 +106,9 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="also list the GPU kernels of whole replays (CUDA)")
     ap.add_argument("--top", type=int, default=15, help="how many of --kernels' kernels to list")
     ap.add_argument("--nodes", nargs="+", default=[], metavar="OP",
-                    help="list each node of these ops (names as in the table) with its shapes and time")
+                    help="list each node of these ops (names as in the table; all: every node) with its shapes and time")
+    ap.add_argument("--torch", action="store_true",
+                    help="also list PyTorch's GPU kernels of the same step as a CUDA graph (with --kernels)")
     args = ap.parse_args()
     if args.kernels and not args.device.startswith("cuda"):
         ap.error("--kernels lists CUDA kernels (CUPTI): use it with --device cuda")
@@ -132,6 +134,11 @@ def main() -> None:
     replay = (time.perf_counter() - t0) / 20
     if args.kernels:
         cuda_kernels(step, sync, top=args.top)
+    if args.kernels and args.torch:
+        import torch
+        torch.set_float32_matmul_precision(args.precision)
+        print("PyTorch's CUDA graph of the same step:")
+        cuda_kernels(*T.torch_step_fn(args.model, data, "cuda", True, cuda_graph=True, amp=args.amp), top=args.top)
     backend = runtime.current().backend
     t0 = time.perf_counter()
     for _ in range(20):  # ggml alone: the step's graphs with none of ggrad's replay around them

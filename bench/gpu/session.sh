@@ -114,6 +114,8 @@
 #   bash bench/gpu/session.sh set72    ~360 s: the device generator's new step and graphs left running on Vulkan and
 #                                      CUDA: their tests, ten draws in fresh processes, the MLP rows
 #   bash bench/gpu/session.sh set73    ~300 s: CUDA: one upload a replay: its tests, a block's first step by phase, MLP rows
+#   bash bench/gpu/session.sh set74    ~380 s: CUDA: the bf16 block's step node by node and kernel by kernel, beside
+#                                      PyTorch's CUDA graph's kernels of the same step; the block's row
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -962,6 +964,19 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     mlps mlp-cuda.txt 60 --blocks 12 --by-predecessor
     grep "CUDA graph" $OUT/mlp-cuda.txt
     echo "mlps at $(el) s" ;;
+  set74)
+    # ~380 s, CUDA: where the bf16 block's step goes (its nodes with their shapes, its kernels,
+    # PyTorch's kernels of the same step as a CUDA graph), then the block's row
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cu timeout 150 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
+      --precision high --kernels --torch --top 70 --nodes all --repeats 10 > $OUT/block-profile.txt 2>&1
+    echo "profile at $(el) s"
+    cu timeout 90 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 6 > $OUT/block-cuda.txt 2>&1
+    grep "CUDA graph" $OUT/block-cuda.txt
+    echo "block at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
     # constants in place, the budgets) and set60's NV_coopmat2 tests on a real GPU's Vulkan, then
