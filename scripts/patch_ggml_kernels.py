@@ -74,6 +74,10 @@
   On Vulkan (set 56): a graph computed while earlier ones may still run (ggrad leaves them
   running, as on CUDA) starts with one barrier after all of their work, and ggml-vulkan's
   lists of unsynchronized nodes start empty (theirs named tensors since freed or re-pointed).
+  On the CPU and CUDA (set 57): attention's softmax under autocast (33) writes its
+  probabilities in the low type, for the product with the values, and each row's max and 1/sum
+  after them; its gradient (34) computes the float32 probabilities again from those and writes
+  float32, or the low type for the products that read it (ggrad_softmax.h).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -92,7 +96,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 56
+KERNELS_VERSION = 57
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -1084,7 +1088,7 @@ def patch(tree: Path) -> None:
          f"static inline float op_relu(float x) {{ /* {MARK}: NaN and -0 kept, as torch */\n    return (x < 0.f) ? 0.f : x;"),
     ])
     for name in ("ggrad_cpu.inc", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_cell.h", "ggrad_gemm.h",
-                 "ggrad_pool.h"):
+                 "ggrad_pool.h", "ggrad_softmax.h"):
         shutil.copy(SOURCES / name, src / "ggml-cpu" / name)
     _patch_file(src / "ggml-cpu" / "ggml-cpu.c", [
         ("        case GGML_OP_OPT_STEP_SGD:\n            {\n                ggml_compute_forward_opt_step_sgd(params, tensor);\n"
@@ -1121,7 +1125,9 @@ def patch(tree: Path) -> None:
          "                     ggml_get_op_params_i32(op, 0) == 25) && ggml_ggrad_cpu_bn_supported(op)) ||\n"
          "                   ((ggml_get_op_params_i32(op, 0) == 30 || ggml_get_op_params_i32(op, 0) == 31) &&\n"
          "                    ggml_ggrad_cpu_layer_norm_supported(op)) ||\n"
-         "                   (ggml_get_op_params_i32(op, 0) == 32 && ggml_ggrad_cpu_class_total_supported(op));\n"
+         "                   (ggml_get_op_params_i32(op, 0) == 32 && ggml_ggrad_cpu_class_total_supported(op)) ||\n"
+         "                   ((ggml_get_op_params_i32(op, 0) == 33 || ggml_get_op_params_i32(op, 0) == 34) &&\n"
+         "                    ggml_ggrad_cpu_softmax_supported(op));\n"
          "        case GGML_OP_CPY:\n        case GGML_OP_SET_ROWS:\n"),
         ("static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n",
          f"extern \"C\" bool ggml_ggrad_cpu_gemm_supported(const struct ggml_tensor * op); /* {MARK}: ggrad_cpu.inc */\n"
@@ -1133,6 +1139,7 @@ def patch(tree: Path) -> None:
          "extern \"C\" bool ggml_ggrad_cpu_bn_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_layer_norm_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_class_total_supported(const struct ggml_tensor * op);\n"
+         "extern \"C\" bool ggml_ggrad_cpu_softmax_supported(const struct ggml_tensor * op);\n"
          "extern \"C\" bool ggml_ggrad_cpu_adam_hyper_supported(const struct ggml_tensor * op);\n\n"
          "static bool ggml_backend_cpu_device_supports_op(ggml_backend_dev_t dev, const struct ggml_tensor * op) {\n"),
     ])
@@ -1295,7 +1302,7 @@ def patch(tree: Path) -> None:
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
     for name in ("ggrad.cu", "ggrad.cuh", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_cell.h", "ggrad_gemm.h",
-                 "ggrad_pool.h"):
+                 "ggrad_pool.h", "ggrad_softmax.h"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),

@@ -7,6 +7,7 @@
 #include "ggrad_cell.h"
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
+#include "ggrad_softmax.h"
 #include "convert.cuh"
 
 #include <cublasLt.h>
@@ -860,6 +861,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 32) {
         return ggrad_class_total_supported(op);  // ggrad_ce.h
     }
+    if (kernel == 33 || kernel == 34) {
+        return ggrad_softmax_supported(op, 32*WARP_SIZE);  // ggrad_softmax.h: a row in a warp's registers
+    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -1011,6 +1015,183 @@ static void ggrad_fold(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     CUDA_CHECK(cudaGetLastError());
 }
 
+// attention's softmax under autocast (kernels 33 and 34, ggrad_softmax.h): a warp a row, the row
+// in registers (as SOFT_MAX's softmax_rows, set 50). x*scale + mask rounded apart, no fused
+// multiply-add, in both: the gradient computes each float32 probability again, the same bits.
+struct ggrad_softmax_shape {
+    int ncols;
+    int64_t nrows, ne01, ne02, mne2, mne3;
+    size_t nb11, nb12, nb13;
+    float scale;
+};
+
+static __device__ __forceinline__ float ggrad_mask_value(const float * m, const int col) { return m[col]; }
+static __device__ __forceinline__ float ggrad_mask_value(const half * m, const int col) { return __half2float(m[col]); }
+
+template <typename M>
+static __device__ __forceinline__ float ggrad_softmax_input(const float x, const M * m, const int col, const float scale) {
+    const float scaled = __fmul_rn(x, scale);
+    return m == nullptr ? scaled : __fadd_rn(scaled, ggrad_mask_value(m, col));
+}
+
+template <typename M>
+static __device__ __forceinline__ const M * ggrad_softmax_mask_of(const M * mask, const int64_t row, const ggrad_softmax_shape & s) {
+    if (mask == nullptr) {
+        return nullptr;
+    }
+    const int64_t i01 = row % s.ne01, i02 = (row/s.ne01) % s.ne02, i03 = row/(s.ne01*s.ne02);
+    return (const M *) ((const char *) mask + i01*s.nb11 + (i02 % s.mne2)*s.nb12 + (i03 % s.mne3)*s.nb13);
+}
+
+template <int per_lane, typename M, typename dst_t>
+static __global__ void ggrad_softmax_low_rows(const float * x, const M * mask, dst_t * dst, float * stats,
+                                              const ggrad_softmax_shape s) {
+    const int64_t row = (int64_t) blockIdx.x*blockDim.y + threadIdx.y;
+    if (row >= s.nrows) {
+        return;
+    }
+    const int lane = threadIdx.x;
+    const M * m = ggrad_softmax_mask_of(mask, row, s);
+    x += row*s.ncols;
+    dst += row*s.ncols;
+    float v[per_lane];
+    float top = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        v[i] = col < s.ncols ? ggrad_softmax_input(x[col], m, col, s.scale) : -INFINITY;
+        top = max(top, v[i]);
+    }
+    top = warp_reduce_max(top);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        if (lane + i*WARP_SIZE < s.ncols) {
+            v[i] = expf(v[i] - top);
+            sum += v[i];
+        }
+    }
+    sum = warp_reduce_sum(sum);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        if (col < s.ncols) {
+            dst[col] = ggml_cuda_cast<dst_t>(__fmul_rn(v[i], inv));  // as CPY converts the float32 softmax
+        }
+    }
+    if (lane == 0) {
+        stats[2*row] = top;
+        stats[2*row + 1] = inv;
+    }
+}
+
+template <int per_lane, typename M, typename dst_t>
+static __global__ void ggrad_softmax_low_back_rows(const float * x, const M * mask, const float * g, const float * stats,
+                                                   dst_t * dst, const ggrad_softmax_shape s) {
+    const int64_t row = (int64_t) blockIdx.x*blockDim.y + threadIdx.y;
+    if (row >= s.nrows) {
+        return;
+    }
+    const int lane = threadIdx.x;
+    const M * m = ggrad_softmax_mask_of(mask, row, s);
+    x += row*s.ncols;
+    g += row*s.ncols;
+    dst += row*s.ncols;
+    const float top = stats[2*row], inv = stats[2*row + 1];
+    float p[per_lane], gv[per_lane];
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        p[i] = 0.0f;
+        gv[i] = 0.0f;
+        if (col < s.ncols) {
+            p[i] = __fmul_rn(expf(ggrad_softmax_input(x[col], m, col, s.scale) - top), inv);
+            gv[i] = g[col];
+            dot += p[i]*gv[i];
+        }
+    }
+    dot = warp_reduce_sum(dot);
+#pragma unroll
+    for (int i = 0; i < per_lane; ++i) {
+        const int col = lane + i*WARP_SIZE;
+        if (col < s.ncols) {
+            dst[col] = ggml_cuda_cast<dst_t>(__fmul_rn(__fmul_rn(gv[i] - dot, p[i]), s.scale));
+        }
+    }
+}
+
+template <int per_lane, typename M, typename dst_t>
+static void ggrad_softmax_low_launch(const ggml_tensor * dst, const M * mask, dst_t * out, const ggrad_softmax_shape & s,
+                                     cudaStream_t stream) {
+    const ggml_tensor * x = dst->src[0];
+    const dim3 threads(WARP_SIZE, 4, 1);
+    const unsigned int blocks = (unsigned int) ((s.nrows + 3)/4);
+    if (ggml_get_op_params_i32(dst, 0) == 33) {
+        float * stats = (float *) ((char *) dst->data + ggrad_softmax_stats_offset(s.nrows, s.ncols, sizeof(dst_t)));
+        ggrad_softmax_low_rows<per_lane, M, dst_t><<<blocks, threads, 0, stream>>>((const float *) x->data, mask, out, stats, s);
+    } else {
+        const ggml_tensor * probs = dst->src[3];
+        const float * stats = (const float *) ((const char *) probs->data +
+                                               ggrad_softmax_stats_offset(s.nrows, s.ncols, ggml_type_size(probs->type)));
+        ggrad_softmax_low_back_rows<per_lane, M, dst_t><<<blocks, threads, 0, stream>>>(
+            (const float *) x->data, mask, (const float *) dst->src[2]->data, stats, out, s);
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename M, typename dst_t>
+static void ggrad_softmax_low_typed(const ggml_tensor * dst, const M * mask, const ggrad_softmax_shape & s, cudaStream_t stream) {
+    dst_t * out = (dst_t *) dst->data;
+    const int lanes = (s.ncols + WARP_SIZE - 1)/WARP_SIZE;  // at most 32: ggrad_softmax_supported
+    if (lanes <= 1) {
+        ggrad_softmax_low_launch<1>(dst, mask, out, s, stream);
+    } else if (lanes <= 2) {
+        ggrad_softmax_low_launch<2>(dst, mask, out, s, stream);
+    } else if (lanes <= 4) {
+        ggrad_softmax_low_launch<4>(dst, mask, out, s, stream);
+    } else if (lanes <= 8) {
+        ggrad_softmax_low_launch<8>(dst, mask, out, s, stream);
+    } else if (lanes <= 16) {
+        ggrad_softmax_low_launch<16>(dst, mask, out, s, stream);
+    } else {
+        ggrad_softmax_low_launch<32>(dst, mask, out, s, stream);
+    }
+}
+
+template <typename M>
+static void ggrad_softmax_low_masked(const ggml_tensor * dst, const M * mask, const ggrad_softmax_shape & s, cudaStream_t stream) {
+    if (dst->type == GGML_TYPE_BF16) {
+        ggrad_softmax_low_typed<M, nv_bfloat16>(dst, mask, s, stream);
+    } else if (dst->type == GGML_TYPE_F16) {
+        ggrad_softmax_low_typed<M, half>(dst, mask, s, stream);
+    } else {
+        ggrad_softmax_low_typed<M, float>(dst, mask, s, stream);  // kernel 34's float32 gradient
+    }
+}
+
+static void ggrad_softmax_low(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * x = dst->src[0];
+    const ggml_tensor * mask = dst->src[1];
+    ggrad_softmax_shape s;
+    s.ncols = (int) x->ne[0];
+    s.nrows = ggml_nrows(x);
+    s.ne01 = x->ne[1];
+    s.ne02 = x->ne[2];
+    s.mne2 = mask != nullptr ? mask->ne[2] : 1;
+    s.mne3 = mask != nullptr ? mask->ne[3] : 1;
+    s.nb11 = mask != nullptr ? mask->nb[1] : 0;
+    s.nb12 = mask != nullptr ? mask->nb[2] : 0;
+    s.nb13 = mask != nullptr ? mask->nb[3] : 0;
+    s.scale = ggml_get_op_params_f32(dst, 1);
+    if (mask != nullptr && mask->type == GGML_TYPE_F16) {
+        ggrad_softmax_low_masked(dst, (const half *) mask->data, s, ctx.stream());
+    } else {
+        ggrad_softmax_low_masked(dst, mask != nullptr ? (const float *) mask->data : nullptr, s, ctx.stream());
+    }
+}
+
 void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
     switch (kernel) {  // the kernels with launchers of their own; the rows kernels follow
@@ -1027,6 +1208,8 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case 23: ggrad_fold(ctx, dst); return;
         case 24: ggrad_qrows(ctx, dst); return;
         case 25: ggrad_move_running_stat(ctx, dst); return;
+        case 33:
+        case 34: ggrad_softmax_low(ctx, dst); return;
         default: break;
     }
     const ggml_tensor * x = dst->src[0];

@@ -105,11 +105,15 @@ def as_type(ctx, x, ggml_type):
         return x
     if x.contents.op == G.GGML_OP_RESHAPE:  # the reshaped tensor cast once, however many reshapes a graph casts
         return G.ggml_reshape_4d(ctx, as_type(ctx, x.contents.src[0], ggml_type), *x.contents.ne)
+    widened = x.contents.src[0]
+    if _is_cast(x) and x.contents.type == F32 and widened.contents.type == ggml_type and G.ggml_is_contiguous(widened) \
+            and ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
+        return widened  # a low tensor widened to float32 (exactly) and narrowed again: itself
 
     def cast():
         made = _columns_as(ctx, x, ggml_type)
         if made is None and x.contents.type == F32 and ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
-            made = _relu_cast(ctx, x, ggml_type) or _layer_norm_written_low(ctx, x, ggml_type)
+            made = _relu_cast(ctx, x, ggml_type) or _written_low(ctx, x, ggml_type)
         if made is not None:
             return made
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
@@ -142,18 +146,77 @@ def _relu_cast(ctx, x, ggml_type):
     return _supported(cast)
 
 
-def _layer_norm_written_low(ctx, x, ggml_type):
-    """`x`, where it is ggrad's LayerNorm kernel's float32 output, as that kernel writing
-    `ggml_type` itself (layer_norm_low, set 53: each value converted as a cast converts, the
-    same bits) where the backend has it, instead of a cast of it: the float32 node leaves the
-    graph where nothing else reads it (its gradient reads LayerNorm's input); else None."""
+# ggrad's kernels that write float16 or bfloat16 where their output's type asks, each value
+# converted as a cast converts (the same bits as the cast of their float32 output), with the op
+# variant that says the backend has it (None: every backend with the kernel): LayerNorm's
+# (set 53) and attention's softmax gradient (set 57)
+_LOW_WRITERS = {kernels.LAYER_NORM: "layer_norm_low", kernels.SOFTMAX_LOW_BACK: None}
+
+
+def _written_low(ctx, x, ggml_type):
+    """`x`, where it is the float32 output of one of _LOW_WRITERS' kernels, as that kernel
+    writing `ggml_type` itself instead of a cast of it: the float32 node leaves the graph
+    where nothing else reads it (LayerNorm's gradient reads its input; the softmax's gradient
+    feeds only autocast's products); else None."""
     from . import runtime
     c = x.contents
-    if kernels.kernel_of(x) != kernels.LAYER_NORM or not kernels.variant(runtime.current().backend, "layer_norm_low"):
+    kernel = kernels.kernel_of(x)
+    if kernel not in _LOW_WRITERS or (_LOW_WRITERS[kernel] is not None
+                                      and not kernels.variant(runtime.current().backend, _LOW_WRITERS[kernel])):
         return None
-    written = kernels.op(ctx, kernels.LAYER_NORM, (c.ne[0], c.ne[1]), [c.src[0], c.src[1], c.src[2]], [], dtype=ggml_type)
-    written.contents.op_params[1] = c.op_params[1]  # eps, its bits
+    written = kernels.op(ctx, kernel, (c.ne[0], c.ne[1]), [c.src[i] for i in range(4)], [], dtype=ggml_type)
+    for i in range(1, len(c.op_params)):  # eps, scale: their bits
+        written.contents.op_params[i] = c.op_params[i]
     return _supported(written)
+
+
+def softmax_low(ctx, x, mask, scale: float, storage: str):
+    """softmax(x * scale + mask) over the rows of the contiguous float32 `x`, written in the
+    low dtype of `storage` (autocast's) by ggrad's kernel (SOFTMAX_LOW, set 57) as a view of x's shape, where the
+    backend has it; else None. For attention's weights under autocast, which only its product
+    with the values reads: that product's cast of the float32 softmax rounds to these bits,
+    and neither the float32 weights nor their cast are written. The kernel keeps each row's
+    max and 1/sum after the rows, for softmax_low_back."""
+    from . import runtime
+    if not kernels.supported(runtime.current().backend, kernels.SOFTMAX_LOW):
+        return None
+    low = DTYPES[storage]
+    c, size = x.contents, G.ggml_type_size(low)
+    rows, cols = G.ggml_nrows(x), c.ne[0]
+    probs = _supported(kernels.op(ctx, kernels.SOFTMAX_LOW, (cols, kernels.softmax_low_rows(cols, rows, size)),
+                                  [x, mask], [float(scale)], dtype=low))
+    if probs is None:
+        return None
+    return G.ggml_view_4d(ctx, probs, *c.ne, cols * size, cols * c.ne[1] * size, cols * c.ne[1] * c.ne[2] * size, 0)
+
+
+def softmax_low_source(y):
+    """The SOFTMAX_LOW node whose probabilities `y` holds (the float32 value softmax_low's
+    caller returned: a cast of its view, through views and reshapes), or None."""
+    node = y
+    while node.contents.op in _PURE_VIEWS or _is_cast(node):
+        node = node.contents.src[0]
+    return node if kernels.kernel_of(node) == kernels.SOFTMAX_LOW else None
+
+
+def softmax_low_back(ctx, probs, grad):
+    """The gradient of the scores softmax_low's `probs` node was made from, given the
+    probabilities' gradient `grad` (SOFTMAX_LOW_BACK): each float32 probability computed again
+    from the row's max and 1/sum, as the forward computed it. float32, in the scores' shape;
+    a cast of it for a product is the kernel writing the low type (_written_low)."""
+    pc = probs.contents
+    x = pc.src[0]
+    xc = x.contents
+    grad = G.ggml_reshape_4d(ctx, contiguous(ctx, grad), *xc.ne)
+    node = kernels.op(ctx, kernels.SOFTMAX_LOW_BACK, (xc.ne[0], G.ggml_nrows(x)), [x, pc.src[1], grad, probs], [])
+    node.contents.op_params[1] = pc.op_params[1]  # the scale, its bits
+    return G.ggml_reshape_4d(ctx, node, *xc.ne)
+
+
+def _is_cast(x) -> bool:
+    """Whether `x` is ggml_cast's node (a CPY into a new tensor: itself its destination)."""
+    c = x.contents
+    return c.op == G.GGML_OP_CPY and bool(c.src[1]) and ctypes.addressof(c.src[1].contents) == ctypes.addressof(c)
 
 
 def _columns_as(ctx, x, ggml_type):

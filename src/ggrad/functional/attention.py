@@ -8,7 +8,8 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes
-from ..ops import compute, contiguous, reshape, soft_max
+from ..ops import compute, contiguous, reshape, soft_max, softmax_low, softmax_low_back, softmax_low_source
+from ..runtime import precision
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
 from .compare import gt, where
 from .layout import matmul, matmul_nt
@@ -54,7 +55,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     scores = matmul_nt(q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if attn_mask is None:
-        weights = attention_weights(scores, scale, causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None)
+        weights = attention_weights(scores, scale, causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None,
+                                    for_product=not (dropout_p > 0.0 and training))
     else:  # rows with no key left: a zero mask (finite weights, finite gradients), then zeros
         mask = additive_mask(attn_mask, scores.dtype, keep_true=True)
         kept = any_of(gt(mask, -math.inf), -1, keepdim=True) if mask.ndim else gt(mask, -math.inf)
@@ -64,35 +66,64 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     return matmul(weights, v)
 
 
-def attention_weights(scores: Tensor, scale: float, mask: Tensor | None = None) -> Tensor:
+def attention_weights(scores: Tensor, scale: float, mask: Tensor | None = None, for_product: bool = False) -> Tensor:
     """softmax(scores * scale + mask) over the last axis. Where the mask is none or a
     constant (L, S) one (is_causal's), one node each way: ggml's SOFT_MAX scales and masks
     inside it, and its gradient scales (a transformer block's two SCALE nodes over every
-    score, 90 us of an H200's bf16 step, leave); else the composed ops."""
+    score, 90 us of an H200's bf16 step, leave); else the composed ops.
+    `for_product`: the weights feed only their product with the values (no dropout, not
+    returned). Under autocast that product reads them in the low dtype, and where the
+    backend has ggrad's kernels (set 57) the softmax writes them so: the same bits as the
+    cast of the float32 weights, which are then neither written nor cast. Their gradient
+    computes the float32 weights again from each row's max and 1/sum."""
     folds = mask is None or (mask.shape == tuple(scores.shape[-2:]) and not mask.requires_grad)
     if not folds:
         return softmax(scores * scale + mask, -1)
+    low = precision.autocast_dtype() if for_product else None
     inputs = (scores,) if mask is None else (scores, mask)
-    return _apply("scaled_softmax", inputs, scores.shape, _scaled_softmax_rule, float(scale), scores.dtype)
+    arg = (float(scale), low.storage if low is not None else None)
+    return _apply("scaled_softmax", inputs, scores.shape, _scaled_softmax_rule, arg, scores.dtype)
 
 
 def _scaled_softmax_rule(ctx, g):
-    grad = _apply("scaled_softmax_back", (g, _out(ctx)), g.shape, None, ctx.arg, g.dtype)
+    # with the weights written low, the scores (and mask) too: a gradient built where the
+    # forward's nodes are gone (its values kept) computes the float32 weights again from them
+    sources = ctx.parents if ctx.arg[1] is not None else ()
+    grad = _apply("scaled_softmax_back", (g, _out(ctx)) + tuple(t.detach() for t in sources), g.shape, None, ctx.arg,
+                  g.dtype)
     return (grad,) + (None,) * (len(ctx.parents) - 1)
 
 
 @compute("scaled_softmax")
 def _scaled_softmax(ctx, s, node):
+    scale, low = node.arg
     mask = contiguous(ctx, s[1]) if len(s) > 1 else None
-    return soft_max(ctx, contiguous(ctx, s[0]), mask, node.arg)
+    scores = contiguous(ctx, s[0])
+    written = softmax_low(ctx, scores, mask, scale, low) if low is not None else None
+    return written if written is not None else soft_max(ctx, scores, mask, scale)
 
 
 @compute("scaled_softmax_back")
 def _scaled_softmax_back(ctx, s, node):
-    """As ops' softmax_back (y flagged an output: see its note), the gradient scaled."""
-    grad, y = s
+    """As ops' softmax_back (y flagged an output: see its note), the gradient scaled; from
+    the kernel's row statistics where the forward wrote the weights low in this graph, or
+    from the weights computed again in float32 where it wrote them low in another."""
+    grad, y = s[:2]
+    scale, low = node.arg
+    probs = softmax_low_source(y)
+    if probs is not None:
+        return softmax_low_back(ctx, probs, grad)
+    if low is not None and not _computed_by(y, G.GGML_OP_SOFT_MAX):  # kept values, maybe the rounded ones
+        y = soft_max(ctx, contiguous(ctx, s[2]), contiguous(ctx, s[3]) if len(s) > 3 else None, scale)
     y.contents.flags |= G.GGML_TENSOR_FLAG_OUTPUT
-    return G.ggml_soft_max_ext_back(ctx, grad, y, node.arg, 0.0)
+    return G.ggml_soft_max_ext_back(ctx, grad, y, scale, 0.0)
+
+
+def _computed_by(t, op: int) -> bool:
+    """Whether the ggml tensor `t` is, through views and reshapes, a node of `op` in the graph being built."""
+    while t.contents.op in (G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE):
+        t = t.contents.src[0]
+    return t.contents.op == op
 
 
 def rotary_embedding(x, positions=None, base: float = 10000.0, interleaved: bool = False) -> Tensor:

@@ -83,8 +83,9 @@ class MultiheadAttention(Module):
         q, k, v = (F.permute(F.reshape(t, (n, t.shape[1], h, d)), (0, 2, 1, 3)) for t in (q, k, v))
         scores = F.matmul_nt(q, k)  # (n, h, L, S)
         mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, scores.dtype)
-        weights = attention_weights(scores, 1.0 / math.sqrt(d), mask)
-        if self.dropout > 0.0 and self.training:
+        dropped = self.dropout > 0.0 and self.training
+        weights = attention_weights(scores, 1.0 / math.sqrt(d), mask, for_product=not (need_weights or dropped))
+        if dropped:
             weights = F.dropout(weights, self.dropout)
         out = F.reshape(F.permute(weights @ v, (0, 2, 1, 3)), (n, length, e))
         out = self.out_proj(out)

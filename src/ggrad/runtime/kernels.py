@@ -55,6 +55,8 @@ BATCH_NORM_BACK_JOIN = 29     # x, g, mean, var, [weight], those; as BATCH_STATS
 LAYER_NORM = 30               # x (D, R), [weight (D)], [bias (D)]; eps -> xhat * weight + bias (cpu, cuda)
 LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 1 -> dx, then g * xhat (D, 2R) (cpu, cuda)
 CLASS_TOTAL = 32              # CLASS_CROSS_ENTROPY's (N, 2); mean -> the loss, the weights' sum, a target's share of a gradient of 1 (3)
+SOFTMAX_LOW = 33              # x (S, L, H, B), [mask]; scale -> softmax rows in f16/bf16, then each row's max and 1/sum (cpu, cuda)
+SOFTMAX_LOW_BACK = 34         # x, [mask], the rows' gradient, SOFTMAX_LOW's output; scale -> the gradient of x (S, R) (cpu, cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
@@ -62,13 +64,21 @@ SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAY
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
          BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51,
-         CLASS_TOTAL: 54}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
     """Each kernel's name, by its number (this module's constants)."""
     return {value: name for name, value in globals().items()
             if name.isupper() and isinstance(value, int) and value in SINCE}
+
+
+def softmax_low_rows(cols: int, rows: int, type_size: int) -> int:
+    """The rows of `cols` values of SOFTMAX_LOW's output for `rows` softmax rows in a type of
+    `type_size` bytes: the probabilities, then each row's max and 1/sum as two float32 at
+    the first 16-byte boundary after them (ggrad_softmax.h's layout)."""
+    stats = -(-rows * cols * type_size // 16) * 16
+    return -(-(stats + 8 * rows) // (cols * type_size))
 
 
 def version() -> int:
@@ -178,7 +188,8 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
 # H100, set53 (2026-12-06): LayerNorm's kernels (set 51) and its bfloat16 output passed theirs.
 # H100, set66 (2026-12-07): set 54's CLASS_TOTAL passed its tests (the cross-entropy's, the budgets).
-UNVERIFIED: dict[str, set[int]] = {}
+# Set 57's attention softmax under autocast (SOFTMAX_LOW, SOFTMAX_LOW_BACK): compile-checked for CUDA.
+UNVERIFIED: dict[str, set[int]] = {"cuda": {SOFTMAX_LOW, SOFTMAX_LOW_BACK}}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -366,6 +377,10 @@ def _ask(dev_backend, kernel: int) -> bool:
             node = op(ctx, kernel, (2, 1), [vec(2), vec(4)], [2, 0.9, 0.1])
         elif kernel == ADAM_HYPER:
             node = op(ctx, kernel, (11, 1), [vec(n) for n in (2, 1, 4, 2)], [])
+        elif kernel in (SOFTMAX_LOW, SOFTMAX_LOW_BACK):  # 2 rows of 4, no mask, bfloat16 probabilities
+            bf16 = G.GGML_TYPE_BF16
+            probs = op(ctx, SOFTMAX_LOW, (4, softmax_low_rows(4, 2, 2)), [logits, None], [1.0], dtype=bf16)
+            node = probs if kernel == SOFTMAX_LOW else op(ctx, kernel, (4, 2), [logits, None, logits, probs], [1.0])
         else:
             return False
         return dev_backend.has_op(node)
