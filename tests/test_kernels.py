@@ -785,6 +785,66 @@ def test_layer_norm_writes_a_low_type_with_the_casts_bits(dev, monkeypatch, low)
     np.testing.assert_allclose(results[True][finite], close[finite], rtol=1e-2, atol=1e-2)
 
 
+def test_a_kernel_output_read_beside_its_cast_keeps_its_float32_values(dev):
+    """ops.narrow_casts retypes a kernel's output only where its cast is its one reader:
+    LayerNorm's output cast to bfloat16 and also summed in float32 keeps a float32 node and
+    its cast (the sum equals float64's over the float32 values, not over rounded ones)."""
+    if kernels.version() < 53 or not kernels.supported(ggrad.runtime.current().backend, kernels.LAYER_NORM):
+        pytest.skip(f"{dev}: no LayerNorm kernel writing low types (set 53)")
+    rng = np.random.default_rng(4)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((5, 64), 64, 64))
+
+    @ggrad.compile
+    def step(x, w, b):
+        y = F.layer_norm(x, (64,), w, b)
+        return y.to(ggrad.bfloat16), y.sum(-1)
+    low, sums = (t.float().numpy() for t in step(*(ggrad.tensor(a) for a in (x, w, b))))
+    x64 = x.astype(np.float64)
+    y64 = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(low, y64, rtol=2.0 ** -8, atol=1e-6)
+    np.testing.assert_allclose(sums, y64.sum(-1), rtol=0, atol=2e-5)
+    written = [n.type for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.LAYER_NORM]
+    assert written == [ggrad.ops.F32], written
+
+
+@pytest.mark.parametrize("case", ["linear", "linear, bias after the product", "heads", "one batch axis"])
+def test_cuda_products_write_their_low_result_where_only_its_cast_reads_it(dev, monkeypatch, case):
+    """Under autocast a product whose one reader is its cast to bfloat16 (the fused attention
+    projection's result, read only by the next products) is written in bfloat16 by the GEMM
+    itself on CUDA (gemm_low_out, set 57: ops.narrow_casts): one cast node fewer, a bfloat16
+    GEMM node, and each value float64's product of the rounded operands (plus the bias,
+    added before the one rounding) to within one bfloat16 step, as with the cast."""
+    if not dev.startswith("cuda") or kernels.version() < 57:
+        pytest.skip(f"{dev}: not CUDA with set 57")
+    rng = np.random.default_rng(8)
+    shapes = {"linear": ((64, 96), (80, 96)), "linear, bias after the product": ((64, 96), (80, 96)),
+              "heads": ((2, 3, 40, 32), (2, 3, 24, 32)), "one batch axis": ((3, 40, 32), (3, 24, 32))}[case]
+    a, b = (rng.standard_normal(shape).astype(np.float32) for shape in shapes)
+    bias = rng.standard_normal(b.shape[-2]).astype(np.float32)
+    if case == "linear, bias after the product":
+        set_variant(monkeypatch, "gemm_bias_epilogue", False)
+    results, casts = {}, {}
+    for on in (False, True):
+        set_variant(monkeypatch, "gemm_low_out", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"{case} low out {on}")
+
+        @ggrad.compile
+        def step(a, b, bias):
+            with ggrad.autocast(dtype=ggrad.bfloat16):
+                y = F.linear(a, b, bias) if case.startswith("linear") else a @ b.transpose(-1, -2)
+            return y.to(ggrad.bfloat16)
+        results[on] = step(*(ggrad.tensor(t) for t in (a, b, bias))).float().numpy()
+        nodes = compiled_nodes(step)
+        casts[on] = sum(n.op == ggrad.ops.G.GGML_OP_CPY for n in nodes)
+        products = [n.type for n in nodes if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM]
+        assert products == [ggrad.ops.G.GGML_TYPE_BF16 if on else ggrad.ops.F32], products
+    assert casts[True] == casts[False] - 1, casts
+    r = lambda t: torch.from_numpy(t).to(torch.bfloat16).double().numpy()  # noqa: E731
+    want = r(a) @ np.swapaxes(r(b), -1, -2) + (bias if case.startswith("linear") else 0.0)
+    for got in results.values():
+        np.testing.assert_allclose(got, want, rtol=2.0 ** -7, atol=1e-6)
+
+
 @needs_layer_norm_kernel
 def test_layer_norm_is_one_node_each_way(dev):
     """The normalization is one NORM node and its gradient one GGRAD node."""

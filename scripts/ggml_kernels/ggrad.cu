@@ -298,8 +298,8 @@ static uint32_t ggrad_alignment(const void * p) {
 // has no preference for it), a bias with a cuBLASLt before CUDA 12.1 (PyTorch keeps its
 // epilogue off there for known bugs), no such algorithm, or a failed call.
 static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shape & s, ggml_tensor * dst,
-                          const cudaDataType_t type, const cublasComputeType_t compute, const void * bias,
-                          const bool whole_k) {
+                          const cudaDataType_t type, const cudaDataType_t c_type, const cublasComputeType_t compute,
+                          const void * bias, const bool whole_k) {
 #if CUDART_VERSION < 12010
     if (bias != nullptr) {
         return false;
@@ -322,12 +322,16 @@ static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shap
         const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        if (c_type != CUDA_R_32F) {  // a low D (set 57): the bias stays float32, added before D's rounding
+            const cudaDataType_t bias_type = CUDA_R_32F;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        }
     }
     // column-major, as cuBLAS: C^T (N x M) = op(B)^T op(A)^T, each operand described as it is stored
     cublasLtMatrixLayout_t lb, la, lc;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.tb ? K : N, s.tb ? N : K, s.b.ld));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.ta ? M : K, s.ta ? K : M, s.a.ld));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, N, M, N));
     const size_t workspace = 4 << 20;
     const uint32_t align_b = ggrad_alignment(s.b.data), align_a = ggrad_alignment(s.a.data), align_c = ggrad_alignment(dst->data);
     cublasLtMatmulPreference_t pref;
@@ -368,6 +372,17 @@ static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shap
     return done;
 }
 
+// a float32 product's rows plus the bias, rounded to the low result's type (set 57: a low
+// result whose bias no cuBLASLt epilogue added; the sum rounded once, as the cast of ggrad_add_rows_f32's)
+template <typename dst_t>
+static __global__ void ggrad_add_rows_low(const float * c, const float * bias, dst_t * dst, const int64_t n,
+                                          const int64_t total) {
+    const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
+    if (i < total) {
+        dst[i] = ggml_cuda_cast<dst_t>(c[i] + bias[i % n]);
+    }
+}
+
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
     GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
@@ -387,12 +402,21 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // op_params[5]: the bias in cuBLASLt's epilogue; [6]: an algorithm that does not split K
     const bool epilogue = dst->src[2] != nullptr && ggml_get_op_params_i32(dst, 5) == 1;
     const bool whole_k = ggml_get_op_params_i32(dst, 6) == 1;
+    // set 57: C in the operands' low type where dst's type asks (the float32 sums rounded once);
+    // a bias no epilogue adds goes on a float32 C first, rounded with it after (`widened`)
+    const bool low_out = dst->type != GGML_TYPE_F32;
     // one cuBLASLt call; where no algorithm both adds the bias and keeps K whole, the bias wins
     const void * bias = epilogue ? dst->src[2]->data : nullptr;
     const cudaDataType_t type = low ? low_type : CUDA_R_32F;
-    const bool by_lt = (epilogue || whole_k) && s.b2*s.b3 == 1 &&
-        (ggrad_gemm_lt(ctx, s, dst, type, compute, bias, whole_k) ||
-         (epilogue && whole_k && ggrad_gemm_lt(ctx, s, dst, type, compute, bias, false)));
+    const cudaDataType_t out_type = low_out ? low_type : CUDA_R_32F;
+    const bool lt = (epilogue || whole_k) && s.b2*s.b3 == 1 && !(low_out && dst->src[2] != nullptr && !epilogue);
+    const bool by_lt = lt && (ggrad_gemm_lt(ctx, s, dst, type, out_type, compute, bias, whole_k) ||
+                              (epilogue && whole_k && ggrad_gemm_lt(ctx, s, dst, type, out_type, compute, bias, false)));
+    const bool widened = low_out && dst->src[2] != nullptr && !by_lt;
+    ggml_cuda_pool_alloc<float> wide(ctx.pool());
+    char * c_data = widened ? (char *) wide.alloc(ggml_nelements(dst)) : (char *) dst->data;
+    const cudaDataType_t c_type = widened ? CUDA_R_32F : out_type;
+    const size_t c_size = c_type == CUDA_R_32F ? sizeof(float) : 2;
     if (by_lt) {
         // made by the one cuBLASLt call
     } else if (s.b3 > 1) {  // batches over two axes (attention's heads and sequences): one call over their pointers
@@ -400,40 +424,47 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         ggml_cuda_pool_alloc<const void *> pointers(ctx.pool(), 3*batches);
         const void ** pa = pointers.get(), ** pb = pa + batches, ** pc = pb + batches;
         ggrad_gemm_batch_pointers<<<(unsigned int) ((batches + 255)/256), 256, 0, stream>>>(
-            s.a.data, s.b.data, (const char *) dst->data, pa, pb, pc, batches, s.b2, s.a_r2, s.a_r3, s.b_r2, s.b_r3,
-            A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*sizeof(float));
+            s.a.data, s.b.data, (const char *) c_data, pa, pb, pc, batches, s.b2, s.a_r2, s.a_r3, s.b_r2, s.b_r3,
+            A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*c_size);
         CUDA_CHECK(cudaGetLastError());
         CUBLAS_CHECK(cublasGemmBatchedEx(handle, op_b, op_a, N, M, K, &alpha, pb, type, ldb, pa, type, lda, &beta,
-                                         (void **) pc, CUDA_R_32F, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
+                                         (void **) pc, c_type, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
     } else if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {  // batches along one axis, evenly strided
         if (low) {
             CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_b, op_a, N, M, K, &alpha, s.b.data, low_type, ldb, step_b,
-                                                    s.a.data, low_type, lda, step_a, &beta, dst->data, CUDA_R_32F, N,
+                                                    s.a.data, low_type, lda, step_a, &beta, c_data, c_type, N,
                                                     s.M*s.N, (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         } else {
             CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) s.b.data, ldb, step_b,
-                                                   (const float *) s.a.data, lda, step_a, &beta, (float *) dst->data, N,
+                                                   (const float *) s.a.data, lda, step_a, &beta, (float *) c_data, N,
                                                    s.M*s.N, (int) s.b2));
         }
     } else {
         for (int64_t i2 = 0; i2 < s.b2; ++i2) {
             const char * a = s.a.data + (i2/s.a_r2)*A->nb[2];
             const char * b = s.b.data + (i2/s.b_r2)*B->nb[2];
-            float * c = (float *) dst->data + i2*s.M*s.N;
+            char * c = c_data + i2*s.M*s.N*c_size;
             if (low) {
                 CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, N, M, K, &alpha, b, low_type, ldb, a, low_type, lda, &beta,
-                                          c, CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                          c, c_type, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             } else {
                 CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, (const float *) b, ldb, (const float *) a, lda,
-                                         &beta, c, N));
+                                         &beta, (float *) c, N));
             }
         }
     }
     CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH));  // ggml's own setting, as it was
     if (dst->src[2] != nullptr && !(by_lt && epilogue)) {
         const int64_t total = ggml_nelements(dst);
-        ggrad_add_rows_f32<<<(unsigned int) ((total + 255)/256), 256, 0, stream>>>(
-            (float *) dst->data, (const float *) dst->src[2]->data, s.N, total);
+        const float * b = (const float *) dst->src[2]->data;
+        const unsigned int blocks = (unsigned int) ((total + 255)/256);
+        if (!widened) {
+            ggrad_add_rows_f32<<<blocks, 256, 0, stream>>>((float *) dst->data, b, s.N, total);
+        } else if (dst->type == GGML_TYPE_BF16) {
+            ggrad_add_rows_low<<<blocks, 256, 0, stream>>>((const float *) c_data, b, (nv_bfloat16 *) dst->data, s.N, total);
+        } else {
+            ggrad_add_rows_low<<<blocks, 256, 0, stream>>>((const float *) c_data, b, (half *) dst->data, s.N, total);
+        }
         CUDA_CHECK(cudaGetLastError());
     }
 }

@@ -61,7 +61,8 @@ static inline bool ggrad_gemm_plan(const ggml_tensor * dst, ggrad_gemm_shape * s
     s->b2 = A->ne[2] > B->ne[2] ? A->ne[2] : B->ne[2];
     s->b3 = A->ne[3] > B->ne[3] ? A->ne[3] : B->ne[3];
     if (kb != s->K || s->b2 % A->ne[2] != 0 || s->b2 % B->ne[2] != 0 || s->b3 % A->ne[3] != 0 ||
-        s->b3 % B->ne[3] != 0 || dst->type != GGML_TYPE_F32 || !ggml_is_contiguous(dst) ||
+        s->b3 % B->ne[3] != 0 || (dst->type != GGML_TYPE_F32 && !(low_types && dst->type == A->type)) ||
+        !ggml_is_contiguous(dst) ||
         dst->ne[0] != s->N || dst->ne[1] != s->M*s->b2*s->b3 || dst->ne[2] != 1 || dst->ne[3] != 1) {
         return false;
     }

@@ -53,6 +53,11 @@ def builder(name: str):
     return register
 
 
+# fn(ggml graph, memo): run over each graph once it is filled, before it is allocated (ops
+# registers its rewrites here, from what its builders noted in the memo)
+GRAPH_PASSES: list[Callable] = []
+
+
 _sequence = itertools.count()
 
 
@@ -508,9 +513,11 @@ def build_memo() -> dict | None:
 
 
 def _fill(graph: Graph, order: list[Node], outputs: list[Node], stores: list, effects: list[Effect]) -> None:
-    local.memo = {}
+    local.memo = memo = {}
     try:
         _fill_nodes(graph, order, outputs, stores, effects)
+        for rewrite in GRAPH_PASSES:
+            rewrite(graph.graph, memo)
     finally:
         local.memo = None
 

@@ -113,7 +113,7 @@ def as_type(ctx, x, ggml_type):
     def cast():
         made = _columns_as(ctx, x, ggml_type)
         if made is None and x.contents.type == F32 and ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
-            made = _relu_cast(ctx, x, ggml_type) or _written_low(ctx, x, ggml_type)
+            made = _relu_cast(ctx, x, ggml_type)
         if made is not None:
             return made
         # CUDA copies a transposed float32 view in tiles, reading and writing whole rows; its
@@ -122,8 +122,12 @@ def as_type(ctx, x, ggml_type):
         from_view = None if view is x else _supported(G.ggml_cast(ctx, view, ggml_type))
         # cast_x4: CUDA four values a thread (its one-value-a-thread kernel ran an H100's
         # autocast casts at ~0.5 TB/s); copy_rows: a view's contiguous rows a warp each
-        return _asking(_asking(G.ggml_cast(ctx, x, ggml_type) if from_view is None else from_view, "cast_x4"),
-                       "copy_rows")
+        if from_view is not None:
+            return _asking(_asking(from_view, "cast_x4"), "copy_rows")
+        made = _asking(_asking(G.ggml_cast(ctx, x, ggml_type), "cast_x4"), "copy_rows")
+        if ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
+            _note_narrowable(x, made)
+        return made
     return once_per_graph(("cast", ctypes.addressof(x.contents), ggml_type), cast)
 
 
@@ -149,25 +153,69 @@ def _relu_cast(ctx, x, ggml_type):
 # ggrad's kernels that write float16 or bfloat16 where their output's type asks, each value
 # converted as a cast converts (the same bits as the cast of their float32 output), with the op
 # variant that says the backend has it (None: every backend with the kernel): LayerNorm's
-# (set 53) and attention's softmax gradient (set 57)
-_LOW_WRITERS = {kernels.LAYER_NORM: "layer_norm_low", kernels.SOFTMAX_LOW_BACK: None}
+# (set 53), attention's softmax gradient (set 57), the GEMM's on CUDA (set 57)
+_LOW_WRITERS = {kernels.LAYER_NORM: "layer_norm_low", kernels.SOFTMAX_LOW_BACK: None, kernels.GEMM: "gemm_low_out"}
 
 
-def _written_low(ctx, x, ggml_type):
-    """`x`, where it is the float32 output of one of _LOW_WRITERS' kernels, as that kernel
-    writing `ggml_type` itself instead of a cast of it: the float32 node leaves the graph
-    where nothing else reads it (LayerNorm's gradient reads its input; the softmax's gradient
-    feeds only autocast's products); else None."""
+def _note_narrowable(x, cast) -> None:
+    """Note `cast` (of all of `x` to a low type) for `narrow_casts` where `x` is one of
+    _LOW_WRITERS' kernels' float32 output on a backend that has its low writing."""
     from . import runtime
-    c = x.contents
     kernel = kernels.kernel_of(x)
-    if kernel not in _LOW_WRITERS or (_LOW_WRITERS[kernel] is not None
-                                      and not kernels.variant(runtime.current().backend, _LOW_WRITERS[kernel])):
-        return None
-    written = kernels.op(ctx, kernel, (c.ne[0], c.ne[1]), [c.src[i] for i in range(4)], [], dtype=ggml_type)
-    for i in range(1, len(c.op_params)):  # eps, scale: their bits
-        written.contents.op_params[i] = c.op_params[i]
-    return _supported(written)
+    memo = lazy.build_memo()
+    if memo is not None and kernel in _LOW_WRITERS and x.contents.type == F32 and (
+            _LOW_WRITERS[kernel] is None or kernels.variant(runtime.current().backend, _LOW_WRITERS[kernel])):
+        memo.setdefault("narrowable", []).append((x, cast))
+
+
+def narrow_casts(graph, memo: dict) -> None:
+    """Each noted kernel node whose only reader in the filled ggml `graph` is its cast writes
+    the cast's low type itself, and the cast becomes a view of it: the float32 values are
+    neither written nor read again (LayerNorm's output, the softmax gradient and a product's
+    result under autocast, each read only by the next products). A node read by anything
+    else (its float32 values wanted too) keeps them, and its cast stays. Before allocation."""
+    from . import runtime
+    noted = memo.get("narrowable")
+    if not noted:
+        return
+    readers: dict[int, int] = {}
+    nodes = [G.ggml_graph_node(graph, i).contents for i in range(G.ggml_graph_n_nodes(graph))]
+    for c in nodes:
+        for j in range(G.GGML_MAX_SRC):
+            if c.src[j]:
+                key = ctypes.addressof(c.src[j].contents)
+                readers[key] = readers.get(key, 0) + 1
+    backend = runtime.current().backend
+    for x, cast in noted:
+        c, cc = x.contents, cast.contents
+        if readers.get(ctypes.addressof(c)) != 1 or readers.get(ctypes.addressof(cc), 0) == 0 or cc.op != G.GGML_OP_CPY \
+                or ctypes.addressof(cc.src[0].contents) != ctypes.addressof(c) or cc.op_params[2] != 0 \
+                or c.flags & G.GGML_TENSOR_FLAG_OUTPUT or not G.ggml_is_contiguous(x):
+            continue  # read elsewhere, not in this graph, or a cast that applies relu (_relu_cast)
+        if kernels.kernel_of(x) == kernels.GEMM and c.src[0].contents.type != cc.type:
+            continue  # cuBLAS writes a product in its operands' low type
+        _retype(x, cc.type)
+        if not backend.supports(x):
+            _retype(x, F32)
+            continue
+        cc.op, cc.src[1], cc.view_src, cc.view_offs = G.GGML_OP_VIEW, None, x, 0
+        for k in range(len(cc.op_params)):
+            cc.op_params[k] = 0  # a view at offset 0
+        for c in nodes:  # views of the cast: of its storage now (ggml's allocator follows one level)
+            if c.view_src and ctypes.addressof(c.view_src.contents) == ctypes.addressof(cc):
+                c.view_src = x
+
+
+def _retype(x, ggml_type: int) -> None:
+    """`x` (not yet allocated) as a contiguous tensor of `ggml_type`."""
+    c = x.contents
+    c.type = ggml_type
+    c.nb[0] = G.ggml_type_size(ggml_type)
+    for i in range(1, MAX_DIMS):
+        c.nb[i] = c.nb[i - 1] * c.ne[i - 1]
+
+
+lazy.GRAPH_PASSES.append(narrow_casts)
 
 
 def softmax_low(ctx, x, mask, scale: float, storage: str):
@@ -203,7 +251,7 @@ def softmax_low_back(ctx, probs, grad):
     """The gradient of the scores softmax_low's `probs` node was made from, given the
     probabilities' gradient `grad` (SOFTMAX_LOW_BACK): each float32 probability computed again
     from the row's max and 1/sum, as the forward computed it. float32, in the scores' shape;
-    a cast of it for a product is the kernel writing the low type (_written_low)."""
+    a cast of it for a product is the kernel writing the low type (narrow_casts)."""
     pc = probs.contents
     x = pc.src[0]
     xc = x.contents
