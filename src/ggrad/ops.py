@@ -188,9 +188,9 @@ def narrow_casts(graph, memo: dict) -> None:
     backend = runtime.current().backend
     for x, cast in noted:
         c, cc = x.contents, cast.contents
-        if readers.get(ctypes.addressof(c)) != 1 or readers.get(ctypes.addressof(cc), 0) == 0 or cc.op != G.GGML_OP_CPY \
-                or ctypes.addressof(cc.src[0].contents) != ctypes.addressof(c) or cc.op_params[2] != 0 \
-                or c.flags & G.GGML_TENSOR_FLAG_OUTPUT or not G.ggml_is_contiguous(x):
+        only_reader = readers.get(ctypes.addressof(c)) == 1 and readers.get(ctypes.addressof(cc), 0) > 0
+        if not only_reader or cc.op != G.GGML_OP_CPY or ctypes.addressof(cc.src[0].contents) != ctypes.addressof(c) \
+                or cc.op_params[2] != 0 or c.flags & G.GGML_TENSOR_FLAG_OUTPUT or not G.ggml_is_contiguous(x):
             continue  # read elsewhere, not in this graph, or a cast that applies relu (_relu_cast)
         if kernels.kernel_of(x) == kernels.GEMM and c.src[0].contents.type != cc.type:
             continue  # cuBLAS writes a product in its operands' low type
@@ -220,11 +220,11 @@ lazy.GRAPH_PASSES.append(narrow_casts)
 
 def softmax_low(ctx, x, mask, scale: float, storage: str):
     """softmax(x * scale + mask) over the rows of the contiguous float32 `x`, written in the
-    low dtype of `storage` (autocast's) by ggrad's kernel (SOFTMAX_LOW, set 57) as a view of x's shape, where the
-    backend has it; else None. For attention's weights under autocast, which only its product
-    with the values reads: that product's cast of the float32 softmax rounds to these bits,
-    and neither the float32 weights nor their cast are written. The kernel keeps each row's
-    max and 1/sum after the rows, for softmax_low_back."""
+    low dtype of `storage` (autocast's) by ggrad's kernel (SOFTMAX_LOW, set 57), as a view of
+    x's shape, where the backend has it; else None. For attention's weights under autocast,
+    which only their product with the values reads: that product's cast of the float32
+    softmax rounds to these bits, and neither the float32 weights nor their cast are
+    written. The kernel keeps each row's max and 1/sum after the rows, for softmax_low_back."""
     from . import runtime
     if not kernels.supported(runtime.current().backend, kernels.SOFTMAX_LOW):
         return None

@@ -55,8 +55,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     scores = matmul_nt(q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if attn_mask is None:
-        weights = attention_weights(scores, scale, causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None,
-                                    for_product=not (dropout_p > 0.0 and training))
+        mask = causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None
+        weights = attention_weights(scores, scale, mask, for_product=not (dropout_p > 0.0 and training))
     else:  # rows with no key left: a zero mask (finite weights, finite gradients), then zeros
         mask = additive_mask(attn_mask, scores.dtype, keep_true=True)
         kept = any_of(gt(mask, -math.inf), -1, keepdim=True) if mask.ndim else gt(mask, -math.inf)
