@@ -120,6 +120,7 @@
 #                                      gradient from the rows' statistics, products written low where only their
 #                                      cast reads them) tested, the bf16 block with and without it, the block's
 #                                      kernels beside PyTorch's
+#   bash bench/gpu/session.sh set75s   ~430 s: set75 cut short: the tests and the block with and without set 57
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1001,6 +1002,17 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "profile at $(el) s"
     [ "$(el)" -lt 510 ] && cu timeout $(( 585 - $(el) )) python3 bench/train_step.py --device cuda --torch-device cuda \
       --precision high --amp bf16 --models block --cuda-graph --blocks 4 --without gemm_low_out > $OUT/block-cuda-gemm.txt 2>&1
+    echo "done at $(el) s" ;;
+  set75s)
+    # ~430 s, CUDA: set75 without the profile and the second A/B
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 80 "softmax or autocast or amp or budget or sdpa or multihead or low or layer_norm or products" \
+      tests/test_kernels.py tests/test_attention.py tests/test_amp.py
+    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 5 --without SOFTMAX_LOW SOFTMAX_LOW_BACK gemm_low_out > $OUT/block-cuda.txt 2>&1
+    grep "CUDA graph\|without" $OUT/block-cuda.txt
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
