@@ -341,6 +341,10 @@ static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shap
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof(align_a)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+    if (c_type != CUDA_R_32F) {  // a low D: split K's partial sums added in float32, never in D's type
+        const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
+    }
     cublasLtMatmulHeuristicResult_t found[8];
     int count = 0;
     const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handles[ctx.device], desc, lb, la, lc, lc, pref,
@@ -391,7 +395,13 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     cudaStream_t stream = ctx.stream();
     cublasHandle_t handle = ctx.cublas_handle();
     CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CUBLAS_CHECK(cublasSetMathMode(handle, ggml_get_op_params_i32(dst, 3) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    // set 57: C in the operands' low type where dst's type asks (the float32 sums rounded once:
+    // split K's partial sums never added in C's type); a bias no epilogue adds goes on a float32
+    // C first, rounded with it after (`widened`)
+    const bool low_out = dst->type != GGML_TYPE_F32;
+    const int math = (ggml_get_op_params_i32(dst, 3) ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                     (low_out ? CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION : 0);
+    CUBLAS_CHECK(cublasSetMathMode(handle, (cublasMath_t) math));
     const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     const int M = (int) s.M, N = (int) s.N, K = (int) s.K, lda = (int) s.a.ld, ldb = (int) s.b.ld;
     const float alpha = 1.0f, beta = 0.0f;
@@ -402,9 +412,6 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     // op_params[5]: the bias in cuBLASLt's epilogue; [6]: an algorithm that does not split K
     const bool epilogue = dst->src[2] != nullptr && ggml_get_op_params_i32(dst, 5) == 1;
     const bool whole_k = ggml_get_op_params_i32(dst, 6) == 1;
-    // set 57: C in the operands' low type where dst's type asks (the float32 sums rounded once);
-    // a bias no epilogue adds goes on a float32 C first, rounded with it after (`widened`)
-    const bool low_out = dst->type != GGML_TYPE_F32;
     // one cuBLASLt call; where no algorithm both adds the bias and keeps K whole, the bias wins
     const void * bias = epilogue ? dst->src[2]->data : nullptr;
     const cudaDataType_t type = low ? low_type : CUDA_R_32F;

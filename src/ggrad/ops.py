@@ -188,6 +188,7 @@ def narrow_casts(graph, memo: dict) -> None:
     backend = runtime.current().backend
     for x, cast in noted:
         c, cc = x.contents, cast.contents
+        # x read once, and the cast in the graph (ggml_cast's node is its own src[1]: one count)
         only_reader = readers.get(ctypes.addressof(c)) == 1 and readers.get(ctypes.addressof(cc), 0) > 0
         if not only_reader or cc.op != G.GGML_OP_CPY or ctypes.addressof(cc.src[0].contents) != ctypes.addressof(c) \
                 or cc.op_params[2] != 0 or c.flags & G.GGML_TENSOR_FLAG_OUTPUT or not G.ggml_is_contiguous(x):
@@ -218,15 +219,22 @@ def _retype(x, ggml_type: int) -> None:
 lazy.GRAPH_PASSES.append(narrow_casts)
 
 
+def writes_weights_low() -> bool:
+    """Whether the current backend has both of set 57's attention softmax kernels."""
+    from . import runtime
+    backend = runtime.current().backend
+    return kernels.supported(backend, kernels.SOFTMAX_LOW) and kernels.supported(backend, kernels.SOFTMAX_LOW_BACK)
+
+
 def softmax_low(ctx, x, mask, scale: float, storage: str):
     """softmax(x * scale + mask) over the rows of the contiguous float32 `x`, written in the
     low dtype of `storage` (autocast's) by ggrad's kernel (SOFTMAX_LOW, set 57), as a view of
     x's shape, where the backend has it; else None. For attention's weights under autocast,
-    which only their product with the values reads: that product's cast of the float32
-    softmax rounds to these bits, and neither the float32 weights nor their cast are
-    written. The kernel keeps each row's max and 1/sum after the rows, for softmax_low_back."""
-    from . import runtime
-    if not kernels.supported(runtime.current().backend, kernels.SOFTMAX_LOW):
+    which only their product with the values reads: each is the kernel's float32 softmax
+    rounded once, as that product's cast of it would round it, and neither float32 weights
+    nor their cast are written. The kernel keeps each row's max and 1/sum after the rows,
+    for softmax_low_back."""
+    if not writes_weights_low():
         return None
     low = DTYPES[storage]
     c, size = x.contents, G.ggml_type_size(low)

@@ -8,7 +8,8 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes
-from ..ops import compute, contiguous, reshape, soft_max, softmax_low, softmax_low_back, softmax_low_source
+from ..ops import (compute, contiguous, reshape, soft_max, softmax_low, softmax_low_back, softmax_low_source,
+                   writes_weights_low)
 from ..runtime import precision
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
 from .compare import gt, where
@@ -73,13 +74,15 @@ def attention_weights(scores: Tensor, scale: float, mask: Tensor | None = None, 
     score, 90 us of an H200's bf16 step, leave); else the composed ops.
     `for_product`: the weights feed only their product with the values (no dropout, not
     returned). Under autocast that product reads them in the low dtype, and where the
-    backend has ggrad's kernels (set 57) the softmax writes them so: the same bits as the
-    cast of the float32 weights, which are then neither written nor cast. Their gradient
-    computes the float32 weights again from each row's max and 1/sum."""
+    backend has ggrad's kernels (set 57) the softmax writes them so, each float32 weight
+    rounded once as the product's cast would round it; float32 weights are neither written
+    nor cast. Their gradient computes the float32 weights again from each row's max and 1/sum."""
     folds = mask is None or (mask.shape == tuple(scores.shape[-2:]) and not mask.requires_grad)
     if not folds:
         return softmax(scores * scale + mask, -1)
-    low = precision.autocast_dtype() if for_product else None
+    # float32 scores only (a float16 score's weights would be rounded twice), and only where
+    # the backend has the kernels: elsewhere the backward needs no scores of its own
+    low = precision.autocast_dtype() if for_product and scores.dtype is dtypes.float32 and writes_weights_low() else None
     inputs = (scores,) if mask is None else (scores, mask)
     arg = (float(scale), low.storage if low is not None else None)
     return _apply("scaled_softmax", inputs, scores.shape, _scaled_softmax_rule, arg, scores.dtype)
