@@ -11,7 +11,8 @@ Prints the compute-node count, the replay's time beside its graphs' time run alo
 difference is ggrad's replay: uploads, checks, Python), the count per op, and the ops by
 total time. `--kernels` (CUDA) also lists the GPU kernels of 20 whole replays as CUPTI
 sees them (torch.profiler): their count and device time per step beside the step's time
-says whether the step waits on the GPU or on the host. Running
+says whether the step waits on the GPU or on the host; `--torch` lists PyTorch's kernels of the
+same step (its CUDA graph) after them, and `--nodes all` prints every node with its shapes. Running
 nodes alone rewrites weights and optimizer state (AdamW runs too): the step's results
 after a profile are not meant to be read.
 """
