@@ -122,6 +122,7 @@
 #                                      kernels beside PyTorch's
 #   bash bench/gpu/session.sh set75s   ~430 s: set75 cut short: the tests and the block with and without set 57
 #   bash bench/gpu/session.sh set75t   ~340 s: set75s cut further: set 57's own tests, the block A/B in 3 blocks
+#   bash bench/gpu/session.sh set75u   ~290 s: set 57's own tests alone on CUDA
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1025,6 +1026,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cu timeout 55 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 3 --steps 10 --without SOFTMAX_LOW SOFTMAX_LOW_BACK gemm_low_out > $OUT/block-cuda.txt 2>&1
     grep "CUDA graph\|without" $OUT/block-cuda.txt
+    echo "done at $(el) s" ;;
+  set75u)
+    # ~290 s, CUDA: set 57's own tests alone
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 270 || exit 1
+    cuda_tests 30 "written_low or writes_its_weights or write_their_low_result" tests/test_kernels.py
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
