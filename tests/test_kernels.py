@@ -807,6 +807,31 @@ def test_a_kernel_output_read_beside_its_cast_keeps_its_float32_values(dev):
     assert written == [ggrad.ops.F32], written
 
 
+def test_views_of_a_narrowed_cast_read_the_kernels_low_output(dev, monkeypatch):
+    """Where ops.narrow_casts turns a cast into a view of the kernel that now writes the low
+    type, views of the cast (a slice, a reshape, a transpose) are re-pointed at the kernel's
+    output: their values are the same bits as with the cast kept (layer_norm_low off), so
+    ggml's allocator placed them on the right memory."""
+    if kernels.version() < 53 or not kernels.supported(ggrad.runtime.current().backend, kernels.LAYER_NORM):
+        pytest.skip(f"{dev}: no LayerNorm kernel writing low types (set 53)")
+    rng = np.random.default_rng(6)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((6, 48), 48, 48))
+    results = {}
+    for on in (False, True):
+        set_variant(monkeypatch, "layer_norm_low", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"narrowed views {on}")
+
+        @ggrad.compile
+        def step(x, w, b):
+            y = F.layer_norm(x, (48,), w, b).to(ggrad.bfloat16)
+            return y[1:4, 8:40].float() * 2, y.reshape(12, 24).T.float().sum(0)
+        results[on] = [t.numpy() for t in step(*(ggrad.tensor(a) for a in (x, w, b)))]
+        written = [n.type for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.LAYER_NORM]
+        assert written == [ggrad.ops.G.GGML_TYPE_BF16 if on else ggrad.ops.F32], written
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.mark.parametrize("case", ["linear", "linear, bias after the product", "heads", "one batch axis"])
 def test_cuda_products_write_their_low_result_where_only_its_cast_reads_it(dev, monkeypatch, case):
     """Under autocast a product whose one reader is its cast to bfloat16 (the fused attention
