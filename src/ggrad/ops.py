@@ -269,6 +269,13 @@ def softmax_low_back(ctx, probs, grad):
     return G.ggml_reshape_4d(ctx, node, *xc.ne)
 
 
+def computed_by(t, op: int) -> bool:
+    """Whether the ggml tensor `t` is, through views and reshapes, a node of `op` in the graph being built."""
+    while t.contents.op in _PURE_VIEWS:
+        t = t.contents.src[0]
+    return t.contents.op == op
+
+
 def _is_cast(x) -> bool:
     """Whether `x` is ggml_cast's node (a CPY into a new tensor: itself its destination)."""
     c = x.contents

@@ -8,8 +8,8 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes
-from ..ops import (compute, contiguous, reshape, soft_max, softmax_low, softmax_low_back, softmax_low_source,
-                   writes_weights_low)
+from ..ops import (compute, computed_by, contiguous, reshape, soft_max, softmax_low, softmax_low_back,
+                   softmax_low_source, writes_weights_low)
 from ..runtime import precision
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
 from .compare import gt, where
@@ -116,17 +116,10 @@ def _scaled_softmax_back(ctx, s, node):
     probs = softmax_low_source(y)
     if probs is not None:
         return softmax_low_back(ctx, probs, grad)
-    if low is not None and not _computed_by(y, G.GGML_OP_SOFT_MAX):  # kept values, maybe the rounded ones
+    if low is not None and not computed_by(y, G.GGML_OP_SOFT_MAX):  # kept values, maybe the rounded ones
         y = soft_max(ctx, contiguous(ctx, s[2]), contiguous(ctx, s[3]) if len(s) > 3 else None, scale)
     y.contents.flags |= G.GGML_TENSOR_FLAG_OUTPUT
     return G.ggml_soft_max_ext_back(ctx, grad, y, scale, 0.0)
-
-
-def _computed_by(t, op: int) -> bool:
-    """Whether the ggml tensor `t` is, through views and reshapes, a node of `op` in the graph being built."""
-    while t.contents.op in (G.GGML_OP_VIEW, G.GGML_OP_RESHAPE, G.GGML_OP_PERMUTE, G.GGML_OP_TRANSPOSE):
-        t = t.contents.src[0]
-    return t.contents.op == op
 
 
 def rotary_embedding(x, positions=None, base: float = 10000.0, interleaved: bool = False) -> Tensor:
