@@ -188,8 +188,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set 35: the batch statistics and their gradient split over several blocks a channel.)
 # H100, set53 (2026-12-06): LayerNorm's kernels (set 51) and its bfloat16 output passed theirs.
 # H100, set66 (2026-12-07): set 54's CLASS_TOTAL passed its tests (the cross-entropy's, the budgets).
-# Set 57's attention softmax under autocast (SOFTMAX_LOW, SOFTMAX_LOW_BACK): compile-checked for CUDA.
-UNVERIFIED: dict[str, set[int]] = {"cuda": {SOFTMAX_LOW, SOFTMAX_LOW_BACK}}
+# H100, set75 (2026-12-07, sixteenth session): set 57's attention softmax under autocast
+# (SOFTMAX_LOW, SOFTMAX_LOW_BACK) passed its tests and the attention, autocast and budget tests.
+UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -267,9 +268,9 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
 # and test_amp's CUDA cases passed with it, but the known one-ulp accumulation iteration).
 # gemm_low_out: ggrad's GEMM on CUDA writes its result in its operands' low type where its
 # output's type asks (set 57; no slot): ops.narrow_casts retypes a product whose only reader is
-# its cast (autocast's fused projection and attention output, read only by the next products).
-# Compile-checked; unverified on a GPU.
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"gemm_low_out"}}
+# its cast (autocast's fused projection and attention output, read only by the next products;
+# H100, set75: its tests and the autocast, attention and product tests passed with it).
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
