@@ -77,7 +77,9 @@
   On the CPU and CUDA (set 57): attention's softmax under autocast (33) writes its
   probabilities in the low type, for the product with the values, and each row's max and 1/sum
   after them; its gradient (34) computes the float32 probabilities again from those and writes
-  float32, or the low type for the products that read it (ggrad_softmax.h).
+  float32, or the low type for the products that read it (ggrad_softmax.h). On CUDA (set 58):
+  ggrad's GEMM writes C at its output's strides (a view of a larger tensor): attention's
+  products straight into the q/k/v gradients' joined tensor and into the merged heads.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -96,7 +98,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 57
+KERNELS_VERSION = 58
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a

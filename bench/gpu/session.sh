@@ -123,6 +123,8 @@
 #   bash bench/gpu/session.sh set75s   ~430 s: set75 cut short: the tests and the block with and without set 57
 #   bash bench/gpu/session.sh set75t   ~340 s: set75s cut further: set 57's own tests, the block A/B in 3 blocks
 #   bash bench/gpu/session.sh set75u   ~290 s: set 57's own tests alone on CUDA
+#   bash bench/gpu/session.sh set76    ~520 s: set 58 (products written at their copies' strides) tested on
+#                                      CUDA, the bf16 block with and without it in one process, its kernels
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1033,6 +1035,21 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 270 || exit 1
     cuda_tests 30 "written_low or writes_its_weights or write_their_low_result" tests/test_kernels.py
+    echo "done at $(el) s" ;;
+  set76)
+    # ~520 s, CUDA: set 58's strided products (gemm_strided_out) and the attention, autocast, product
+    # and budget tests on cuda:0, the bf16 block with and without it in one process, its kernels
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 100 "attention or softmax or autocast or amp or budget or sdpa or multihead or transformer or low or products or gemm or where_their_copies" \
+      tests/test_kernels.py tests/test_attention.py tests/test_amp.py
+    cu timeout 90 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 6 --without gemm_strided_out > $OUT/block-cuda.txt 2>&1
+    grep "CUDA graph\|without\|eager" $OUT/block-cuda.txt
+    echo "block at $(el) s"
+    [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
+      --precision high --kernels --top 40 --nodes all --repeats 5 > $OUT/block-profile.txt 2>&1
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's

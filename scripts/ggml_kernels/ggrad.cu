@@ -246,7 +246,8 @@ static void ggrad_launch_layer_norm(const ggml_tensor * x, const ggml_tensor * d
 // Operands of float16 or bfloat16 (both one type: autocast's; set 46) are multiplied on the
 // tensor cores with float32 sums into a float32 C (cublasGemmEx, CUBLAS_COMPUTE_32F): the
 // products are exact, so only the order of the sums differs from a float32 product of the
-// same values.
+// same values. C goes where dst's strides put it (set 58: ggrad_gemm_c_strides), as cuBLAS's
+// leading dimension and batch steps: a product written into its part of a larger tensor.
 static __global__ void ggrad_add_rows_f32(float * c, const float * bias, const int64_t n, const int64_t total) {
     const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
     if (i < total) {
@@ -266,7 +267,7 @@ static int64_t ggrad_gemm_step(const ggml_tensor * t, const int64_t repeat) {
 static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b, const char * c, const void ** pa,
         const void ** pb, const void ** pc, const int64_t batches, const int64_t b2, const int64_t a_r2, const int64_t a_r3,
         const int64_t b_r2, const int64_t b_r3, const size_t a_nb2, const size_t a_nb3, const size_t b_nb2,
-        const size_t b_nb3, const size_t c_step) {
+        const size_t b_nb3, const size_t c_nb2, const size_t c_nb3) {
     const int64_t i = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
     if (i >= batches) {
         return;
@@ -274,7 +275,7 @@ static __global__ void ggrad_gemm_batch_pointers(const char * a, const char * b,
     const int64_t i2 = i % b2, i3 = i / b2;
     pa[i] = a + (i2/a_r2)*a_nb2 + (i3/a_r3)*a_nb3;
     pb[i] = b + (i2/b_r2)*b_nb2 + (i3/b_r3)*b_nb3;
-    pc[i] = c + i*c_step;
+    pc[i] = c + i2*c_nb2 + i3*c_nb3;
 }
 
 // the largest power of two, up to 16, that divides an address (cuBLASLt's heuristic assumes 256
@@ -331,7 +332,7 @@ static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shap
     cublasLtMatrixLayout_t lb, la, lc;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.tb ? K : N, s.tb ? N : K, s.b.ld));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.ta ? M : K, s.ta ? K : M, s.a.ld));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, N, M, N));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, c_type, N, M, s.c_ld));
     const size_t workspace = 4 << 20;
     const uint32_t align_b = ggrad_alignment(s.b.data), align_a = ggrad_alignment(s.a.data), align_c = ggrad_alignment(dst->data);
     cublasLtMatmulPreference_t pref;
@@ -389,7 +390,7 @@ static __global__ void ggrad_add_rows_low(const float * c, const float * bias, d
 
 static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     ggrad_gemm_shape s;
-    GGML_ASSERT(ggrad_gemm_plan(dst, &s, true));
+    GGML_ASSERT(ggrad_gemm_plan(dst, &s, true, true));
     const ggml_tensor * A = dst->src[0];
     const ggml_tensor * B = dst->src[1];
     cudaStream_t stream = ctx.stream();
@@ -403,7 +404,7 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
                      (low_out ? CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION : 0);
     CUBLAS_CHECK(cublasSetMathMode(handle, (cublasMath_t) math));
     const cublasOperation_t op_a = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int M = (int) s.M, N = (int) s.N, K = (int) s.K, lda = (int) s.a.ld, ldb = (int) s.b.ld;
+    const int M = (int) s.M, N = (int) s.N, K = (int) s.K, lda = (int) s.a.ld, ldb = (int) s.b.ld, ldc = (int) s.c_ld;
     const float alpha = 1.0f, beta = 0.0f;
     const int64_t step_a = ggrad_gemm_step(A, s.a_r2), step_b = ggrad_gemm_step(B, s.b_r2);
     const bool low = A->type != GGML_TYPE_F32;
@@ -432,31 +433,31 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         const void ** pa = pointers.get(), ** pb = pa + batches, ** pc = pb + batches;
         ggrad_gemm_batch_pointers<<<(unsigned int) ((batches + 255)/256), 256, 0, stream>>>(
             s.a.data, s.b.data, (const char *) c_data, pa, pb, pc, batches, s.b2, s.a_r2, s.a_r3, s.b_r2, s.b_r3,
-            A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) (s.M*s.N)*c_size);
+            A->nb[2], A->nb[3], B->nb[2], B->nb[3], (size_t) s.c_step2*c_size, (size_t) s.c_step3*c_size);
         CUDA_CHECK(cudaGetLastError());
         CUBLAS_CHECK(cublasGemmBatchedEx(handle, op_b, op_a, N, M, K, &alpha, pb, type, ldb, pa, type, lda, &beta,
-                                         (void **) pc, c_type, N, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
+                                         (void **) pc, c_type, ldc, (int) batches, compute, CUBLAS_GEMM_DEFAULT));
     } else if (s.b2 > 1 && step_a >= 0 && step_b >= 0) {  // batches along one axis, evenly strided
         if (low) {
             CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle, op_b, op_a, N, M, K, &alpha, s.b.data, low_type, ldb, step_b,
-                                                    s.a.data, low_type, lda, step_a, &beta, c_data, c_type, N,
-                                                    s.M*s.N, (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                                    s.a.data, low_type, lda, step_a, &beta, c_data, c_type, ldc,
+                                                    s.c_step2, (int) s.b2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         } else {
             CUBLAS_CHECK(cublasSgemmStridedBatched(handle, op_b, op_a, N, M, K, &alpha, (const float *) s.b.data, ldb, step_b,
-                                                   (const float *) s.a.data, lda, step_a, &beta, (float *) c_data, N,
-                                                   s.M*s.N, (int) s.b2));
+                                                   (const float *) s.a.data, lda, step_a, &beta, (float *) c_data, ldc,
+                                                   s.c_step2, (int) s.b2));
         }
     } else {
         for (int64_t i2 = 0; i2 < s.b2; ++i2) {
             const char * a = s.a.data + (i2/s.a_r2)*A->nb[2];
             const char * b = s.b.data + (i2/s.b_r2)*B->nb[2];
-            char * c = c_data + i2*s.M*s.N*c_size;
+            char * c = c_data + i2*s.c_step2*c_size;
             if (low) {
                 CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, N, M, K, &alpha, b, low_type, ldb, a, low_type, lda, &beta,
-                                          c, c_type, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                          c, c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
             } else {
                 CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, N, M, K, &alpha, (const float *) b, ldb, (const float *) a, lda,
-                                         &beta, (float *) c, N));
+                                         &beta, (float *) c, ldc));
             }
         }
     }
@@ -885,7 +886,7 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 6) {  // cuBLAS refuses empty sizes (a leading dimension of 0)
         ggrad_gemm_shape s;
-        return ggrad_gemm_plan(op, &s, true) && s.M > 0 && s.N > 0 && s.K > 0;
+        return ggrad_gemm_plan(op, &s, true, true) && s.M > 0 && s.N > 0 && s.K > 0;
     }
     if (kernel == 9) {  // at most two parameters: ggrad_adamw_part_of reads two
         return ggrad_adamw_group_supported(op) && ggml_get_op_params_i32(op, 1) <= 2;

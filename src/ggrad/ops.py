@@ -76,7 +76,9 @@ def cont(ctx, x):
     copies: 1.5 ms of an H100's 13.3 ms step). The same copy on every backend."""
     shape = _batched_transpose(x)
     if shape is None:
-        return _asking(G.ggml_cont(ctx, x), "copy_rows")  # copy_rows: a warp a contiguous row
+        made = _asking(G.ggml_cont(ctx, x), "copy_rows")  # copy_rows: a warp a contiguous row
+        _note_copied_product(made)
+        return made
     cols, rows, mats = shape
     size = G.ggml_type_size(x.contents.type)
     packed = G.ggml_view_3d(ctx, x, rows, cols, mats, rows * size, rows * cols * size, 0)
@@ -123,6 +125,7 @@ def as_type(ctx, x, ggml_type):
         # cast_x4: CUDA four values a thread (its one-value-a-thread kernel ran an H100's
         # autocast casts at ~0.5 TB/s); copy_rows: a view's contiguous rows a warp each
         if from_view is not None:
+            _note_copied_product(from_view)
             return _asking(_asking(from_view, "cast_x4"), "copy_rows")
         made = _asking(_asking(G.ggml_cast(ctx, x, ggml_type), "cast_x4"), "copy_rows")
         if ggml_type in (G.GGML_TYPE_BF16, G.GGML_TYPE_F16):
@@ -217,6 +220,130 @@ def _retype(x, ggml_type: int) -> None:
 
 
 lazy.GRAPH_PASSES.append(narrow_casts)
+
+
+def _note_copied_product(copy) -> None:
+    """Note `copy` (a CPY of a view of a GEMM node: attention's heads permuted back, joined or
+    merged) for `products_in_place` where the backend writes products at any strides."""
+    from . import runtime
+    memo = lazy.build_memo()
+    source = copy.contents.src[0]
+    while source.contents.op in _PURE_VIEWS:
+        source = source.contents.src[0]
+    if memo is not None and kernels.kernel_of(source) == kernels.GEMM \
+            and kernels.variant(runtime.current().backend, "gemm_strided_out"):
+        memo.setdefault("copied_products", []).append(copy)
+
+
+def products_in_place(graph, memo: dict) -> None:
+    """Each noted copy of a product's view whose product and views nothing else reads: the
+    product writes each value where the copy would put it (the GEMM at its output's strides,
+    set 58: the CPU's and CUDA's), and the copy becomes a view of where it wrote (or, a copy
+    into a tensor of its own, that tensor, computed by nothing). Attention's q/k/v gradients
+    go straight into their joined tensor and its output into its merged heads (on CUDA in
+    the low type, for the output projection): passes over 17-67 MB each at the bf16 block's
+    size. Before allocation."""
+    from . import runtime
+    candidates = []
+    for copy in memo.get("copied_products", ()):
+        chain = [copy.contents.src[0]]
+        while chain[-1].contents.op in _PURE_VIEWS:
+            chain.append(chain[-1].contents.src[0])
+        strides = _product_strides(chain[-1], chain[0], copy)
+        if strides is not None:
+            candidates.append((copy, chain, strides))
+    if not candidates:
+        return
+    readers: dict[int, int] = {}
+    in_graph = set()
+    for i in range(G.ggml_graph_n_nodes(graph)):
+        c = G.ggml_graph_node(graph, i).contents
+        in_graph.add(ctypes.addressof(c))
+        for j in range(G.GGML_MAX_SRC):
+            if c.src[j]:
+                key = ctypes.addressof(c.src[j].contents)
+                readers[key] = readers.get(key, 0) + 1
+    backend = runtime.current().backend
+    for copy, chain, strides in candidates:
+        product, views = chain[-1], chain[:-1]
+        if ctypes.addressof(copy.contents) not in in_graph or any(
+                readers.get(ctypes.addressof(t.contents)) != 1 or t.contents.flags & G.GGML_TENSOR_FLAG_OUTPUT
+                for t in chain):
+            continue  # not in this graph, or a value read elsewhere (the product's own values wanted)
+        layout = _layout(product)
+        _write_product_at(product, copy, strides)
+        if not backend.supports(product):
+            _set_layout(product, layout)
+            continue
+        c, root = copy.contents, _storage_root(copy)
+        for view in views:  # its storage now, at the product's place (ggml's allocator follows one level)
+            view.contents.view_offs = (product.contents.view_offs + view.contents.view_offs) % 2**64
+            view.contents.view_src = root
+        if c.view_src:  # a CPY into a view of the joined tensor: that view, after the product
+            c.op = G.GGML_OP_VIEW
+        else:  # a cast: its tensor, which the product writes and nothing computes
+            c.op, c.src[1] = G.GGML_OP_NONE, None
+        for k in range(len(c.op_params)):
+            c.op_params[k] = 0
+
+
+lazy.GRAPH_PASSES.append(products_in_place)
+
+
+def _storage_root(copy):
+    """The tensor that holds what `copy` writes: its destination's storage, or itself (a cast)."""
+    return _pointer_copy(copy.contents.view_src) if copy.contents.view_src else copy
+
+
+def _product_strides(product, source, copy) -> list[int] | None:
+    """The strides, in `copy`'s destination, of the contiguous float32 `product` seen as its
+    GEMM's (N, M, b2, b3), where `source` (a view of all of it) is what `copy` copies; None
+    where the view is not a permutation of the product's axes or the product has a bias."""
+    g, s, d = product.contents, source.contents, copy.contents
+    if g.type != F32 or g.src[2] or g.src[3] or not G.ggml_is_contiguous(product) or s.view_offs != 0 \
+            or tuple(s.ne) != tuple(d.ne) or G.ggml_nelements(source) != G.ggml_nelements(product):
+        return None
+    axes = sorted((s.nb[i], s.ne[i], d.nb[i]) for i in range(MAX_DIMS) if s.ne[i] > 1)
+    step = G.ggml_type_size(F32)
+    for nb, ne, _ in axes:  # the view's axes, in the product's memory order, tile it
+        if nb != step:
+            return None
+        step *= ne
+    a, b = g.src[0].contents, g.src[1].contents
+    b2, b3 = max(a.ne[2], b.ne[2]), max(a.ne[3], b.ne[3])
+    if g.ne[1] % (b2 * b3):
+        return None
+    shape = (g.ne[0], g.ne[1] // (b2 * b3), b2, b3)
+    return _strides_within(shape, tuple(ne for _, ne, _ in axes), tuple(nb for _, _, nb in axes))
+
+
+def _write_product_at(product, copy, strides: list[int]) -> None:
+    """`product` retyped and reshaped to write `copy`'s destination at `strides`: a view of
+    that storage, which it also takes as src[3] so that ggml's allocator places the storage
+    before the product runs (the storage's own node comes later in the graph)."""
+    g, d, root = product.contents, copy.contents, _storage_root(copy)
+    a, b = g.src[0].contents, g.src[1].contents
+    b2, b3 = max(a.ne[2], b.ne[2]), max(a.ne[3], b.ne[3])
+    _set_layout(product, (d.type, (g.ne[0], g.ne[1] // (b2 * b3), b2, b3), tuple(strides), root,
+                          d.view_offs if d.view_src else 0, root))
+
+
+def _layout(t) -> tuple:
+    """What `_set_layout` sets: type, sizes, strides, storage, offset in it, src[3] (the
+    pointers copied: a struct's pointer field read through ctypes is a view of the field)."""
+    c = t.contents
+    return c.type, tuple(c.ne), tuple(c.nb), _pointer_copy(c.view_src), c.view_offs, _pointer_copy(c.src[3])
+
+
+def _pointer_copy(p):
+    return ctypes.cast(ctypes.cast(p, ctypes.c_void_p), type(p)) if p else None
+
+
+def _set_layout(t, layout: tuple) -> None:
+    c = t.contents
+    c.type, ne, nb, c.view_src, c.view_offs, c.src[3] = layout
+    for i in range(MAX_DIMS):
+        c.ne[i], c.nb[i] = ne[i], nb[i]
 
 
 def writes_weights_low() -> bool:
@@ -1184,6 +1311,7 @@ def _joined_by_copies(ctx, pieces, starts, dim: int):
         offset = start * nb[dim]
         place = _strided_view(ctx, last, source.contents.ne, strides, (offset - last_offset) % 2**64)
         last, last_offset = _asking(G.ggml_cpy(ctx, source, place), "copy_rows"), offset
+        _note_copied_product(last)
     return G.ggml_view_4d(ctx, last, *ne, nb[1], nb[2], nb[3], -last_offset % 2**64)
 
 

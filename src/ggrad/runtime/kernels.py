@@ -194,7 +194,7 @@ UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
-# the backend kind that has each (None: every one), the kernel set that added it and that
+# the backend kind that has each (a tuple: each of those; None: every one), the kernel set that added it and that
 # slot, trusted as UNVERIFIED's kernels are.
 # repeat_back_split: CUDA's REPEAT_BACK with op_params[0] = 1 splits its repeats between
 # blocks where its outputs are few (set 39; its tests passed on an H100, 2026-12-05).
@@ -255,7 +255,7 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
                "gemm_wide": ("vulkan", 48, 4), "gemm_bias_epilogue": ("cuda", 48, 5), "gemm_whole_k": ("cuda", 49, 6),
                "softmax_rows": ("cuda", 50, 2), "unary_x4": ("cuda", 50, 1), "cast_relu": ("cuda", 52, 2),
                "layer_norm_low": (None, 53, None), "adam_hyper_in_place": (None, 55, None),
-               "gemm_low_out": ("cuda", 57, None)}
+               "gemm_low_out": ("cuda", 57, None), "gemm_strided_out": (("cpu", "cuda"), 58, None)}
 # (H100, set49e, the alignment hint capped at 16: test_kernels, test_optim, test_capture,
 # test_amp, test_autograd's and test_attention's CUDA cases passed with both cuBLASLt paths,
 # 235 tests, but test_capture's accumulation iteration one ulp off eager's: a failure seen on
@@ -270,7 +270,12 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
 # output's type asks (set 57; no slot): ops.narrow_casts retypes a product whose only reader is
 # its cast (autocast's fused projection and attention output, read only by the next products;
 # H100, set75: its tests and the autocast, attention and product tests passed with it).
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+# gemm_strided_out: ggrad's GEMM on the CPU and CUDA writes its result at its output's strides,
+# as a view of a larger tensor (set 58; no slot: the output's strides ask): ops.products_in_place
+# points a product read only through views by one copy at that copy's destination (attention's
+# q/k/v gradients into their joined tensor, its output into the merged heads). CUDA's is
+# compile-checked; the CPU's runs in CI.
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"gemm_strided_out"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
@@ -290,7 +295,8 @@ def variant(dev_backend, name: str) -> bool:
     """Whether nodes on `dev_backend` may ask for the changed ggml op `name` (OP_VARIANTS):
     its kind has it, the loaded kernel set has it, and it is trusted there."""
     kind, since, _ = OP_VARIANTS[name]
-    return kind in (None, dev_backend.info.kind) and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return (kind is None or dev_backend.info.kind in kinds) and version() >= since and _trusted(UNVERIFIED_VARIANTS, dev_backend, name)
 
 
 def supported(dev_backend, kernel: int) -> bool:
