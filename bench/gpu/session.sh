@@ -1044,6 +1044,9 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cuda_wheel_installed 300 || exit 1
     cuda_tests 100 "attention or softmax or autocast or amp or budget or sdpa or multihead or transformer or low or products or gemm or where_their_copies" \
       tests/test_kernels.py tests/test_attention.py tests/test_amp.py
+    cu timeout 40 python3 -m pytest -q -s -p no:cacheprovider tests/test_kernels.py -k "cuda and budget and block" \
+      2>&1 | grep "compute nodes" > $OUT/budgets-cuda.txt
+    cat $OUT/budgets-cuda.txt
     cu timeout 90 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
       --models block --cuda-graph --blocks 6 --without gemm_strided_out > $OUT/block-cuda.txt 2>&1
     grep "CUDA graph\|without\|eager" $OUT/block-cuda.txt
