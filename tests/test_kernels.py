@@ -1694,8 +1694,9 @@ def _compiled_step_nodes(model, x, y=None, amp=None) -> dict[str, int]:
 # Both sets on CUDA since set66 (an H100 passed their tests): 3 + 1 nodes fewer than the composed
 # forms' budgets there (mlp 28 -> 24, cnn 41 -> 37, lstm 90 -> 86, batch_norm 32 -> 28; the blocks,
 # whose loss is no cross-entropy, 1: 57 -> 56, bf16 69 -> 68); mlp-small's step counted 23 there.
-# set 58: the block's attention products written where their copies put them (cpu 56 -> 52)
-BUDGETS = {"mlp": {"cpu": 23, "vulkan": 23, "cuda": 24}, "block": {"cpu": 52, "vulkan": 62, "cuda": 56},
+# set 58: the block's attention products written where their copies put them (cpu and CUDA
+# 56 -> 52; CUDA counted on an H100, set76)
+BUDGETS = {"mlp": {"cpu": 23, "vulkan": 23, "cuda": 24}, "block": {"cpu": 52, "vulkan": 62, "cuda": 52},
            "cnn": {"cpu": 27, "vulkan": 38, "cuda": 37}, "lstm": {"cpu": 85, "vulkan": 85, "cuda": 86},
            "batch_norm": {"cpu": 23, "vulkan": 27, "cuda": 28}}
 
@@ -1727,8 +1728,9 @@ def test_node_budget_of_a_compiled_transformer_block_step(dev):
 
 # the same block under bf16 autocast (2026-12-06; CUDA counted on an H100 in set53 with cast_relu,
 # trusted since set54b: relu's node leaves into the cast). Set 57: the attention weights written
-# low and their gradient too, the weights' and their gradient's casts gone (cpu 97 -> 95)
-BF16_BLOCK_BUDGETS = {"cpu": 95, "vulkan": 145, "cuda": 68}
+# low and their gradient too, the weights' and their gradient's casts gone (cpu 97 -> 95). Sets
+# 57-58 on CUDA (H100, set76): 68 -> 60, products written low and where their copies put them
+BF16_BLOCK_BUDGETS = {"cpu": 95, "vulkan": 145, "cuda": 60}
 
 
 @needs_kernels
