@@ -79,9 +79,8 @@
   after them; its gradient (34) computes the float32 probabilities again from those and writes
   float32, or the low type for the products that read it (ggrad_softmax.h). On CUDA (set 58):
   ggrad's GEMM writes C at its output's strides (a view of a larger tensor): attention's
-  products straight into the q/k/v gradients' joined tensor and into the merged heads; the
-  sums of a matrix's rows (35: bias gradients) in two kernels, bands of rows, then in order.
-  On the CPU (set 58): the GEMM's strided C too.
+  products straight into the q/k/v gradients' joined tensor and into the merged heads (and on
+  the CPU), and a low product's bias added four values a thread where no epilogue adds it.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.

@@ -1609,25 +1609,6 @@ def test_sums_over_many_rows_as_products_with_ones_equal_float64(dev, monkeypatc
     assert not [n for n in nodes if n.op == G.GGML_OP_REPEAT_BACK]
 
 
-@pytest.mark.parametrize("cols", [1, 6, 514, 2048])
-@pytest.mark.parametrize("rows", [2048, 8192 + 7])
-def test_cuda_sums_over_many_rows_are_one_column_sum_equal_to_float64(dev, rows, cols):
-    """On CUDA a linear layer's bias gradient over many rows is ggrad's COLUMN_SUM (set 58):
-    one node in place of the product with ones, equal to float64's sums at any width (four
-    columns a thread where they come in fours, one by one at the end of a row) and any
-    number of rows (bands of rows summed apart, then in order)."""
-    if not dev.startswith("cuda") or not kernels.supported(ggrad.runtime.current().backend, kernels.COLUMN_SUM):
-        pytest.skip(f"{dev}: not CUDA with set 58's COLUMN_SUM")
-    rng = np.random.default_rng(rows + cols)
-    x = rng.standard_normal((1, rows, 8)).astype(np.float32)
-    g = (rng.standard_normal((1, rows, cols)) * 1e3).astype(np.float32)
-    step = _bias_gradient_step(nn.Linear(8, cols))
-    got = step(ggrad.tensor(x), ggrad.tensor(g)).numpy()
-    np.testing.assert_allclose(got, g.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5, atol=1e-3)
-    sums = [n for n in compiled_nodes(step) if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.COLUMN_SUM]
-    assert len(sums) == 1
-
-
 def _compiled_step_nodes(model, x, y=None, amp=None) -> dict[str, int]:
     opt = Adam(model.parameters(), lr=1e-3)
 

@@ -125,9 +125,6 @@
 #   bash bench/gpu/session.sh set75u   ~290 s: set 57's own tests alone on CUDA
 #   bash bench/gpu/session.sh set76    ~520 s: set 58 (products written at their copies' strides) tested on
 #                                      CUDA, the bf16 block with and without it in one process, its kernels
-#   bash bench/gpu/session.sh set77    ~450 s: set 58's COLUMN_SUM and four-a-thread bias rows tested on CUDA
-#                                      (test_kernels, test_attention, test_nn), the bf16 block with and
-#                                      without COLUMN_SUM, its kernels
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1056,22 +1053,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
       --precision high --kernels --top 40 --nodes all --repeats 5 > $OUT/block-profile.txt 2>&1
-    echo "done at $(el) s" ;;
-  set77)
-    # ~450 s, CUDA: set 58's COLUMN_SUM and ggrad_add_rows_low four a thread, with test_kernels,
-    # test_attention and test_nn on cuda:0; the bf16 block with and without COLUMN_SUM in one
-    # process; its kernels
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 300 || exit 1
-    cuda_tests 120 "not slow" tests/test_kernels.py tests/test_attention.py tests/test_nn.py
-    grep -i "failed\|error" $OUT/tests-cuda.txt | head -20
-    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 6 --without COLUMN_SUM > $OUT/block-cuda.txt 2>&1
-    grep "CUDA graph\|without\|eager" $OUT/block-cuda.txt
-    echo "block at $(el) s"
-    [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
-      --precision high --kernels --top 40 --repeats 5 > $OUT/block-profile.txt 2>&1
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's

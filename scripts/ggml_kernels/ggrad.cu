@@ -379,8 +379,8 @@ static bool ggrad_gemm_lt(ggml_backend_cuda_context & ctx, const ggrad_gemm_shap
 
 // a float32 product's rows plus the bias, rounded to the low result's type (set 57: a low
 // result whose bias no cuBLASLt epilogue added; the sum rounded once, as the cast of
-// ggrad_add_rows_f32's). Four values a thread (set 58: one a thread ran the bf16 block's fused
-// projection's at ~1.6 TB/s on an H100), where rows come in fours and both ends are aligned
+// ggrad_add_rows_f32's). Four values a thread where rows come in fours and both ends are aligned
+// (set 58: the bf16 block's fused projection's 0.046 -> 0.027 ms on an H100, set77)
 template <typename dst_t, bool x4>
 static __global__ void ggrad_add_rows_low(const float * c, const float * bias, dst_t * dst, const int64_t n,
                                           const int64_t total) {
@@ -498,97 +498,6 @@ static void ggrad_gemm(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         }
         CUDA_CHECK(cudaGetLastError());
     }
-}
-
-// the sums of a float32 matrix's rows (kernel 35, set 58): x (N, R), rows contiguous at a
-// stride of ld floats -> (N), each column's sum. Bias and LayerNorm parameter gradients over
-// batch x sequence rows: ggml's REPEAT_BACK read them at 0.6 TB/s, cuBLAS's gemv (a product
-// with ones) at ~2 TB/s on an H100. Two kernels, no atomics (the same sums in the same order
-// every run): each block sums a band of rows for 256 columns, four a thread and its rows four
-// lanes apart; then each column's bands are added in order.
-constexpr int GGRAD_COLUMN_LANES = 4;
-
-template <bool vec>
-static __global__ void ggrad_column_bands(const float * __restrict__ x, const int64_t ld, const int64_t N,
-                                          const int64_t R, const int64_t band, float * __restrict__ partial) {
-    __shared__ float lanes[GGRAD_COLUMN_LANES][256];
-    const int64_t c0 = (int64_t) blockIdx.x*256 + 4*threadIdx.x;
-    const int64_t r1 = min(((int64_t) blockIdx.y + 1)*band, R);
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t r = (int64_t) blockIdx.y*band + threadIdx.y; r < r1; r += GGRAD_COLUMN_LANES) {
-        const float * row = x + r*ld + c0;
-        if (vec && c0 + 4 <= N) {
-            const float4 v = *(const float4 *) row;
-            s[0] += v.x;
-            s[1] += v.y;
-            s[2] += v.z;
-            s[3] += v.w;
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                s[k] += c0 + k < N ? row[k] : 0.0f;
-            }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        lanes[threadIdx.y][4*threadIdx.x + k] = s[k];
-    }
-    __syncthreads();
-    if (threadIdx.y == 0) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            float t = lanes[0][4*threadIdx.x + k];
-#pragma unroll
-            for (int lane = 1; lane < GGRAD_COLUMN_LANES; ++lane) {
-                t += lanes[lane][4*threadIdx.x + k];
-            }
-            if (c0 + k < N) {
-                partial[blockIdx.y*N + c0 + k] = t;
-            }
-        }
-    }
-}
-
-static __global__ void ggrad_column_total(const float * __restrict__ partial, const int64_t N, const int bands,
-                                          float * __restrict__ out) {
-    const int64_t c = (int64_t) blockIdx.x*blockDim.x + threadIdx.x;
-    if (c < N) {
-        float t = 0.0f;
-        for (int b = 0; b < bands; ++b) {
-            t += partial[b*N + c];
-        }
-        out[c] = t;
-    }
-}
-
-static bool ggrad_column_sum_supported(const ggml_tensor * op) {
-    const ggml_tensor * x = op->src[0];
-    return x != nullptr && x->type == GGML_TYPE_F32 && op->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) &&
-           x->nb[1] % sizeof(float) == 0 && x->ne[2] == 1 && x->ne[3] == 1 && ggml_is_contiguous(op) &&
-           op->ne[0] == x->ne[0] && ggml_nelements(op) == x->ne[0] && x->ne[0] > 0 && x->ne[1] > 0 &&
-           (x->ne[0] + 255)/256 <= INT32_MAX;
-}
-
-static void ggrad_column_sum(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
-    const ggml_tensor * x = dst->src[0];
-    const int64_t N = x->ne[0], R = x->ne[1], ld = (int64_t) (x->nb[1]/sizeof(float));
-    const int64_t tiles = (N + 255)/256;
-    // about four blocks a multiprocessor, each band of rows a multiple of the lanes
-    const int64_t wanted = std::max<int64_t>(1, 4*ggml_cuda_info().devices[ctx.device].nsm/tiles);
-    const int64_t bands_at_most = std::min<int64_t>(std::min<int64_t>(wanted, (R + 15)/16), 65535);
-    const int64_t band = ((R + bands_at_most - 1)/bands_at_most + GGRAD_COLUMN_LANES - 1)/GGRAD_COLUMN_LANES*GGRAD_COLUMN_LANES;
-    const int bands = (int) ((R + band - 1)/band);
-    ggml_cuda_pool_alloc<float> partial(ctx.pool(), bands*N);
-    const dim3 grid((unsigned int) tiles, (unsigned int) bands, 1), block(64, GGRAD_COLUMN_LANES, 1);
-    cudaStream_t stream = ctx.stream();
-    if ((uintptr_t) x->data % 16 == 0 && ld % 4 == 0) {
-        ggrad_column_bands<true><<<grid, block, 0, stream>>>((const float *) x->data, ld, N, R, band, partial.get());
-    } else {
-        ggrad_column_bands<false><<<grid, block, 0, stream>>>((const float *) x->data, ld, N, R, band, partial.get());
-    }
-    ggrad_column_total<<<(unsigned int) ((N + 255)/256), 256, 0, stream>>>(partial.get(), N, bands, (float *) dst->data);
-    CUDA_CHECK(cudaGetLastError());
 }
 
 // Adam's update of one or two parameters in one node (kernel 9, as the CPU's): element for
@@ -1017,9 +926,6 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     if (kernel == 33 || kernel == 34) {
         return ggrad_softmax_supported(op, 32*WARP_SIZE);  // ggrad_softmax.h: a row in a warp's registers
     }
-    if (kernel == 35) {
-        return ggrad_column_sum_supported(op);
-    }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
                op->src[0]->nb[0] == sizeof(float) && op->src[1]->nb[0] == sizeof(float) &&
@@ -1352,7 +1258,6 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
     switch (kernel) {  // the kernels with launchers of their own; the rows kernels follow
         case 6:  ggrad_gemm(ctx, dst); return;
-        case 35: ggrad_column_sum(ctx, dst); return;
         case 9:  ggrad_adamw_group(ctx, dst); return;
         case 10:
         case 11: ggrad_max_pool(ctx, dst, kernel == 11); return;

@@ -1534,18 +1534,11 @@ ROW_SUM_PRODUCT_MIN_ROWS = 2048
 
 
 def _row_sums_by_product(ctx, x):
-    """The sums of x's rows (ggml (N, R): R rows of N), (1, N): ggrad's COLUMN_SUM where the
-    backend has it (CUDA, set 58: cuBLAS's gemv read the bf16 block's eight sums at ~2 TB/s),
-    else ones (1 x R) @ x on the GEMM kernel; None where neither serves (then REPEAT_BACK sums
-    them)."""
-    from . import runtime
+    """The sums of x's rows (ggml (N, R): R rows of N) as ones (1 x R) @ x on the GEMM kernel,
+    (1, N); None where it does not serve (then REPEAT_BACK sums them)."""
     rows = x.contents.ne[1]
     if backend_kind() not in ROW_SUM_PRODUCT_KINDS or rows < ROW_SUM_PRODUCT_MIN_ROWS:
         return None
-    if kernels.supported(runtime.current().backend, kernels.COLUMN_SUM):
-        summed = _supported(kernels.op(ctx, kernels.COLUMN_SUM, (x.contents.ne[0], 1), [x], []))
-        if summed is not None:
-            return summed
     ones = once_per_graph(("ones", rows), lambda: G.ggml_fill(ctx, template(ctx, (1, rows)), 1.0))
     return _gemm(ctx, ones, x, False, False, ("highest", None))
 

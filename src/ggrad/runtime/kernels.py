@@ -57,7 +57,6 @@ LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 
 CLASS_TOTAL = 32              # CLASS_CROSS_ENTROPY's (N, 2); mean -> the loss, the weights' sum, a target's share of a gradient of 1 (3)
 SOFTMAX_LOW = 33              # x (S, L, H, B), [mask]; scale -> softmax rows in f16/bf16, then each row's max and 1/sum (cpu, cuda)
 SOFTMAX_LOW_BACK = 34         # x, [mask], the rows' gradient, SOFTMAX_LOW's output; scale -> the gradient of x (S, R) (cpu, cuda)
-COLUMN_SUM = 35               # x (N, R), contiguous rows -> the sum of its rows (N) (cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
@@ -65,7 +64,7 @@ SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAY
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
          BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51,
-         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57, COLUMN_SUM: 58}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
@@ -191,8 +190,7 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set66 (2026-12-07): set 54's CLASS_TOTAL passed its tests (the cross-entropy's, the budgets).
 # H100, set75 (2026-12-07, sixteenth session): set 57's attention softmax under autocast
 # (SOFTMAX_LOW, SOFTMAX_LOW_BACK) passed its tests and the attention, autocast and budget tests.
-# Set 58's COLUMN_SUM (the sums over many rows, bias gradients): compile-checked for CUDA.
-UNVERIFIED: dict[str, set[int]] = {"cuda": {COLUMN_SUM}}
+UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -395,8 +393,6 @@ def _ask(dev_backend, kernel: int) -> bool:
             bf16 = G.GGML_TYPE_BF16
             probs = op(ctx, SOFTMAX_LOW, (4, softmax_low_rows(4, 2, 2)), [logits, None], [1.0], dtype=bf16)
             node = probs if kernel == SOFTMAX_LOW else op(ctx, kernel, (4, 2), [logits, None, logits, probs], [1.0])
-        elif kernel == COLUMN_SUM:
-            node = op(ctx, kernel, (4, 1), [logits], [])
         else:
             return False
         return dev_backend.has_op(node)
