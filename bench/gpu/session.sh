@@ -125,10 +125,6 @@
 #   bash bench/gpu/session.sh set75u   ~290 s: set 57's own tests alone on CUDA
 #   bash bench/gpu/session.sh set76    ~520 s: set 58 (products written at their copies' strides) tested on
 #                                      CUDA, the bf16 block with and without it in one process, its kernels
-#   bash bench/gpu/session.sh set78    ~450 s: set 58 as it lands (products at their copies' strides, bias
-#                                      rows, ADD/SUB/MUL/DIV and SILU_BACK four values a thread) tested on CUDA
-#                                      (test_kernels, test_ops, test_attention, test_nn, test_amp), the bf16
-#                                      block with and without gemm_strided_out, its kernels
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1057,21 +1053,6 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
       --precision high --kernels --top 40 --nodes all --repeats 5 > $OUT/block-profile.txt 2>&1
-    echo "done at $(el) s" ;;
-  set78)
-    # ~450 s, CUDA: set 58 as it lands, its tests and the suites its kernels touch on cuda:0, the bf16
-    # block with and without gemm_strided_out in one process, its kernels
-    build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 300 || exit 1
-    cuda_tests 150 "not slow" tests/test_kernels.py tests/test_ops.py tests/test_attention.py tests/test_nn.py tests/test_amp.py
-    grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
-    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 6 --without gemm_strided_out > $OUT/block-cuda.txt 2>&1
-    grep "CUDA graph\|without\|eager" $OUT/block-cuda.txt
-    echo "block at $(el) s"
-    [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
-      --precision high --kernels --top 40 --repeats 5 > $OUT/block-profile.txt 2>&1
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
