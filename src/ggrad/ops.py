@@ -223,8 +223,8 @@ lazy.GRAPH_PASSES.append(narrow_casts)
 
 
 def _note_copied_product(copy) -> None:
-    """Note `copy` (a CPY of a view of a GEMM node: attention's heads permuted back, joined or
-    merged) for `products_in_place` where the backend writes products at any strides."""
+    """Note `copy` (a CPY or CONT of a view of a GEMM node: attention's heads permuted back,
+    joined or merged) for `products_in_place` where the backend writes products at any strides."""
     from . import runtime
     memo = lazy.build_memo()
     source = copy.contents.src[0]
@@ -281,7 +281,7 @@ def products_in_place(graph, memo: dict) -> None:
             view.contents.view_src = root
         if c.view_src:  # a CPY into a view of the joined tensor: that view, after the product
             c.op = G.GGML_OP_VIEW
-        else:  # a cast: its tensor, which the product writes and nothing computes
+        else:  # a cast or a CONT: its tensor, which the product writes and nothing computes
             c.op, c.src[1] = G.GGML_OP_NONE, None
         for k in range(len(c.op_params)):
             c.op_params[k] = 0
@@ -309,23 +309,26 @@ def _product_strides(product, source, copy) -> list[int] | None:
         if nb != step:
             return None
         step *= ne
+    shape = _gemm_shape(product)
+    return None if shape is None else \
+        _strides_within(shape, tuple(ne for _, ne, _ in axes), tuple(nb for _, _, nb in axes))
+
+
+def _gemm_shape(product) -> tuple[int, int, int, int] | None:
+    """A packed GEMM node's result as its kernel's (N, M, b2, b3): its batches are its
+    operands' larger ones along ggml's axes 2 and 3 (ggrad_gemm.h)."""
+    g = product.contents
     a, b = g.src[0].contents, g.src[1].contents
     b2, b3 = max(a.ne[2], b.ne[2]), max(a.ne[3], b.ne[3])
-    if g.ne[1] % (b2 * b3):
-        return None
-    shape = (g.ne[0], g.ne[1] // (b2 * b3), b2, b3)
-    return _strides_within(shape, tuple(ne for _, ne, _ in axes), tuple(nb for _, _, nb in axes))
+    return None if g.ne[1] % (b2 * b3) else (g.ne[0], g.ne[1] // (b2 * b3), b2, b3)
 
 
 def _write_product_at(product, copy, strides: list[int]) -> None:
     """`product` retyped and reshaped to write `copy`'s destination at `strides`: a view of
     that storage, which it also takes as src[3] so that ggml's allocator places the storage
     before the product runs (the storage's own node comes later in the graph)."""
-    g, d, root = product.contents, copy.contents, _storage_root(copy)
-    a, b = g.src[0].contents, g.src[1].contents
-    b2, b3 = max(a.ne[2], b.ne[2]), max(a.ne[3], b.ne[3])
-    _set_layout(product, (d.type, (g.ne[0], g.ne[1] // (b2 * b3), b2, b3), tuple(strides), root,
-                          d.view_offs if d.view_src else 0, root))
+    d, root = copy.contents, _storage_root(copy)
+    _set_layout(product, (d.type, _gemm_shape(product), tuple(strides), root, d.view_offs if d.view_src else 0, root))
 
 
 def _layout(t) -> tuple:
