@@ -1539,6 +1539,21 @@ def test_attention_products_write_where_their_copies_would(dev, monkeypatch, amp
         np.testing.assert_allclose(a, b, rtol=0, atol=(3e-2 if amp else 1e-5) * np.abs(b).max())
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 4, 5)])
+def test_a_products_permuted_copy_keeps_its_values(dev, shape):
+    """A batched product copied through a permutation (ops.products_in_place's case, a one-value
+    product included: nothing to place) equals float64's, forward and backward."""
+    rng = np.random.default_rng(len(shape))
+    a, b = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(shape[:2] + shape[3:] + shape[2:3]).astype(np.float32)
+    x, y = ggrad.tensor(a, requires_grad=True), ggrad.tensor(b, requires_grad=True)
+    with ggrad.grad_tape():
+        out = F.permute(x @ y, (2, 0, 3, 1)).contiguous()
+        out.sum().backward()
+    want = np.transpose(a.astype(np.float64) @ b.astype(np.float64), (2, 0, 3, 1))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(b.sum(-1)[..., None, :], a.shape), rtol=1e-5, atol=1e-6)
+
+
 def test_products_propagate_nan_and_inf_as_torch(dev):
     """NaN and infinities in either operand: the same outputs are NaN and infinite as
     torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""

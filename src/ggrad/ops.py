@@ -304,6 +304,8 @@ def _product_strides(product, source, copy) -> list[int] | None:
             or tuple(s.ne) != tuple(d.ne) or G.ggml_nelements(source) != G.ggml_nelements(product):
         return None
     axes = sorted((s.nb[i], s.ne[i], d.nb[i]) for i in range(MAX_DIMS) if s.ne[i] > 1)
+    if not axes:
+        return None  # one value: nothing to place
     step = G.ggml_type_size(F32)
     for nb, ne, _ in axes:  # the view's axes, in the product's memory order, tile it
         if nb != step:
