@@ -125,6 +125,8 @@
 #   bash bench/gpu/session.sh set75u   ~290 s: set 57's own tests alone on CUDA
 #   bash bench/gpu/session.sh set76    ~520 s: set 58 (products written at their copies' strides) tested on
 #                                      CUDA, the bf16 block with and without it in one process, its kernels
+#   bash bench/gpu/session.sh set79    ~320 s: set 58's strided products tested on CUDA with convolutions,
+#                                      permuted copies and the launch fuzzer
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1053,6 +1055,15 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
       --precision high --kernels --top 40 --nodes all --repeats 5 > $OUT/block-profile.txt 2>&1
+    echo "done at $(el) s" ;;
+  set79)
+    # ~320 s, CUDA: set 58's strided products where convolutions and plain permuted copies meet them
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 270 || exit 1
+    cuda_tests 40 "conv or permuted_copy or where_their_copies or fuzz" tests/test_conv.py tests/test_kernels.py \
+      tests/test_launch_limits.py
+    grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's
