@@ -264,18 +264,24 @@ def products_in_place(graph, memo: dict) -> None:
                 key = ctypes.addressof(c.src[j].contents)
                 readers[key] = readers.get(key, 0) + 1
     backend = runtime.current().backend
+    low_out = kernels.variant(backend, "gemm_low_out")
     for copy, chain, strides in candidates:
         product, views = chain[-1], chain[:-1]
         if ctypes.addressof(copy.contents) not in in_graph or any(
                 readers.get(ctypes.addressof(t.contents)) != 1 or t.contents.flags & G.GGML_TENSOR_FLAG_OUTPUT
                 for t in chain):
             continue  # not in this graph, or a value read elsewhere (the product's own values wanted)
+        c = copy.contents
+        if (c.op == G.GGML_OP_CPY and c.op_params[2] != 0) or (c.type != F32 and not low_out) \
+                or _storage_root(copy).contents.data:
+            continue  # a cast that applies relu (_relu_cast), a low result not trusted, or storage made
+            # outside this graph (the product would write it at its own place in the order, not the copy's)
         layout = _layout(product)
         _write_product_at(product, copy, strides)
         if not backend.supports(product):
             _set_layout(product, layout)
             continue
-        c, root = copy.contents, _storage_root(copy)
+        root = _storage_root(copy)
         for view in views:  # its storage now, at the product's place (ggml's allocator follows one level)
             view.contents.view_offs = (product.contents.view_offs + view.contents.view_offs) % 2**64
             view.contents.view_src = root
