@@ -1554,6 +1554,37 @@ def test_a_products_permuted_copy_keeps_its_values(dev, shape):
     np.testing.assert_allclose(x.grad.numpy(), np.broadcast_to(b.sum(-1)[..., None, :], a.shape), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [4096, 4099])
+def test_cuda_binary_ops_and_relu_gradients_four_a_thread_keep_their_bits(dev, monkeypatch, n):
+    """CUDA's ADD, SUB, MUL, DIV (same-size operands and a one-value src1) and SILU_BACK's relu
+    and leaky_relu gradients four values a thread (binary_x4, silu_back_x4, set 58) give the
+    bits of ggml's one-value-a-thread kernels, NaN and infinities included; a size not in
+    fours takes ggml's kernels."""
+    if not dev.startswith("cuda") or kernels.version() < 58:
+        pytest.skip(f"{dev}: not CUDA with set 58")
+    rng = np.random.default_rng(n)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    a[:4], b[4:8] = [np.nan, np.inf, -np.inf, 0.0], [0.0, -0.0, np.nan, np.inf]
+    one = np.float32(1.7)
+
+    def run(on):
+        set_variant(monkeypatch, "binary_x4", on)
+        set_variant(monkeypatch, "silu_back_x4", on)
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"x4 {on} {n}")
+
+        @ggrad.compile
+        def step(a, b, one):
+            with ggrad.grad_tape():
+                relu, leaky = F.relu(a), F.leaky_relu(a, 0.1)
+                ((relu + leaky) * b).sum().backward()
+            return a + b, a - b, a * b, a / b, a * one, a - one, a.grad
+        x = ggrad.tensor(a, requires_grad=True)
+        return [t.numpy() for t in step(x, ggrad.tensor(b), ggrad.tensor(one))]
+    on, off = run(True), run(False)
+    for got, want in zip(on, off):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_products_propagate_nan_and_inf_as_torch(dev):
     """NaN and infinities in either operand: the same outputs are NaN and infinite as
     torch's (inf * 0 and inf - inf are NaN in any order of summation); the rest equal."""

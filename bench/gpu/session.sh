@@ -127,6 +127,8 @@
 #                                      CUDA, the bf16 block with and without it in one process, its kernels
 #   bash bench/gpu/session.sh set79    ~320 s: set 58's strided products tested on CUDA with convolutions,
 #                                      permuted copies and the launch fuzzer
+#   bash bench/gpu/session.sh set80    ~480 s: set 58's binary_x4 and silu_back_x4 tested on CUDA, with
+#                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1064,6 +1066,23 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     cuda_tests 40 "conv or permuted_copy or where_their_copies or fuzz" tests/test_conv.py tests/test_kernels.py \
       tests/test_launch_limits.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
+    echo "done at $(el) s" ;;
+  set80)
+    # ~480 s, CUDA: set 58's four-a-thread binary ops and relu gradients (binary_x4, silu_back_x4),
+    # unverified: their bit test and the suites they touch, set79's tests, then the bf16 block with
+    # and without them in one process, its kernels
+    build_cuda_in_background
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    cuda_wheel_installed 300 || exit 1
+    cuda_tests 120 "four_a_thread or relu or binary or conv or permuted_copy or where_their_copies or fuzz or budget" \
+      tests/test_kernels.py tests/test_ops.py tests/test_conv.py tests/test_launch_limits.py
+    grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
+    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 6 --without binary_x4 silu_back_x4 > $OUT/block-cuda.txt 2>&1
+    grep "CUDA graph\|without\|eager" $OUT/block-cuda.txt
+    echo "block at $(el) s"
+    [ "$(el)" -lt 540 ] && cu timeout 45 python3 bench/profile_step.py --device cuda --model block --block-batch 32 --amp bf16 \
+      --precision high --kernels --top 40 --repeats 5 > $OUT/block-profile.txt 2>&1
     echo "done at $(el) s" ;;
   set67)
     # ~170 s, Vulkan alone (no CUDA build): kernel sets 54-55 (the cross-entropy's reduction, Adam's

@@ -504,7 +504,7 @@ def _binary(fn, commutative: bool):
         source = _repeated(b)
         if source is not None and G.ggml_can_repeat(source, a):
             b = source  # ggml broadcasts b into a: no copy of it repeated (a mean's gradient)
-        return fn(ctx, a, b)
+        return _asking(fn(ctx, a, b), "binary_x4")  # CUDA: four values a thread where they fit
     return build
 
 

@@ -565,7 +565,7 @@ def _silu_back_mode(ctx, g, x, mode: int, slope: float = 0.0):
     out = G.ggml_silu_back(ctx, ops.contiguous(ctx, g), ops.contiguous(ctx, x))
     out.contents.op_params[0] = mode
     out.contents.op_params[1] = kernels.param(float(slope))
-    return out
+    return ops._asking(out, "silu_back_x4")  # CUDA: four values a thread where they fit (op_params[2])
 
 
 def _kernel_set(node) -> bool:

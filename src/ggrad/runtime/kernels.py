@@ -255,7 +255,8 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
                "gemm_wide": ("vulkan", 48, 4), "gemm_bias_epilogue": ("cuda", 48, 5), "gemm_whole_k": ("cuda", 49, 6),
                "softmax_rows": ("cuda", 50, 2), "unary_x4": ("cuda", 50, 1), "cast_relu": ("cuda", 52, 2),
                "layer_norm_low": (None, 53, None), "adam_hyper_in_place": (None, 55, None),
-               "gemm_low_out": ("cuda", 57, None), "gemm_strided_out": (("cpu", "cuda"), 58, None)}
+               "gemm_low_out": ("cuda", 57, None), "gemm_strided_out": (("cpu", "cuda"), 58, None),
+               "binary_x4": ("cuda", 58, 0), "silu_back_x4": ("cuda", 58, 2)}
 # (H100, set49e, the alignment hint capped at 16: test_kernels, test_optim, test_capture,
 # test_amp, test_autograd's and test_attention's CUDA cases passed with both cuBLASLt paths,
 # 235 tests, but test_capture's accumulation iteration one ulp off eager's: a failure seen on
@@ -275,7 +276,11 @@ OP_VARIANTS = {"repeat_back_split": ("cuda", 39, 0), "cast_x4": ("cuda", 43, 0),
 # points a product read only through views by one copy at that copy's destination (attention's
 # q/k/v gradients into their joined tensor, its output into the merged heads; H100, set76,
 # 2026-12-07: its test and the attention, autocast, product and budget tests passed on CUDA).
-UNVERIFIED_VARIANTS: dict[str, set[str]] = {}
+# binary_x4: CUDA's ADD, SUB, MUL and DIV with op_params[0] = 1 run contiguous float32 operands of
+# one size (or a one-value src1) four values a thread; silu_back_x4: SILU_BACK (relu's and
+# leaky_relu's gradients) with op_params[2] = 1 likewise (set 58; the same arithmetic per value
+# as ggml's kernels). Compile-checked; no GPU started for their tests (bash bench/gpu/session.sh set80).
+UNVERIFIED_VARIANTS: dict[str, set[str]] = {"cuda": {"binary_x4", "silu_back_x4"}}
 
 
 def _trusted(unverified: dict, dev_backend, key) -> bool:
