@@ -181,13 +181,7 @@ def narrow_casts(graph, memo: dict) -> None:
     noted = memo.get("narrowable")
     if not noted:
         return
-    readers: dict[int, int] = {}
-    nodes = [G.ggml_graph_node(graph, i).contents for i in range(G.ggml_graph_n_nodes(graph))]
-    for c in nodes:
-        for j in range(G.GGML_MAX_SRC):
-            if c.src[j]:
-                key = ctypes.addressof(c.src[j].contents)
-                readers[key] = readers.get(key, 0) + 1
+    nodes, readers = _graph_readers(graph)
     backend = runtime.current().backend
     for x, cast in noted:
         c, cc = x.contents, cast.contents
@@ -210,6 +204,28 @@ def narrow_casts(graph, memo: dict) -> None:
                 c.view_src = x
 
 
+def _graph_readers(graph) -> tuple[list, dict[int, int]]:
+    """The filled ggml `graph`'s nodes (their structs) and, by address, how many sources of
+    theirs each tensor is."""
+    nodes = [G.ggml_graph_node(graph, i).contents for i in range(G.ggml_graph_n_nodes(graph))]
+    readers: dict[int, int] = {}
+    for c in nodes:
+        for j in range(G.GGML_MAX_SRC):
+            if c.src[j]:
+                key = ctypes.addressof(c.src[j].contents)
+                readers[key] = readers.get(key, 0) + 1
+    return nodes, readers
+
+
+def _view_chain(t) -> list:
+    """`t`, then each tensor it views through VIEW, RESHAPE, PERMUTE and TRANSPOSE (_PURE_VIEWS),
+    ending with the first that is none of them."""
+    chain = [t]
+    while chain[-1].contents.op in _PURE_VIEWS:
+        chain.append(chain[-1].contents.src[0])
+    return chain
+
+
 def _retype(x, ggml_type: int) -> None:
     """`x` (not yet allocated) as a contiguous tensor of `ggml_type`."""
     c = x.contents
@@ -227,10 +243,7 @@ def _note_copied_product(copy) -> None:
     joined or merged) for `products_in_place` where the backend writes products at any strides."""
     from . import runtime
     memo = lazy.build_memo()
-    source = copy.contents.src[0]
-    while source.contents.op in _PURE_VIEWS:
-        source = source.contents.src[0]
-    if memo is not None and kernels.kernel_of(source) == kernels.GEMM \
+    if memo is not None and kernels.kernel_of(_view_chain(copy.contents.src[0])[-1]) == kernels.GEMM \
             and kernels.variant(runtime.current().backend, "gemm_strided_out"):
         memo.setdefault("copied_products", []).append(copy)
 
@@ -246,23 +259,14 @@ def products_in_place(graph, memo: dict) -> None:
     from . import runtime
     candidates = []
     for copy in memo.get("copied_products", ()):
-        chain = [copy.contents.src[0]]
-        while chain[-1].contents.op in _PURE_VIEWS:
-            chain.append(chain[-1].contents.src[0])
+        chain = _view_chain(copy.contents.src[0])
         strides = _product_strides(chain[-1], chain[0], copy)
         if strides is not None:
             candidates.append((copy, chain, strides))
     if not candidates:
         return
-    readers: dict[int, int] = {}
-    in_graph = set()
-    for i in range(G.ggml_graph_n_nodes(graph)):
-        c = G.ggml_graph_node(graph, i).contents
-        in_graph.add(ctypes.addressof(c))
-        for j in range(G.GGML_MAX_SRC):
-            if c.src[j]:
-                key = ctypes.addressof(c.src[j].contents)
-                readers[key] = readers.get(key, 0) + 1
+    nodes, readers = _graph_readers(graph)
+    in_graph = {ctypes.addressof(c) for c in nodes}
     backend = runtime.current().backend
     low_out = kernels.variant(backend, "gemm_low_out")
     for copy, chain, strides in candidates:
@@ -271,17 +275,18 @@ def products_in_place(graph, memo: dict) -> None:
                 readers.get(ctypes.addressof(t.contents)) != 1 or t.contents.flags & G.GGML_TENSOR_FLAG_OUTPUT
                 for t in chain):
             continue  # not in this graph, or a value read elsewhere (the product's own values wanted)
-        c = copy.contents
-        if (c.op == G.GGML_OP_CPY and c.op_params[2] != 0) or (c.type != F32 and not low_out) \
-                or _storage_root(copy).contents.data:
+        c, root = copy.contents, _storage_root(copy)
+        if (c.op == G.GGML_OP_CPY and c.op_params[2] != 0) or (c.type != F32 and not low_out) or root.contents.data:
             continue  # a cast that applies relu (_relu_cast), a low result not trusted, or storage made
             # outside this graph (the product would write it at its own place in the order, not the copy's)
+        # the product a view of the copy's storage, at the copy's type and strides; the storage also
+        # its src[3], so that ggml's allocator places it before the product runs (its own node
+        # comes later in the graph)
         layout = _layout(product)
-        _write_product_at(product, copy, strides)
+        _set_layout(product, (c.type, _gemm_shape(product), tuple(strides), root, c.view_offs if c.view_src else 0, root))
         if not backend.supports(product):
             _set_layout(product, layout)
             continue
-        root = _storage_root(copy)
         for view in views:  # its storage now, at the product's place (ggml's allocator follows one level)
             view.contents.view_offs = (product.contents.view_offs + view.contents.view_offs) % 2**64
             view.contents.view_src = root
@@ -329,14 +334,6 @@ def _gemm_shape(product) -> tuple[int, int, int, int] | None:
     a, b = g.src[0].contents, g.src[1].contents
     b2, b3 = max(a.ne[2], b.ne[2]), max(a.ne[3], b.ne[3])
     return None if g.ne[1] % (b2 * b3) else (g.ne[0], g.ne[1] // (b2 * b3), b2, b3)
-
-
-def _write_product_at(product, copy, strides: list[int]) -> None:
-    """`product` retyped and reshaped to write `copy`'s destination at `strides`: a view of
-    that storage, which it also takes as src[3] so that ggml's allocator places the storage
-    before the product runs (the storage's own node comes later in the graph)."""
-    d, root = copy.contents, _storage_root(copy)
-    _set_layout(product, (d.type, _gemm_shape(product), tuple(strides), root, d.view_offs if d.view_src else 0, root))
 
 
 def _layout(t) -> tuple:
@@ -409,9 +406,7 @@ def softmax_low_back(ctx, probs, grad):
 
 def computed_by(t, op: int) -> bool:
     """Whether the ggml tensor `t` is, through views and reshapes, a node of `op` in the graph being built."""
-    while t.contents.op in _PURE_VIEWS:
-        t = t.contents.src[0]
-    return t.contents.op == op
+    return _view_chain(t)[-1].contents.op == op
 
 
 def _is_cast(x) -> bool:
