@@ -83,7 +83,10 @@
   the CPU), and a low product's bias added four values a thread where no epilogue adds it;
   ADD, SUB, MUL and DIV of contiguous float32 operands of one size (or a one-value src1) with
   op_params[0] = 1, and SILU_BACK with op_params[2] = 1, four values a thread (the same
-  arithmetic on each value as ggml's kernels).
+  arithmetic on each value as ggml's kernels). On CUDA (set 59): attention in one kernel each
+  way (35, 36; ggrad_attention.cuh) for float16/bfloat16 q, k, v of head size 32, 64 or 128:
+  the scores never written, the probabilities computed again in the gradient from each row's
+  max and 1/sum.
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -102,7 +105,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 58
+KERNELS_VERSION = 59
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a
@@ -1380,7 +1383,7 @@ def patch(tree: Path) -> None:
         ops.write_text(ops.read_text() + f"\n/* {MARK} */\n#include \"ggrad_cpu.inc\"\n")
     cuda = src / "ggml-cuda"
     for name in ("ggrad.cu", "ggrad.cuh", "ggrad_adamw.h", "ggrad_bn.h", "ggrad_ce.h", "ggrad_cell.h", "ggrad_gemm.h",
-                 "ggrad_pool.h", "ggrad_softmax.h"):
+                 "ggrad_pool.h", "ggrad_softmax.h", "ggrad_attention.cuh"):
         shutil.copy(SOURCES / name, cuda / name)
     _patch_file(cuda / "ggml-cuda.cu", [
         ("#include \"ggml-cuda/fill.cuh\"\n", f"#include \"ggml-cuda/fill.cuh\"\n#include \"ggml-cuda/ggrad.cuh\" /* {MARK} */\n"),

@@ -1474,6 +1474,68 @@ def _products_written_in_place(nodes) -> int:
     return sum(1 for n in nodes if n.op == kernels._ggrad_op() and n.op_params[0] == kernels.GEMM and n.view_src)
 
 
+@pytest.mark.parametrize("width, heads", [(128, 2), (64, 2), (256, 2)])  # heads of 64, 32, 128
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("amp", ["bfloat16", "float16"])
+def test_self_attention_in_one_kernel_each_way_equals_the_composed_path(dev, monkeypatch, amp, causal, width, heads):
+    """MultiheadAttention's self-attention under autocast runs as set 59's two kernels where the
+    backend has them (CUDA): one ATTENTION and one ATTENTION_BACK node, and no score, weight or
+    softmax node (fewer nodes in all). Its output and every gradient equal the composed path's
+    to the operands' rounding (the weights are rounded before their normalisation there, after
+    it here; 70 queries: a block of 64 and a tail), and torch's; two runs give the same bits
+    (each gradient written by one block: no atomics)."""
+    if not dev.startswith("cuda"):
+        pytest.skip(f"{dev}: set 59's attention kernels are CUDA's")
+    if kernels.version() < kernels.SINCE[kernels.ATTENTION]:
+        pytest.skip(f"{dev}: kernel set {kernels.version()} predates the attention kernels")
+    rng = np.random.default_rng(4)
+    t_mha = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+    with torch.no_grad():
+        for p in t_mha.parameters():
+            p.copy_(torch.from_numpy(rng.uniform(-0.2, 0.2, tuple(p.shape)).astype(np.float32)))
+    x, g = (rng.standard_normal((3, 70, width)).astype(np.float32) for _ in range(2))
+    dtype = getattr(ggrad, amp)
+
+    def run(fused):
+        monkeypatch.setattr(ggrad.functional.attention, "fuses_attention",
+                            ggrad.ops.fuses_attention if fused else (lambda: False))
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"attention {fused} {amp} {causal} {width}")
+        mha = nn.MultiheadAttention(width, heads, batch_first=True)
+        mha.load_state_dict(t_mha.state_dict())
+        params = list(mha.parameters())
+
+        @ggrad.compile
+        def step(x, g):
+            for p in params:
+                p.grad = None
+            with ggrad.autocast(dtype=dtype), ggrad.grad_tape():
+                out, _ = mha(x, x, x, need_weights=False, is_causal=causal)
+                (out * g).sum().backward()
+            return (out, x.grad) + tuple(p.grad for p in params)
+        tensors = (ggrad.tensor(x, requires_grad=True), ggrad.tensor(g))
+        runs = [[t.float().numpy() for t in step(*tensors)] for _ in range(2)]
+        nodes = compiled_nodes(step)
+        ours = [n.op_params[0] for n in nodes if n.op == kernels._ggrad_op()]
+        softmaxes = sum(k in (kernels.SOFTMAX_LOW, kernels.SOFTMAX_LOW_BACK) for k in ours) + \
+            sum(ggrad.ops.G.ggml_op_name(n.op).decode().startswith("SOFT_MAX") for n in nodes)
+        return runs, (ours.count(kernels.ATTENTION), ours.count(kernels.ATTENTION_BACK), softmaxes), len(nodes)
+    (on, again), counts_on, nodes_on = run(True)
+    (off, _), counts_off, nodes_off = run(False)
+    assert counts_on == (1, 1, 0) and counts_off[:2] == (0, 0) and counts_off[2] >= 2, (counts_on, counts_off)
+    assert nodes_on < nodes_off, (nodes_on, nodes_off)
+    for a, b in zip(on, again):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    t_x = torch.tensor(x, requires_grad=True)
+    mask = torch.triu(torch.ones(70, 70, dtype=torch.bool), 1) if causal else None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        t_out, _ = t_mha(t_x, t_x, t_x, need_weights=False, attn_mask=mask)
+    (t_out.float() * torch.from_numpy(g)).sum().backward()
+    theirs = [t_out.float().detach().numpy(), t_x.grad.numpy()] + [p.grad.numpy() for p in t_mha.parameters()]
+    for k, (a, b, c) in enumerate(zip(on, off, theirs)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-2 * np.abs(b).max(), err_msg=f"result {k} vs composed")
+        np.testing.assert_allclose(a, c, rtol=0, atol=3e-2 * np.abs(c).max(), err_msg=f"result {k} vs torch")
+
+
 @pytest.mark.parametrize("amp", [None, "bfloat16"])
 @pytest.mark.parametrize("read_elsewhere", [False, True])
 def test_attention_products_write_where_their_copies_would(dev, monkeypatch, amp, read_elsewhere):

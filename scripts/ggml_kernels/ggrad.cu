@@ -8,6 +8,7 @@
 #include "ggrad_gemm.h"
 #include "ggrad_pool.h"
 #include "ggrad_softmax.h"
+#include "ggrad_attention.cuh"
 #include "convert.cuh"
 
 #include <cublasLt.h>
@@ -887,6 +888,8 @@ static void ggrad_cell(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     CUDA_CHECK(cudaGetLastError());
 }
 
+static bool ggrad_attention_supported(const ggml_tensor * op);  // below, with its launcher
+
 bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     const int kernel = ggml_get_op_params_i32(op, 0);
     if (kernel == 18 || kernel == 19) {
@@ -925,6 +928,9 @@ bool ggml_cuda_ggrad_supported(const ggml_tensor * op) {
     }
     if (kernel == 33 || kernel == 34) {
         return ggrad_softmax_supported(op, 32*WARP_SIZE);  // ggrad_softmax.h: a row in a warp's registers
+    }
+    if (kernel == 35 || kernel == 36) {
+        return ggrad_attention_supported(op);
     }
     if (kernel == 4) {
         return op->src[0]->type == GGML_TYPE_F32 && op->src[1]->type == GGML_TYPE_F32 &&
@@ -1254,6 +1260,112 @@ static void ggrad_softmax_low(ggml_backend_cuda_context & ctx, ggml_tensor * dst
     }
 }
 
+// 35: q (D, L, H, B), k, v (D, S, H, B) of float16 or bfloat16 (views: contiguous rows on 16
+// bytes); scale, causal -> the output (B, L, H, D) in float32, then each row's max and 1/sum
+// (B, H, L, 2). 36: q, k, v, 35's node, the output's gradient (D, L, H, B) float32 (any strides,
+// contiguous rows); scale, causal, packed -> dq, dk, dv in float32: packed (L == S), each row's
+// three gradients side by side, (B, L, 3, H, D), as a fused projection's gradient lays them;
+// else (B, H, L, D) then (B, H, S, D) twice. ggrad_attention.cuh computes.
+static bool ggrad_attention_view_fits(const ggml_tensor * t, const ggml_tensor * q) {
+    return t != nullptr && t->type == q->type && t->nb[0] == 2 && t->ne[0] == q->ne[0] && t->ne[2] == q->ne[2] &&
+           t->ne[3] == q->ne[3] && t->nb[1] % 16 == 0 && t->nb[2] % 16 == 0 && t->nb[3] % 16 == 0 &&
+           t->view_offs % 16 == 0;
+}
+
+static bool ggrad_attention_supported(const ggml_tensor * op) {
+    const int kernel = ggml_get_op_params_i32(op, 0);
+    const ggml_tensor * q = op->src[0];
+    const int cc = ggml_cuda_info().devices[ggml_cuda_get_device()].cc;
+    if (!GGML_CUDA_CC_IS_NVIDIA(cc) || cc < GGML_CUDA_CC_AMPERE || q == nullptr ||
+        (q->type != GGML_TYPE_BF16 && q->type != GGML_TYPE_F16) || (q->ne[0] != 32 && q->ne[0] != 64 && q->ne[0] != 128) ||
+        !ggrad_attention_view_fits(q, q) || !ggrad_attention_view_fits(op->src[1], q) ||
+        !ggrad_attention_view_fits(op->src[2], q) || op->src[1]->ne[1] != op->src[2]->ne[1] ||
+        op->type != GGML_TYPE_F32 || !ggml_is_contiguous(op) || q->ne[1] < 1 || op->src[1]->ne[1] < 1 ||
+        q->ne[1] > INT32_MAX/2 || op->src[1]->ne[1] > INT32_MAX/2 || q->ne[2] > 65535 || q->ne[3] > 65535) {
+        return false;
+    }
+    const int64_t D = q->ne[0], L = q->ne[1], H = q->ne[2], B = q->ne[3], S = op->src[1]->ne[1];
+    if (kernel == 35) {
+        return ggml_nbytes(op) >= (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float);
+    }
+    const ggml_tensor * fwd = op->src[3];
+    const ggml_tensor * g = op->src[4];
+    const bool packed = ggml_get_op_params_i32(op, 3) != 0;
+    return fwd != nullptr && fwd->op == op->op && ggml_get_op_params_i32(fwd, 0) == 35 && fwd->src[0] == q &&
+           ggml_nbytes(fwd) >= (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float) && g != nullptr && g->type == GGML_TYPE_F32 &&
+           g->nb[0] == sizeof(float) && g->ne[0] == D && g->ne[1] == L && g->ne[2] == H && g->ne[3] == B &&
+           (!packed || L == S) && ggml_nbytes(op) >= (size_t) (B*L*H*D + 2*B*H*S*D)*sizeof(float);
+}
+
+template <int D, typename T>
+static void ggrad_attention_typed(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const ggrad_attn_shape & s) {
+    const T * q = (const T *) dst->src[0]->data;
+    const T * k = (const T *) dst->src[1]->data;
+    const T * v = (const T *) dst->src[2]->data;
+    const int64_t outputs = (int64_t) s.B*s.L*s.H*D;
+    if (ggml_get_op_params_i32(dst, 0) == 35) {
+        ggrad_attn_forward_launch<D>(q, k, v, (float *) dst->data, (float *) dst->data + outputs, s, ctx.stream());
+    } else {
+        const float * fwd = (const float *) dst->src[3]->data;
+        ggml_cuda_pool_alloc<T> g_low(ctx.pool(), outputs);
+        ggml_cuda_pool_alloc<float> dot(ctx.pool(), (int64_t) s.B*s.H*s.L);
+        const bool packed = ggml_get_op_params_i32(dst, 3) != 0;
+        float * dq = (float *) dst->data;
+        float * dk = packed ? dq + s.H*D : dq + outputs;
+        float * dv = packed ? dq + 2*s.H*D : dk + (int64_t) s.B*s.H*s.S*D;
+        ggrad_attn_backward_launch<D>(q, k, v, fwd, fwd + outputs, (const float *) dst->src[4]->data, g_low.get(), dot.get(),
+                                      dq, dk, dv, s, ctx.stream());
+    }
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+static void ggrad_attention_of(ggml_backend_cuda_context & ctx, ggml_tensor * dst, const ggrad_attn_shape & s, const int64_t D) {
+    if (D == 32) {
+        ggrad_attention_typed<32, T>(ctx, dst, s);
+    } else if (D == 64) {
+        ggrad_attention_typed<64, T>(ctx, dst, s);
+    } else {
+        ggrad_attention_typed<128, T>(ctx, dst, s);
+    }
+}
+
+static void ggrad_attention(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
+    const ggml_tensor * q = dst->src[0];
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+    const int64_t D = q->ne[0];
+    ggrad_attn_shape s;
+    s.L = (int) q->ne[1];
+    s.S = (int) k->ne[1];
+    s.H = (int) q->ne[2];
+    s.B = (int) q->ne[3];
+    s.q1 = q->nb[1]/2; s.q2 = q->nb[2]/2; s.q3 = q->nb[3]/2;
+    s.k1 = k->nb[1]/2; s.k2 = k->nb[2]/2; s.k3 = k->nb[3]/2;
+    s.v1 = v->nb[1]/2; s.v2 = v->nb[2]/2; s.v3 = v->nb[3]/2;
+    s.o1 = s.H*D; s.o2 = D; s.o3 = (int64_t) s.L*s.H*D;  // (B, L, H, D)
+    if (ggml_get_op_params_i32(dst, 3) != 0) {           // (B, L, 3, H, D)
+        s.dq1 = 3*s.H*D; s.dq2 = D; s.dq3 = (int64_t) s.L*3*s.H*D;
+        s.dk1 = s.dq1; s.dk2 = s.dq2; s.dk3 = s.dq3;
+    } else {                                             // (B, H, L, D), (B, H, S, D)
+        s.dq1 = D; s.dq2 = (int64_t) s.L*D; s.dq3 = (int64_t) s.H*s.L*D;
+        s.dk1 = D; s.dk2 = (int64_t) s.S*D; s.dk3 = (int64_t) s.H*s.S*D;
+    }
+    if (ggml_get_op_params_i32(dst, 0) == 36) {
+        const ggml_tensor * g = dst->src[4];
+        s.g1 = g->nb[1]/4; s.g2 = g->nb[2]/4; s.g3 = g->nb[3]/4;
+    } else {
+        s.g1 = s.g2 = s.g3 = 0;
+    }
+    s.scale = ggml_get_op_params_f32(dst, 1);
+    s.causal = ggml_get_op_params_i32(dst, 2);
+    if (q->type == GGML_TYPE_BF16) {
+        ggrad_attention_of<nv_bfloat16>(ctx, dst, s, D);
+    } else {
+        ggrad_attention_of<half>(ctx, dst, s, D);
+    }
+}
+
 void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
     const int kernel = ggml_get_op_params_i32(dst, 0);
     switch (kernel) {  // the kernels with launchers of their own; the rows kernels follow
@@ -1272,6 +1384,8 @@ void ggml_cuda_op_ggrad(ggml_backend_cuda_context & ctx, ggml_tensor * dst) {
         case 25: ggrad_move_running_stat(ctx, dst); return;
         case 33:
         case 34: ggrad_softmax_low(ctx, dst); return;
+        case 35:
+        case 36: ggrad_attention(ctx, dst); return;
         default: break;
     }
     const ggml_tensor * x = dst->src[0];

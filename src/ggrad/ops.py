@@ -404,6 +404,66 @@ def softmax_low_back(ctx, probs, grad):
     return G.ggml_reshape_4d(ctx, node, *xc.ne)
 
 
+def fuses_attention() -> bool:
+    """Whether the current backend has both of set 59's attention kernels (CUDA)."""
+    from . import runtime
+    backend = runtime.current().backend
+    return kernels.supported(backend, kernels.ATTENTION) and kernels.supported(backend, kernels.ATTENTION_BACK)
+
+
+def _heads_low(ctx, qkv, heads: int, storage: str) -> list:
+    """q, k, v of a fused projection's float32 output `qkv` (3E, L, B), in the low type of
+    `storage`, as (D, L, heads, B) views of one cast of it (the product writes that type where
+    the cast is its only reader: narrow_casts)."""
+    low = as_type(ctx, contiguous(ctx, qkv), DTYPES[storage])
+    e3, length, batch = (qkv.contents.ne[i] for i in range(3))
+    e, size = e3 // 3, G.ggml_type_size(DTYPES[storage])
+    d = e // heads
+    return [G.ggml_view_4d(ctx, low, d, length, heads, batch, e3 * size, d * size, length * e3 * size, i * e * size)
+            for i in range(3)]
+
+
+def self_attention(ctx, qkv, heads: int, scale: float, causal: bool, storage: str):
+    """softmax(q k^T * scale [+ causal mask]) v of each head, q, k, v side by side in the rows of
+    a fused projection's float32 output `qkv` (3E, L, B), as one ggrad kernel (ATTENTION, set
+    59) over their `storage` (autocast's low) type: the (E, L, B) output in float32, the heads
+    merged; None where the backend refuses it. The node also keeps each row's max and 1/sum
+    for self_attention_back."""
+    e3, length, batch = (qkv.contents.ne[i] for i in range(3))
+    e = e3 // 3
+    d = e // heads
+    q, k, v = _heads_low(ctx, qkv, heads, storage)
+    rows = -(-(batch * length * e + 2 * batch * heads * length) // d)
+    node = _supported(kernels.op(ctx, kernels.ATTENTION, (d, rows), [q, k, v], [float(scale), int(causal)]))
+    if node is None:
+        return None
+    return G.ggml_view_3d(ctx, node, e, length, batch, e * 4, length * e * 4, 0)
+
+
+def self_attention_back(ctx, grad, out, qkv, heads: int, scale: float, causal: bool, storage: str):
+    """The gradient of self_attention's (E, L, B) output `out` given `grad`: the (3E, L, B)
+    gradient of `qkv`, dq, dk and dv side by side in each row as the projection's rows hold
+    them (ATTENTION_BACK). The forward's node where `out` is its view in this graph; else (its
+    values kept from an earlier graph, without the rows' statistics) the forward again."""
+    node = _view_chain(out)[-1]
+    if kernels.kernel_of(node) != kernels.ATTENTION:
+        again = self_attention(ctx, qkv, heads, scale, causal, storage)
+        if again is None:
+            raise RuntimeError("the backend no longer runs ggrad's attention kernel for this gradient's forward")
+        node = _view_chain(again)[-1]
+    e3, length, batch = (qkv.contents.ne[i] for i in range(3))
+    e = e3 // 3
+    d = e // heads
+    g = G.ggml_view_4d(ctx, contiguous(ctx, grad), d, length, heads, batch, e * 4, d * 4, length * e * 4, 0)
+    src = node.contents.src
+    back = kernels.op(ctx, kernels.ATTENTION_BACK, (d, 3 * batch * length * heads), [src[0], src[1], src[2], node, g],
+                      [float(scale), int(causal), 1])
+    if _supported(back) is None:
+        raise RuntimeError(f"the backend ran ggrad's attention kernel but refuses its gradient ({e} wide, "
+                           f"{heads} heads, {length} x {batch})")
+    return G.ggml_reshape_3d(ctx, back, e3, length, batch)
+
+
 def computed_by(t, op: int) -> bool:
     """Whether the ggml tensor `t` is, through views and reshapes, a node of `op` in the graph being built."""
     return _view_chain(t)[-1].contents.op == op

@@ -8,7 +8,8 @@ import numpy as np
 from ggml import ggml as G
 
 from .. import dtypes
-from ..ops import (compute, computed_by, contiguous, reshape, soft_max, softmax_low, softmax_low_back,
+from .. import ops
+from ..ops import (compute, computed_by, contiguous, fuses_attention, reshape, soft_max, softmax_low, softmax_low_back,
                    softmax_low_source, writes_weights_low)
 from ..runtime import precision
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
@@ -65,6 +66,43 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if dropout_p > 0.0 and training:
         weights = dropout(weights, dropout_p)
     return matmul(weights, v)
+
+
+def self_attention(qkv: Tensor, heads: int, scale: float, causal: bool) -> Tensor | None:
+    """MultiheadAttention's self-attention over its fused projection's output `qkv` (N, L, 3E),
+    q, k, v side by side: the (N, L, E) output, heads merged, as one kernel each way (set 59,
+    CUDA: the scores and weights never written) where autocast runs in a 16-bit type, the
+    heads are 32, 64 or 128 wide and the backend has the kernels; else None (the caller
+    composes, as every other backend does). softmax(q k^T * scale) v, keys after each query
+    masked where `causal`; the weights meet v rounded to the low type, as the composed
+    product's cast rounds them."""
+    low = precision.autocast_dtype()
+    if low is None or qkv.dtype is not dtypes.float32 or qkv.ndim != 3 or qkv.shape[-1] % (3 * heads):
+        return None
+    n, length, e3 = qkv.shape
+    if e3 // (3 * heads) not in (32, 64, 128) or n > 65535 or heads > 65535 or length > 2 ** 30 \
+            or not fuses_attention():
+        return None
+    return _apply("self_attention", (qkv,), (n, length, e3 // 3), _self_attention_rule,
+                  (heads, float(scale), bool(causal), low.storage), dtypes.float32)
+
+
+def _self_attention_rule(ctx, g):
+    (qkv,) = ctx.parents
+    return (_apply("self_attention_back", (g, _out(ctx), qkv.detach()), qkv.shape, None, ctx.arg, g.dtype),)
+
+
+@compute("self_attention")
+def _self_attention(ctx, s, node):
+    out = ops.self_attention(ctx, s[0], *node.arg)
+    if out is None:
+        raise RuntimeError(f"the backend refuses ggrad's attention kernel for {node.shape} ({node.arg[0]} heads)")
+    return out
+
+
+@compute("self_attention_back")
+def _self_attention_back(ctx, s, node):
+    return ops.self_attention_back(ctx, s[0], s[1], s[2], *node.arg)
 
 
 def attention_weights(scores: Tensor, scale: float, mask: Tensor | None = None, for_product: bool = False) -> Tensor:

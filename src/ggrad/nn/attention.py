@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import functional as F
 from . import init
-from ..functional.attention import additive_mask, attention_weights, causal_mask
+from ..functional.attention import additive_mask, attention_weights, causal_mask, self_attention
 from ..random import generator
 from ..tensor import Tensor, full, param
 from .layers import GELU, Dropout, Linear
@@ -75,19 +75,26 @@ class MultiheadAttention(Module):
                              f"{query.shape}, key {key.shape}, value {value.shape} (batch first)")
         source = key.shape[1]
         h, d = self.num_heads, self.head_dim
-        if self._packed and query is key and key is value:  # self-attention: one product
-            q, k, v = F.chunk(F.linear(query, self.in_proj_weight, self.in_proj_bias), 3, -1)
-        else:
-            q, k, v = (self._project(t, i, None if self._packed else getattr(self, f"{c}_proj_weight"))
-                       for i, (t, c) in enumerate(((query, "q"), (key, "k"), (value, "v"))))
-        q, k, v = (F.permute(F.reshape(t, (n, t.shape[1], h, d)), (0, 2, 1, 3)) for t in (q, k, v))
-        scores = F.matmul_nt(q, k)  # (n, h, L, S)
-        mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, scores.dtype)
         dropped = self.dropout > 0.0 and self.training
-        weights = attention_weights(scores, 1.0 / math.sqrt(d), mask, for_product=not (need_weights or dropped))
-        if dropped:
-            weights = F.dropout(weights, self.dropout)
-        out = F.reshape(F.permute(weights @ v, (0, 2, 1, 3)), (n, length, e))
+        fused = None
+        if self._packed and query is key and key is value:  # self-attention: one product
+            qkv = F.linear(query, self.in_proj_weight, self.in_proj_bias)
+            if attn_mask is None and key_padding_mask is None and not (need_weights or dropped):
+                fused = self_attention(qkv, h, 1.0 / math.sqrt(d), is_causal)  # one kernel each way, or None
+            projected = F.chunk(qkv, 3, -1) if fused is None else ()
+        else:
+            projected = [self._project(t, i, None if self._packed else getattr(self, f"{c}_proj_weight"))
+                         for i, (t, c) in enumerate(((query, "q"), (key, "k"), (value, "v")))]
+        if fused is not None:
+            out = fused
+        else:
+            q, k, v = (F.permute(F.reshape(t, (n, t.shape[1], h, d)), (0, 2, 1, 3)) for t in projected)
+            scores = F.matmul_nt(q, k)  # (n, h, L, S)
+            mask = self._mask(attn_mask, key_padding_mask, is_causal, n, length, source, scores.dtype)
+            weights = attention_weights(scores, 1.0 / math.sqrt(d), mask, for_product=not (need_weights or dropped))
+            if dropped:
+                weights = F.dropout(weights, self.dropout)
+            out = F.reshape(F.permute(weights @ v, (0, 2, 1, 3)), (n, length, e))
         out = self.out_proj(out)
         if not self.batch_first:
             out = F.transpose(out, 0, 1)

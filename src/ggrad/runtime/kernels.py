@@ -57,6 +57,8 @@ LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 
 CLASS_TOTAL = 32              # CLASS_CROSS_ENTROPY's (N, 2); mean -> the loss, the weights' sum, a target's share of a gradient of 1 (3)
 SOFTMAX_LOW = 33              # x (S, L, H, B), [mask]; scale -> softmax rows in f16/bf16, then each row's max and 1/sum (cpu, cuda)
 SOFTMAX_LOW_BACK = 34         # x, [mask], the rows' gradient, SOFTMAX_LOW's output; scale -> the gradient of x (S, R) (cpu, cuda)
+ATTENTION = 35                # q (D, L, H, B), k, v (D, S, H, B) f16/bf16 views; scale, causal -> out (B, L, H, D), then each row's max and 1/sum (cuda)
+ATTENTION_BACK = 36           # q, k, v, ATTENTION's node, out's gradient (D, L, H, B); scale, causal, packed -> dq, dk, dv (cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
          MAX_POOL_BACK: 16, COLUMNS: 17, COLUMNS_BACK: 17, CONV: 19, CONV_BACK_INPUT: 19,
@@ -64,7 +66,7 @@ SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAY
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
          BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51,
-         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57, ATTENTION: 59, ATTENTION_BACK: 59}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
@@ -190,7 +192,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set66 (2026-12-07): set 54's CLASS_TOTAL passed its tests (the cross-entropy's, the budgets).
 # H100, set75 (2026-12-07, sixteenth session): set 57's attention softmax under autocast
 # (SOFTMAX_LOW, SOFTMAX_LOW_BACK) passed its tests and the attention, autocast and budget tests.
-UNVERIFIED: dict[str, set[int]] = {}
+# Set 59's attention kernels (ATTENTION, ATTENTION_BACK) were checked alone against float64 on an
+# H100 (bench/gpu/attention_probe.cu) but not yet as ggml ops (bash bench/gpu/session.sh set81).
+UNVERIFIED: dict[str, set[int]] = {"cuda": {ATTENTION, ATTENTION_BACK}}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
@@ -399,6 +403,13 @@ def _ask(dev_backend, kernel: int) -> bool:
             bf16 = G.GGML_TYPE_BF16
             probs = op(ctx, SOFTMAX_LOW, (4, softmax_low_rows(4, 2, 2)), [logits, None], [1.0], dtype=bf16)
             node = probs if kernel == SOFTMAX_LOW else op(ctx, kernel, (4, 2), [logits, None, logits, probs], [1.0])
+        elif kernel in (ATTENTION, ATTENTION_BACK):  # one head of 64, 2 queries and keys, bfloat16
+            qkv = G.ggml_new_tensor_2d(ctx, G.GGML_TYPE_BF16, 64, 6)
+            q, k, v = (G.ggml_view_4d(ctx, qkv, 64, 2, 1, 1, 384, 128, 768, i * 128) for i in range(3))
+            node = op(ctx, ATTENTION, (64, 4), [q, k, v], [1.0, 0])
+            if kernel == ATTENTION_BACK:
+                grad = G.ggml_new_tensor_4d(ctx, G.GGML_TYPE_F32, 64, 2, 1, 1)
+                node = op(ctx, kernel, (64, 6), [q, k, v, node, grad], [1.0, 0, 1])
         else:
             return False
         return dev_backend.has_op(node)
