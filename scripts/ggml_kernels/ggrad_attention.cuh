@@ -4,9 +4,11 @@
 // between them in a step): those are the oracle, and every other backend's path.
 //
 // A block of 4 warps takes 64 rows (queries forward and for dq, keys for dk and dv), each warp
-// 16, and steps through the other side's rows 64 at a time, staged in shared memory; products
-// on the tensor cores (wmma, 16x16x16, float32 sums), the softmax's arithmetic in float32 by the
-// warp's lanes, 2 columns a lane a row.
+// 16, and steps through the other side's rows 64 at a time, staged in shared memory (the next
+// step's rows loaded into registers meanwhile). Products on the tensor cores (mma.sync m16n8k16,
+// float32 sums, operands through ldmatrix); a warp's scores, probabilities and sums stay in its
+// registers in mma's accumulator layout (lane l: rows l/4 and l/4 + 8, columns 2(l%4) and the
+// next of each 8), which is the layout of the next product's first operand once rounded.
 // - Forward: the running max and sum of each row (the online softmax), the output's float32
 //   partial sums rescaled as the max grows; then the output, and each row's max and 1/sum.
 // - dk, dv: per key block, over the query blocks, each probability computed again from its row's
@@ -19,7 +21,6 @@
 // rounding: the same where the scale is a power of two, 1/sqrt(64)).
 #pragma once
 
-#include <mma.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
@@ -47,15 +48,11 @@ static __device__ __forceinline__ int64_t ggrad_attn_stat(const ggrad_attn_shape
 }
 
 template <int D>
-struct ggrad_attn_layout {  // shared memory: 16-bit tiles padded 8 values, float tiles 4
-    static constexpr int LT = D + 8;                  // a (64, D) tile of q, k, v or dO
-    static constexpr int LP = GGRAD_ATTN_ROWS + 8;    // a (64, 64) tile of p or dS
-    static constexpr int LF = (D > GGRAD_ATTN_ROWS ? D : GGRAD_ATTN_ROWS) + 4;  // a float tile
+struct ggrad_attn_layout {  // shared memory: (64, D) tiles of q, k, v or dO, rows padded 8 values
+    static constexpr int LT = D + 8;  // (ldmatrix's 8 rows of a matrix fall in distinct banks)
     static constexpr size_t tile = (size_t) GGRAD_ATTN_ROWS*LT*2;
-    static constexpr size_t ptile = (size_t) GGRAD_ATTN_ROWS*LP*2;
-    static constexpr size_t ftile = (size_t) GGRAD_ATTN_ROWS*LF*4;
-    static constexpr size_t forward = 3*tile + ptile + 2*ftile;
-    static constexpr size_t backward = 4*tile + 2*ptile + 2*ftile + GGRAD_ATTN_ROWS*sizeof(float3);
+    static constexpr size_t forward = 3*tile;
+    static constexpr size_t backward = 4*tile + GGRAD_ATTN_ROWS*sizeof(float3);
 };
 
 // rows [r0, r0 + 64) of a (rows, D) matrix at `src` (row stride `ld` elements, rows on 16
@@ -90,14 +87,6 @@ template <typename T> static __device__ __forceinline__ T ggrad_attn_round(float
 template <> __device__ __forceinline__ half ggrad_attn_round<half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ nv_bfloat16 ggrad_attn_round<nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-static __device__ __forceinline__ float ggrad_attn_warp_max(float x) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, offset, 32));
-    }
-    return x;
-}
-
 static __device__ __forceinline__ float ggrad_attn_warp_sum(float x) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -106,55 +95,98 @@ static __device__ __forceinline__ float ggrad_attn_warp_sum(float x) {
     return x;
 }
 
-namespace ggrad_wmma = nvcuda::wmma;
-template <typename T, typename layout>
-using ggrad_frag_a = ggrad_wmma::fragment<ggrad_wmma::matrix_a, 16, 16, 16, T, layout>;
-template <typename T, typename layout>
-using ggrad_frag_b = ggrad_wmma::fragment<ggrad_wmma::matrix_b, 16, 16, 16, T, layout>;
-using ggrad_frag_c = ggrad_wmma::fragment<ggrad_wmma::accumulator, 16, 16, 16, float>;
+// the tensor cores' operands from shared memory (ldmatrix: four 8x8 matrices, lane i giving
+// the address of row i%8 of matrix i/8), and their product
+static __device__ __forceinline__ void ggrad_ldsm(uint32_t (&r)[4], const void * p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"((uint32_t) __cvta_generic_to_shared(p)));
+}
 
-// a warp's (16, 64) = its 16 rows of `a` (16, K) @ b^T, where b is (64, K) row-major in shared
-// memory (b^T read column-major): into the float tile `out` at its rows
-template <int K, typename T>
-static __device__ __forceinline__ void ggrad_attn_product_nt(float * out, int ldo, const T * a, int lda, const T * b, int ldb) {
-    ggrad_frag_a<T, ggrad_wmma::row_major> fa[K/16];
+static __device__ __forceinline__ void ggrad_ldsm_t(uint32_t (&r)[4], const void * p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"((uint32_t) __cvta_generic_to_shared(p)));
+}
+
+// d (16x8, float32) += a (16x16) b (16x8)
+template <typename T>
+static __device__ __forceinline__ void ggrad_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void ggrad_mma<nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void ggrad_mma<half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// two floats rounded into one register of the operands' type, the first in its low half
+template <typename T> static __device__ __forceinline__ uint32_t ggrad_pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t ggrad_pack<nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *) &v;
+}
+template <> __device__ __forceinline__ uint32_t ggrad_pack<half>(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *) &v;
+}
+
+// acc[8][4] (16 rows, 64 columns) = a (16, D) b^T: a's rows r0.. of the tile `a`, b's 64 rows the
+// tile `b` (both row-major, row stride LT)
+template <int D, typename T>
+static __device__ __forceinline__ void ggrad_attn_scores(float (&acc)[8][4], const T * a, const T * b) {
+    constexpr int LT = ggrad_attn_layout<D>::LT;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int k = 0; k < K/16; ++k) {
-        ggrad_wmma::load_matrix_sync(fa[k], a + 16*k, lda);
+    for (int n = 0; n < 8; ++n) {
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     }
 #pragma unroll
-    for (int n = 0; n < GGRAD_ATTN_ROWS/16; ++n) {
-        ggrad_frag_c acc;
-        ggrad_wmma::fill_fragment(acc, 0.0f);
+    for (int kk = 0; kk < D/16; ++kk) {
+        uint32_t fa[4];
+        ggrad_ldsm(fa, a + (lane & 15)*LT + 16*kk + 8*(lane >> 4));
 #pragma unroll
-        for (int k = 0; k < K/16; ++k) {
-            ggrad_frag_b<T, ggrad_wmma::col_major> fb;
-            ggrad_wmma::load_matrix_sync(fb, b + (int64_t) 16*n*ldb + 16*k, ldb);
-            ggrad_wmma::mma_sync(acc, fa[k], fb, acc);
+        for (int n16 = 0; n16 < 4; ++n16) {
+            uint32_t fb[4];
+            ggrad_ldsm(fb, b + (16*n16 + (lane & 7) + 8*(lane >> 4))*LT + 16*kk + 8*((lane >> 3) & 1));
+            ggrad_mma<T>(acc[2*n16], fa, fb[0], fb[1]);
+            ggrad_mma<T>(acc[2*n16 + 1], fa, fb[2], fb[3]);
         }
-        ggrad_wmma::store_matrix_sync(out + 16*n, acc, ldo, ggrad_wmma::mem_row_major);
     }
 }
 
-// acc[D/16] += a (16, 64) row-major @ b (64, D) row-major, both in shared memory
+// acc[D/8][4] (16 rows, D columns) += p (16, 64; in registers, accumulator layout) @ b (64, D),
+// b the row-major tile `b`
 template <int D, typename T>
-static __device__ __forceinline__ void ggrad_attn_product_nn(ggrad_frag_c * acc, const T * a, int lda, const T * b, int ldb) {
+static __device__ __forceinline__ void ggrad_attn_apply(float (&acc)[D/8][4], const float (&p)[8][4], const T * b) {
+    constexpr int LT = ggrad_attn_layout<D>::LT;
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int k = 0; k < GGRAD_ATTN_ROWS/16; ++k) {
-        ggrad_frag_a<T, ggrad_wmma::row_major> fa;
-        ggrad_wmma::load_matrix_sync(fa, a + 16*k, lda);
+    for (int kk = 0; kk < 4; ++kk) {
+        const uint32_t fa[4] = {ggrad_pack<T>(p[2*kk][0], p[2*kk][1]), ggrad_pack<T>(p[2*kk][2], p[2*kk][3]),
+                                ggrad_pack<T>(p[2*kk + 1][0], p[2*kk + 1][1]), ggrad_pack<T>(p[2*kk + 1][2], p[2*kk + 1][3])};
 #pragma unroll
-        for (int n = 0; n < D/16; ++n) {
-            ggrad_frag_b<T, ggrad_wmma::row_major> fb;
-            ggrad_wmma::load_matrix_sync(fb, b + (int64_t) 16*k*ldb + 16*n, ldb);
-            ggrad_wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        for (int n16 = 0; n16 < D/16; ++n16) {
+            uint32_t fb[4];
+            ggrad_ldsm_t(fb, b + (16*kk + (lane & 15))*LT + 16*n16 + 8*(lane >> 4));
+            ggrad_mma<T>(acc[2*n16], fa, fb[0], fb[1]);
+            ggrad_mma<T>(acc[2*n16 + 1], fa, fb[2], fb[3]);
         }
     }
+}
+
+// the column of element (n, j) of a lane's accumulator tile, and whether it is in the second row
+static __device__ __forceinline__ int ggrad_attn_col(int n, int j) {
+    return 8*n + 2*(threadIdx.x % 4) + (j & 1);
 }
 
 // q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `stats` each
-// row's max and 1/sum. The softmax's lanes: lane l takes row l/2 of the warp's 16, columns
-// l%2, l%2 + 2, ... (32 of 64), its partner lane the others.
+// row's max and 1/sum. A lane's rows: row0 = its warp's first + lane/4, and row0 + 8.
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
 ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * stats, const ggrad_attn_shape s) {
@@ -164,13 +196,10 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
     T * qs = (T *) smem;
     T * ks = qs + GGRAD_ATTN_ROWS*Lay::LT;
     T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
-    T * ps = vs + GGRAD_ATTN_ROWS*Lay::LT;
-    float * ss = (float *) (ps + GGRAD_ATTN_ROWS*Lay::LP);
-    float * os = ss + GGRAD_ATTN_ROWS*Lay::LF;
 
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
-    const int r = lane >> 1, half = lane & 1, row = q0 + r0 + r;
+    const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
     q += b*s.q3 + h*s.q2;
     k += b*s.k3 + h*s.k2;
     v += b*s.v3 + h*s.v2;
@@ -178,16 +207,15 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
     ggrad_attn_fetch<D>(kr, k, s.k1, 0, s.S);
     ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
     ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
-    float * srow = ss + (r0 + r)*Lay::LF;
-    float * orow = os + (r0 + r)*Lay::LF;
-    T * prow = ps + (r0 + r)*Lay::LP;
-    for (int c = half; c < D; c += 2) {
-        orow[c] = 0.0f;
+    float o[D/8][4];
+#pragma unroll
+    for (int n = 0; n < D/8; ++n) {
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' part
     const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
-        __syncthreads();  // the step before is done with ks, vs
+        __syncthreads();  // the step before is done with ks, vs (and qs is written)
         ggrad_attn_stash<D>(ks, kr);
         ggrad_attn_stash<D>(vs, vr);
         __syncthreads();
@@ -195,56 +223,66 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
             ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
             ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
         }
-        ggrad_attn_product_nt<D>(ss + r0*Lay::LF, Lay::LF, qs + r0*Lay::LT, Lay::LT, ks, Lay::LT);
-        __syncwarp();
-        float x[GGRAD_ATTN_ROWS/2];
-        float top = m;
+        float p[8][4];
+        ggrad_attn_scores<D>(p, qs + r0*Lay::LT, ks);
+        float top[2] = {m[0], m[1]};
 #pragma unroll
-        for (int j = 0; j < GGRAD_ATTN_ROWS/2; ++j) {
-            const int col = k0 + half + 2*j;
-            const bool masked = col >= s.S || (s.causal && col > row);
-            x[j] = masked ? -INFINITY : srow[half + 2*j]*s.scale;
-            top = fmaxf(top, x[j]);
-        }
-        top = fmaxf(top, __shfl_xor_sync(0xffffffff, top, 1, 32));
-        const float alpha = m == -INFINITY ? 0.0f : expf(m - top);
-        float sum = 0.0f;
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-        for (int j = 0; j < GGRAD_ATTN_ROWS/2; ++j) {
-            const float p = x[j] == -INFINITY ? 0.0f : expf(x[j] - top);
-            sum += p;
-            prow[half + 2*j] = ggrad_attn_round<T>(p);
+            for (int j = 0; j < 4; ++j) {
+                const int col = k0 + ggrad_attn_col(n, j), row = rows[j >> 1];
+                const bool masked = col >= s.S || (s.causal && col > row);
+                p[n][j] = masked ? -INFINITY : p[n][j]*s.scale;
+                top[j >> 1] = fmaxf(top[j >> 1], p[n][j]);
+            }
         }
-        sum += __shfl_xor_sync(0xffffffff, sum, 1, 32);
-        l = l*alpha + sum;
-        m = top;
+        float alpha[2];
 #pragma unroll
-        for (int c = half; c < D; c += 2) {
-            orow[c] *= alpha;
+        for (int i = 0; i < 2; ++i) {
+            top[i] = fmaxf(top[i], __shfl_xor_sync(0xffffffff, top[i], 1, 32));
+            top[i] = fmaxf(top[i], __shfl_xor_sync(0xffffffff, top[i], 2, 32));
+            alpha[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - top[i]);
+            m[i] = top[i];
+            l[i] *= alpha[i];
         }
-        __syncwarp();
-        ggrad_frag_c acc[D/16];
 #pragma unroll
-        for (int n = 0; n < D/16; ++n) {
-            ggrad_wmma::load_matrix_sync(acc[n], os + r0*Lay::LF + 16*n, Lay::LF, ggrad_wmma::mem_row_major);
-        }
-        ggrad_attn_product_nn<D>(acc, ps + r0*Lay::LP, Lay::LP, vs, Lay::LT);
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-        for (int n = 0; n < D/16; ++n) {
-            ggrad_wmma::store_matrix_sync(os + r0*Lay::LF + 16*n, acc[n], Lay::LF, ggrad_wmma::mem_row_major);
+            for (int j = 0; j < 4; ++j) {
+                p[n][j] = p[n][j] == -INFINITY ? 0.0f : expf(p[n][j] - top[j >> 1]);
+                l[j >> 1] += p[n][j];
+            }
         }
-        __syncwarp();
+#pragma unroll
+        for (int n = 0; n < D/8; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        ggrad_attn_apply<D>(o, p, vs);
     }
-    if (row < s.L) {
-        const float inv = 1.0f / l;
-        float * o = out + b*s.o3 + h*s.o2 + (int64_t) row*s.o1;
+    float inv[2];
 #pragma unroll
-        for (int c = half; c < D; c += 2) {
-            o[c] = __fmul_rn(orow[c], inv);
-        }
-        if (half == 0) {
-            stats[ggrad_attn_stat(s, b, h, row)] = m;
-            stats[ggrad_attn_stat(s, b, h, row) + 1] = inv;
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1, 32);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2, 32);
+        inv[i] = 1.0f / l[i];
+    }
+    out += b*s.o3 + h*s.o2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (rows[i] < s.L) {
+            float * orow = out + (int64_t) rows[i]*s.o1;
+#pragma unroll
+            for (int n = 0; n < D/8; ++n) {
+                *(float2 *) (orow + ggrad_attn_col(n, 0)) =
+                    make_float2(__fmul_rn(o[n][2*i], inv[i]), __fmul_rn(o[n][2*i + 1], inv[i]));
+            }
+            if (lane % 4 == 0) {
+                stats[ggrad_attn_stat(s, b, h, rows[i])] = m[i];
+                stats[ggrad_attn_stat(s, b, h, rows[i]) + 1] = inv[i];
+            }
         }
     }
 #endif
@@ -292,8 +330,25 @@ static __device__ __forceinline__ float3 ggrad_attn_row_stats(const float * stat
     return make_float3(stats[i], stats[i + 1], dot[((int64_t) b*s.H + h)*s.L + row]);
 }
 
-// dk and dv: a block per 64 keys of (b, h), both written at the strides dk. Lanes as the forward's,
-// over the warp's 16 keys (rows of S^T) and the block's 64 queries
+// acc (16 rows, D columns) written at `dst` (row stride ld) times `scale`, rows from `row0` (the
+// lane's first; its second 8 on) below `rows`
+template <int D>
+static __device__ __forceinline__ void ggrad_attn_write(float * dst, int64_t ld, const float (&acc)[D/8][4], int row0, int rows,
+                                                        float scale) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (row0 + 8*i < rows) {
+            float * r = dst + (int64_t) (row0 + 8*i)*ld;
+#pragma unroll
+            for (int n = 0; n < D/8; ++n) {
+                *(float2 *) (r + ggrad_attn_col(n, 0)) = make_float2(acc[n][2*i]*scale, acc[n][2*i + 1]*scale);
+            }
+        }
+    }
+}
+
+// dk and dv: a block per 64 keys of (b, h), both written at the strides dk. A warp's 16 keys are
+// the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
 ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
@@ -305,15 +360,11 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
     T * qs = vs + GGRAD_ATTN_ROWS*Lay::LT;
     T * gs = qs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * pt = gs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * dst_ = pt + GGRAD_ATTN_ROWS*Lay::LP;
-    float * sf = (float *) (dst_ + GGRAD_ATTN_ROWS*Lay::LP);
-    float * dpf = sf + GGRAD_ATTN_ROWS*Lay::LF;
-    float3 * rows = (float3 *) (dpf + GGRAD_ATTN_ROWS*Lay::LF);
+    float3 * qstats = (float3 *) (gs + GGRAD_ATTN_ROWS*Lay::LT);
 
     const int k0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
-    const int r = lane >> 1, half = lane & 1, key = k0 + r0 + r;
+    const int keys[2] = {k0 + r0 + lane/4, k0 + r0 + lane/4 + 8};
     q += b*s.q3 + h*s.q2;
     k += b*s.k3 + h*s.k2;
     v += b*s.v3 + h*s.v2;
@@ -331,20 +382,20 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     }
     ggrad_attn_load<D>(ks, k, s.k1, k0, s.S);
     ggrad_attn_load<D>(vs, v, s.v1, k0, s.S);
-    ggrad_frag_c dk_acc[D/16], dv_acc[D/16];
+    float dk_acc[D/8][4], dv_acc[D/8][4];
 #pragma unroll
-    for (int n = 0; n < D/16; ++n) {
-        ggrad_wmma::fill_fragment(dk_acc[n], 0.0f);
-        ggrad_wmma::fill_fragment(dv_acc[n], 0.0f);
+    for (int n = 0; n < D/8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            dk_acc[n][j] = dv_acc[n][j] = 0.0f;
+        }
     }
-    const float * srow = sf + (r0 + r)*Lay::LF;
-    const float * dprow = dpf + (r0 + r)*Lay::LF;
     for (int q0 = qstart; q0 < s.L; q0 += GGRAD_ATTN_ROWS) {
         __syncthreads();
         ggrad_attn_stash<D>(qs, qr);
         ggrad_attn_stash<D>(gs, gr);
         if (threadIdx.x < GGRAD_ATTN_ROWS) {
-            rows[threadIdx.x] = st;
+            qstats[threadIdx.x] = st;
         }
         __syncthreads();
         if (q0 + GGRAD_ATTN_ROWS < s.L) {
@@ -354,45 +405,30 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
                 st = ggrad_attn_row_stats(stats, dot, s, b, h, q0 + GGRAD_ATTN_ROWS + threadIdx.x);
             }
         }
-        // the warp's 16 keys against the block's 64 queries: S^T = k q^T, dP^T = v dO^T
-        ggrad_attn_product_nt<D>(sf + r0*Lay::LF, Lay::LF, ks + r0*Lay::LT, Lay::LT, qs, Lay::LT);
-        ggrad_attn_product_nt<D>(dpf + r0*Lay::LF, Lay::LF, vs + r0*Lay::LT, Lay::LT, gs, Lay::LT);
-        __syncwarp();
+        float pt[8][4], dst_[8][4];
+        ggrad_attn_scores<D>(pt, ks + r0*Lay::LT, qs);    // S^T = k q^T
+        ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gs);  // dP^T = v dO^T
 #pragma unroll
-        for (int j = 0; j < GGRAD_ATTN_ROWS/2; ++j) {
-            const int c = half + 2*j, row = q0 + c;
-            const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
-            const float3 rs = rows[c];
-            const float2 pd = ggrad_attn_p_ds(srow[c]*s.scale, dprow[c], rs.x, rs.y, rs.z, masked);
-            pt[(r0 + r)*Lay::LP + c] = ggrad_attn_round<T>(pd.x);
-            dst_[(r0 + r)*Lay::LP + c] = ggrad_attn_round<T>(pd.y);
-        }
-        __syncwarp();
-        ggrad_attn_product_nn<D>(dv_acc, pt + r0*Lay::LP, Lay::LP, gs, Lay::LT);
-        ggrad_attn_product_nn<D>(dk_acc, dst_ + r0*Lay::LP, Lay::LP, qs, Lay::LT);
-    }
-    // through the warp's float rows: dk scaled, then both written at their strides
+        for (int n = 0; n < 8; ++n) {
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-        __syncwarp();
-#pragma unroll
-        for (int n = 0; n < D/16; ++n) {
-            ggrad_wmma::store_matrix_sync(sf + r0*Lay::LF + 16*n, pass == 0 ? dk_acc[n] : dv_acc[n], Lay::LF,
-                                          ggrad_wmma::mem_row_major);
-        }
-        __syncwarp();
-        if (key < s.S) {
-            float * dst = (pass == 0 ? dk : dv) + b*s.dk3 + h*s.dk2 + (int64_t) key*s.dk1;
-#pragma unroll
-            for (int c = half; c < D; c += 2) {
-                dst[c] = pass == 0 ? srow[c]*s.scale : srow[c];
+            for (int j = 0; j < 4; ++j) {
+                const int c = ggrad_attn_col(n, j), row = q0 + c, key = keys[j >> 1];
+                const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
+                const float3 rs = qstats[c];
+                const float2 pd = ggrad_attn_p_ds(pt[n][j]*s.scale, dst_[n][j], rs.x, rs.y, rs.z, masked);
+                pt[n][j] = pd.x;
+                dst_[n][j] = pd.y;
             }
         }
+        ggrad_attn_apply<D>(dv_acc, pt, gs);    // dv += p^T dO
+        ggrad_attn_apply<D>(dk_acc, dst_, qs);  // dk += dS^T q
     }
+    ggrad_attn_write<D>(dk + b*s.dk3 + h*s.dk2, s.dk1, dk_acc, keys[0], s.S, s.scale);
+    ggrad_attn_write<D>(dv + b*s.dk3 + h*s.dk2, s.dk1, dv_acc, keys[0], s.S, 1.0f);
 #endif
 }
 
-// dq: a block per 64 queries of (b, h), written at the strides dq; lanes as the forward's
+// dq: a block per 64 queries of (b, h), written at the strides dq; a lane's rows as the forward's
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
 ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
@@ -404,13 +440,10 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     T * gs = qs + GGRAD_ATTN_ROWS*Lay::LT;
     T * ks = gs + GGRAD_ATTN_ROWS*Lay::LT;
     T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
-    T * dss = vs + GGRAD_ATTN_ROWS*Lay::LT;
-    float * sf = (float *) (dss + 2*GGRAD_ATTN_ROWS*Lay::LP);  // the kv kernel's layout: a p tile unused
-    float * dpf = sf + GGRAD_ATTN_ROWS*Lay::LF;
 
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
-    const int r = lane >> 1, half = lane & 1, row = q0 + r0 + r;
+    const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
     q += b*s.q3 + h*s.q2;
     k += b*s.k3 + h*s.k2;
     v += b*s.v3 + h*s.v2;
@@ -419,14 +452,12 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
     ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
     ggrad_attn_load<D>(gs, g_low + ((int64_t) b*s.H + h)*s.L*D, D, q0, s.L);
-    const float3 rs = ggrad_attn_row_stats(stats, dot, s, b, h, row);
-    ggrad_frag_c acc[D/16];
+    const float3 rs[2] = {ggrad_attn_row_stats(stats, dot, s, b, h, rows[0]), ggrad_attn_row_stats(stats, dot, s, b, h, rows[1])};
+    float acc[D/8][4];
 #pragma unroll
-    for (int n = 0; n < D/16; ++n) {
-        ggrad_wmma::fill_fragment(acc[n], 0.0f);
+    for (int n = 0; n < D/8; ++n) {
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     }
-    const float * srow = sf + (r0 + r)*Lay::LF;
-    const float * dprow = dpf + (r0 + r)*Lay::LF;
     const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
         __syncthreads();
@@ -437,32 +468,22 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
             ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
             ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
         }
-        ggrad_attn_product_nt<D>(sf + r0*Lay::LF, Lay::LF, qs + r0*Lay::LT, Lay::LT, ks, Lay::LT);
-        ggrad_attn_product_nt<D>(dpf + r0*Lay::LF, Lay::LF, gs + r0*Lay::LT, Lay::LT, vs, Lay::LT);
-        __syncwarp();
+        float ds[8][4], dp[8][4];
+        ggrad_attn_scores<D>(ds, qs + r0*Lay::LT, ks);  // S = q k^T
+        ggrad_attn_scores<D>(dp, gs + r0*Lay::LT, vs);  // dP = dO v^T
 #pragma unroll
-        for (int j = 0; j < GGRAD_ATTN_ROWS/2; ++j) {
-            const int c = half + 2*j, key = k0 + c;
-            const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
-            const float2 pd = ggrad_attn_p_ds(srow[c]*s.scale, dprow[c], rs.x, rs.y, rs.z, masked);
-            dss[(r0 + r)*Lay::LP + c] = ggrad_attn_round<T>(pd.y);
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int key = k0 + ggrad_attn_col(n, j), row = rows[j >> 1];
+                const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
+                const float3 r = rs[j >> 1];
+                ds[n][j] = ggrad_attn_p_ds(ds[n][j]*s.scale, dp[n][j], r.x, r.y, r.z, masked).y;
+            }
         }
-        __syncwarp();
-        ggrad_attn_product_nn<D>(acc, dss + r0*Lay::LP, Lay::LP, ks, Lay::LT);
+        ggrad_attn_apply<D>(acc, ds, ks);  // dq += dS k
     }
-    __syncwarp();
-#pragma unroll
-    for (int n = 0; n < D/16; ++n) {
-        ggrad_wmma::store_matrix_sync(sf + r0*Lay::LF + 16*n, acc[n], Lay::LF, ggrad_wmma::mem_row_major);
-    }
-    __syncwarp();
-    if (row < s.L) {
-        float * o = dq + b*s.dq3 + h*s.dq2 + (int64_t) row*s.dq1;
-#pragma unroll
-        for (int c = half; c < D; c += 2) {
-            o[c] = srow[c]*s.scale;
-        }
-    }
+    ggrad_attn_write<D>(dq + b*s.dq3 + h*s.dq2, s.dq1, acc, rows[0], s.L, s.scale);
 #endif
 }
 
