@@ -1,0 +1,279 @@
+// ggrad's fused attention kernels (scripts/ggml_kernels/ggrad_attention.cuh) run on the CPU, each CUDA
+// thread an OS thread, against bench/gpu/attention_reference.h's float64 reference: for a machine
+// without a GPU (bash bench/gpu/attention_emulate.sh [CASE]; all cases ~2 min on 2 cores).
+// ldmatrix, ldmatrix.trans, mma.sync m16n8k16 and shfl_xor are written here from the PTX ISA's
+// fragment tables, independently of the kernels' own reasoning; the emulation aborts where a warp
+// diverges at one of them, or shared memory is read out of range or misaligned. Shared memory
+// starts as NaN (0xff bytes), every output as NaN. Three planted faults (a B operand's column, an
+// A fragment's register order, the query statistics off by a column) each gave errors of ~1.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <barrier>
+#include <thread>
+#include <vector>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <algorithm>
+#include <atomic>
+#undef __device__
+#undef __global__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __align__
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(x)
+#define __CUDA_ARCH__ 900
+using std::min;
+
+#define EMU_FAIL(...) do { std::fprintf(stderr, __VA_ARGS__); std::fprintf(stderr, "\n"); std::abort(); } while (0)
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local unsigned char * emu_smem;
+thread_local size_t emu_smem_bytes;
+
+struct EmuWarp {
+    std::barrier<> bar{32};
+    const void * addr[32];
+    int op[32];
+    uint32_t a[32][4], b[32][2];
+    float c[32][4];
+    float f[32];
+};
+struct EmuBlock {
+    std::barrier<> bar{128};
+    EmuWarp warp[4];
+};
+thread_local EmuBlock * emu_block;
+static std::atomic<long> emu_collectives{0};
+
+static inline EmuWarp & W() { return emu_block->warp[threadIdx.x/32]; }
+static inline void emu_check_op(int op) {
+    EmuWarp & w = W(); const int lane = threadIdx.x % 32;
+    w.op[lane] = op; w.bar.arrive_and_wait();
+    for (int i = 0; i < 32; ++i) if (w.op[i] != op) EMU_FAIL("warp diverged: lane %d op %d vs %d", i, w.op[i], op);
+    w.bar.arrive_and_wait();
+}
+static inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+static inline float __shfl_xor_sync(unsigned mask, float x, int off, int width) {
+    if (mask != 0xffffffffu || width != 32) EMU_FAIL("shfl args");
+    emu_check_op(1);
+    EmuWarp & w = W(); const int lane = threadIdx.x % 32;
+    w.f[lane] = x; w.bar.arrive_and_wait();
+    const float r = w.f[lane ^ off]; w.bar.arrive_and_wait();
+    return r;
+}
+static inline float __fmul_rn(float a, float b) { return a*b; }
+
+static inline void emu_check_smem(const void * p, size_t n, size_t align) {
+    const unsigned char * c = (const unsigned char *) p;
+    if (c < emu_smem || c + n > emu_smem + emu_smem_bytes) EMU_FAIL("smem access out of range: offset %td + %zu of %zu", c - emu_smem, n, emu_smem_bytes);
+    if ((c - emu_smem) % align) EMU_FAIL("smem access misaligned: offset %td", c - emu_smem);
+}
+template <typename T> static inline uint4 emu_ld16(const T * p) {
+    if ((uintptr_t) p % 16) EMU_FAIL("global uint4 load misaligned");
+    return *(const uint4 *) p;
+}
+template <typename T> static inline uint4 * emu_st16(T * p) { emu_check_smem(p, 16, 16); return (uint4 *) p; }
+static inline float2 * emu_f2(float * p) { if ((uintptr_t) p % 8) EMU_FAIL("float2 store misaligned"); return (float2 *) p; }
+
+// ldmatrix .m8n8.x4 .b16: lane i gives the address of row i%8 of matrix i/8; the lane's register j
+// holds matrix j's row lane/4, elements 2(lane%4), +1 (.trans: column lane/4 of rows 2(lane%4), +1)
+static inline void emu_ldsm(uint32_t (&r)[4], const void * p, bool trans) {
+    emu_check_op(trans ? 3 : 2);
+    EmuWarp & w = W(); const int lane = threadIdx.x % 32;
+    emu_check_smem(p, 16, 16);
+    w.addr[lane] = p; w.bar.arrive_and_wait();
+    for (int j = 0; j < 4; ++j) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const uint16_t * row = (const uint16_t *) w.addr[8*j + lane/4];
+            lo = row[2*(lane % 4)]; hi = row[2*(lane % 4) + 1];
+        } else {
+            const uint16_t * r0 = (const uint16_t *) w.addr[8*j + 2*(lane % 4)];
+            const uint16_t * r1 = (const uint16_t *) w.addr[8*j + 2*(lane % 4) + 1];
+            lo = r0[lane/4]; hi = r1[lane/4];
+        }
+        r[j] = (uint32_t) lo | ((uint32_t) hi << 16);
+    }
+    w.bar.arrive_and_wait();
+}
+static inline void ggrad_ldsm(uint32_t (&r)[4], const void * p) { emu_ldsm(r, p, false); }
+static inline void ggrad_ldsm_t(uint32_t (&r)[4], const void * p) { emu_ldsm(r, p, true); }
+
+template <typename T> static inline float emu_tof(uint16_t x);
+template <> inline float emu_tof<nv_bfloat16>(uint16_t x) { uint32_t u = (uint32_t) x << 16; float f; std::memcpy(&f, &u, 4); return f; }
+template <> inline float emu_tof<half>(uint16_t x) { __half_raw r; r.x = x; return __half2float(__half(r)); }
+
+// mma.m16n8k16 row.col, f32 accumulators (PTX ISA fragment tables): g = lane/4, t = lane%4
+// A: a0,a1 (g, 2t+{0,1}); a2,a3 (g+8, 2t+{0,1}); a4,a5 (g, 2t+8+{0,1}); a6,a7 (g+8, 2t+8+{0,1})
+// B: b0,b1 (k = 2t+{0,1}, n = g); b2,b3 (k = 2t+8+{0,1}, n = g)
+// C/D: c0,c1 (g, 2t+{0,1}); c2,c3 (g+8, 2t+{0,1})
+template <typename T>
+static inline void ggrad_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    emu_check_op(4);
+    EmuWarp & w = W(); const int lane = threadIdx.x % 32;
+    for (int i = 0; i < 4; ++i) { w.a[lane][i] = a[i]; w.c[lane][i] = d[i]; }
+    w.b[lane][0] = b0; w.b[lane][1] = b1;
+    w.bar.arrive_and_wait();
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+        const int g = l/4, t = l % 4;
+        for (int i = 0; i < 8; ++i) {
+            const uint16_t e = (uint16_t) (w.a[l][i/2] >> (16*(i & 1)));
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+            const int col = 2*t + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = emu_tof<T>(e);
+        }
+        for (int i = 0; i < 4; ++i) {
+            const uint16_t e = (uint16_t) (w.b[l][i/2] >> (16*(i & 1)));
+            const int krow = 2*t + (i & 1) + (i >= 2 ? 8 : 0);
+            B[krow][g] = emu_tof<T>(e);
+        }
+        for (int i = 0; i < 4; ++i) C[i < 2 ? g : g + 8][2*t + (i & 1)] = w.c[l][i];
+    }
+    const int g = lane/4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int row = i < 2 ? g : g + 8, col = 2*t + (i & 1);
+        double s = C[row][col];
+        for (int kk = 0; kk < 16; ++kk) s += (double) A[row][kk]*B[kk][col];
+        d[i] = (float) s;
+    }
+    w.bar.arrive_and_wait();
+    emu_collectives++;
+}
+
+#include GGRAD_ATTN_EMULATED  // ggrad_attention.cuh, its hardware parts swapped (attention_emulate.sh)
+#include "attention_reference.h"
+
+template <typename F>
+static void emu_launch(dim3 grid, size_t smem_bytes, F kernel) {
+    for (unsigned z = 0; z < grid.z; ++z) for (unsigned y = 0; y < grid.y; ++y) for (unsigned x = 0; x < grid.x; ++x) {
+        EmuBlock * blk = new EmuBlock;
+        std::vector<unsigned char> smem(smem_bytes + 128, 0xff);  // NaN in bf16/f16: stale reads show
+        unsigned char * base = smem.data() + (128 - (uintptr_t) smem.data() % 128) % 128;
+        std::vector<std::thread> th;
+        for (unsigned t = 0; t < 128; ++t) {
+            th.emplace_back([=] {
+                threadIdx = make_uint3(t, 0, 0); blockIdx = make_uint3(x, y, z);
+                emu_block = blk; emu_smem = base; emu_smem_bytes = smem_bytes;
+                kernel();
+            });
+        }
+        for (auto & t : th) t.join();
+        delete blk;
+    }
+}
+
+template <int D, typename T>
+static void ggrad_attn_forward_launch(const T * q, const T * k, const T * v, float * out, float * stats, const ggrad_attn_shape & s) {
+    const size_t bytes = ggrad_attn_layout<D>::forward;
+    emu_launch(dim3((s.L + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_forward<D, T>(q, k, v, out, stats, s); });
+}
+template <int D, typename T>
+static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, const float * out, const float * stats,
+                                       const float * g, T * g_low, float * dot, float * dq, float * dk, float * dv,
+                                       const ggrad_attn_shape & s) {
+    const int64_t rows = (int64_t) s.B*s.H*s.L;
+    emu_launch(dim3((unsigned) ((rows + 3)/4), 1, 1), 0, [=] { ggrad_attn_back_rows<D, T>(g, out, g_low, dot, s); });
+    const size_t bytes = ggrad_attn_layout<D>::backward;
+    emu_launch(dim3((s.S + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_back_kv<D, T>(q, k, v, g_low, stats, dot, dk, dv, s); });
+    emu_launch(dim3((s.L + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_back_q<D, T>(q, k, v, g_low, stats, dot, dq, s); });
+}
+
+template <typename T> static float tof(T x);
+template <> float tof<nv_bfloat16>(nv_bfloat16 x) { return __bfloat162float(x); }
+template <> float tof<half>(half x) { return __half2float(x); }
+template <typename T> static T fromf(float x);
+template <> nv_bfloat16 fromf<nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> half fromf<half>(float x) { return __float2half_rn(x); }
+template <typename T> static float lowround(float x) { return tof<T>(fromf<T>(x)); }
+
+template <int D, typename T>
+static bool run(const Case & c, float qscale = 1.0f) {
+    const int B = c.B, H = c.H, L = c.L, S = c.S;
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int64_t row = c.packed ? 3*H*D : H*D;
+    const size_t qn = (size_t) B*L*row, kn = c.packed ? 0 : (size_t) B*S*row;
+    std::vector<T> hq(qn), hk(kn), hv(kn);
+    for (auto & x : hq) x = fromf<T>(normal(rng)*qscale);
+    for (auto & x : hk) x = fromf<T>(normal(rng)*qscale);
+    for (auto & x : hv) x = fromf<T>(normal(rng));
+    std::vector<float> hg((size_t) B*L*H*D);
+    for (auto & x : hg) x = normal(rng);
+    const T * q = hq.data();
+    const T * k = c.packed ? hq.data() + H*D : hk.data();
+    const T * v = c.packed ? hq.data() + 2*H*D : hv.data();
+    ggrad_attn_shape s{};
+    s.L = L; s.S = S; s.H = H; s.B = B;
+    s.q1 = row; s.q2 = D; s.q3 = (int64_t) L*row;
+    s.k1 = row; s.k2 = D; s.k3 = (int64_t) S*row;
+    s.v1 = s.k1; s.v2 = s.k2; s.v3 = s.k3;
+    s.o1 = H*D; s.o2 = D; s.o3 = (int64_t) L*H*D;
+    s.dq1 = s.o1; s.dq2 = s.o2; s.dq3 = s.o3;
+    s.dk1 = H*D; s.dk2 = D; s.dk3 = (int64_t) S*H*D;
+    s.g1 = H*D; s.g2 = D; s.g3 = (int64_t) L*H*D;
+    s.scale = 1.0f/std::sqrt((float) D);
+    s.causal = c.causal;
+    const size_t on = (size_t) B*L*H*D, kvn = (size_t) B*S*H*D;
+    const float NaN = std::nanf("");
+    std::vector<float> out(on, NaN), stats((size_t) B*H*L*2, NaN), dot((size_t) B*H*L, NaN), dq(on, NaN), dk(kvn, NaN), dv(kvn, NaN);
+    std::vector<T> g_low(on);
+    ggrad_attn_forward_launch<D, T>(q, k, v, out.data(), stats.data(), s);
+    ggrad_attn_backward_launch<D, T>(q, k, v, out.data(), stats.data(), hg.data(), g_low.data(), dot.data(), dq.data(), dk.data(), dv.data(), s);
+    double e[4] = {0, 0, 0, 0};
+    bool finite = true;
+    for (int b : {0, B - 1}) for (int h = 0; h < H; ++h) {
+        std::vector<float> rq((size_t) L*D), rk((size_t) S*D), rv((size_t) S*D), rg((size_t) L*D);
+        for (int i = 0; i < L; ++i) for (int d = 0; d < D; ++d) {
+            rq[i*D + d] = tof<T>(hq[(size_t) b*s.q3 + i*s.q1 + h*D + d]);
+            rg[i*D + d] = lowround<T>(hg[(size_t) b*s.g3 + i*s.g1 + h*D + d]);
+        }
+        for (int j = 0; j < S; ++j) for (int d = 0; d < D; ++d) {
+            rk[j*D + d] = tof<T>(c.packed ? hq[(size_t) b*s.k3 + j*s.k1 + H*D + h*D + d] : hk[(size_t) b*s.k3 + j*s.k1 + h*D + d]);
+            rv[j*D + d] = tof<T>(c.packed ? hq[(size_t) b*s.v3 + j*s.v1 + 2*H*D + h*D + d] : hv[(size_t) b*s.v3 + j*s.v1 + h*D + d]);
+        }
+        std::vector<double> ro, rdq, rdk, rdv;
+        reference(c, rq, rk, rv, rg, ro, rdq, rdk, rdv, s.scale);
+        double big;
+        e[0] = std::max(e[0], worst(ro, out.data() + b*s.o3 + h*D, L, D, s.o1, big));
+        e[1] = std::max(e[1], worst(rdq, dq.data() + b*s.o3 + h*D, L, D, s.o1, big));
+        e[2] = std::max(e[2], worst(rdk, dk.data() + b*s.dk3 + h*D, S, D, s.dk1, big));
+        e[3] = std::max(e[3], worst(rdv, dv.data() + b*s.dk3 + h*D, S, D, s.dk1, big));
+    }
+    for (float x : out) finite = finite && std::isfinite(x);
+    for (float x : dq) finite = finite && std::isfinite(x);
+    for (float x : dk) finite = finite && std::isfinite(x);
+    for (float x : dv) finite = finite && std::isfinite(x);
+    const bool ok = finite && e[0] < 2e-2 && e[1] < 3e-2 && e[2] < 3e-2 && e[3] < 2e-2;
+    std::printf("%s B %d H %d L %d S %d D %d causal %d packed %d qscale %g: out %.2e dq %.2e dk %.2e dv %.2e%s -> %s\n",
+                sizeof(T) == 2 && std::is_same<T, half>::value ? "f16 " : "bf16", B, H, L, S, D, c.causal, c.packed, qscale,
+                e[0], e[1], e[2], e[3], finite ? "" : " (not finite)", ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+    return ok;
+}
+
+int main(int argc, char ** argv) {
+    bool ok = true;
+    const int which = argc > 1 ? std::atoi(argv[1]) : -1;
+    if (which < 0 || which == 0) ok &= run<64, nv_bfloat16>({2, 3, 100, 77, 64, 0, false});
+    if (which < 0 || which == 1) ok &= run<64, nv_bfloat16>({2, 3, 130, 130, 64, 1, true});
+    if (which < 0 || which == 2) ok &= run<32, nv_bfloat16>({2, 4, 70, 70, 32, 1, true});
+    if (which < 0 || which == 3) ok &= run<128, nv_bfloat16>({2, 2, 96, 200, 128, 0, false});
+    if (which < 0 || which == 4) ok &= run<64, nv_bfloat16>({1, 2, 256, 256, 64, 1, true});
+    if (which < 0 || which == 5) ok &= run<64, half>({2, 2, 100, 77, 64, 0, false});
+    if (which < 0 || which == 6) ok &= run<128, nv_bfloat16>({1, 1, 200, 96, 128, 1, false});
+    if (which < 0 || which == 7) ok &= run<64, nv_bfloat16>({1, 2, 130, 130, 64, 1, true}, 3.0f);
+    if (which == 8) ok &= run<32, nv_bfloat16>({1, 2, 70, 200, 32, 1, false});
+    if (which == 9) ok &= run<32, half>({1, 1, 1, 1, 32, 1, false});
+    if (which == 10) ok &= run<64, nv_bfloat16>({1, 1, 64, 64, 64, 0, false});
+    std::printf("%s\n", ok ? "all ok" : "FAILED");
+    return ok ? 0 : 1;
+}
