@@ -185,6 +185,21 @@ static __device__ __forceinline__ int ggrad_attn_col(int n, int j) {
     return 8*n + 2*(threadIdx.x % 4) + (j & 1);
 }
 
+// the keys k0.. moved from the registers they were fetched into to ks and vs, and the next 64
+// (below kend) fetched while this step computes
+template <int D, typename T>
+static __device__ __forceinline__ void ggrad_attn_next_keys(T * ks, T * vs, uint4 (&kr)[D/16], uint4 (&vr)[D/16], const T * k,
+                                                            const T * v, const ggrad_attn_shape & s, int k0, int kend) {
+    __syncthreads();  // the step before is done with ks, vs (and the tiles loaded before the loop are written)
+    ggrad_attn_stash<D>(ks, kr);
+    ggrad_attn_stash<D>(vs, vr);
+    __syncthreads();
+    if (k0 + GGRAD_ATTN_ROWS < kend) {
+        ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
+        ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
+    }
+}
+
 // q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `stats` each
 // row's max and 1/sum. A lane's rows: row0 = its warp's first + lane/4, and row0 + 8.
 template <int D, typename T>
@@ -215,14 +230,7 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' part
     const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
-        __syncthreads();  // the step before is done with ks, vs (and qs is written)
-        ggrad_attn_stash<D>(ks, kr);
-        ggrad_attn_stash<D>(vs, vr);
-        __syncthreads();
-        if (k0 + GGRAD_ATTN_ROWS < kend) {  // the next keys' loads in flight through this step
-            ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
-            ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
-        }
+        ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
         float p[8][4];
         ggrad_attn_scores<D>(p, qs + r0*Lay::LT, ks);
         float top[2] = {m[0], m[1]};
@@ -460,14 +468,7 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     }
     const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
-        __syncthreads();
-        ggrad_attn_stash<D>(ks, kr);
-        ggrad_attn_stash<D>(vs, vr);
-        __syncthreads();
-        if (k0 + GGRAD_ATTN_ROWS < kend) {
-            ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
-            ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
-        }
+        ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
         float ds[8][4], dp[8][4];
         ggrad_attn_scores<D>(ds, qs + r0*Lay::LT, ks);  // S = q k^T
         ggrad_attn_scores<D>(dp, gs + r0*Lay::LT, vs);  // dP = dO v^T
