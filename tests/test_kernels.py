@@ -1483,7 +1483,8 @@ def test_self_attention_in_one_kernel_each_way_equals_the_composed_path(dev, mon
     softmax node (fewer nodes in all). Its output and every gradient equal the composed path's
     to the operands' rounding (the weights are rounded before their normalisation there, after
     it here; 70 queries: a block of 64 and a tail), and torch's; two runs give the same bits
-    (each gradient written by one block: no atomics)."""
+    (each gradient written by one block: no atomics). Eager, with the output read before the
+    backward is built, the gradient runs the forward kernel again and equals the compiled one."""
     if not dev.startswith("cuda"):
         pytest.skip(f"{dev}: set 59's attention kernels are CUDA's")
     if kernels.version() < kernels.SINCE[kernels.ATTENTION]:
@@ -1519,8 +1520,20 @@ def test_self_attention_in_one_kernel_each_way_equals_the_composed_path(dev, mon
         softmaxes = sum(k in (kernels.SOFTMAX_LOW, kernels.SOFTMAX_LOW_BACK) for k in ours) + \
             sum(ggrad.ops.G.ggml_op_name(n.op).decode().startswith("SOFT_MAX") for n in nodes)
         return runs, (ours.count(kernels.ATTENTION), ours.count(kernels.ATTENTION_BACK), softmaxes), len(nodes)
+    def eager():  # the output read before the backward is built: its gradient runs the forward kernel again
+        monkeypatch.setattr(ggrad.functional.attention, "fuses_attention", ggrad.ops.fuses_attention)
+        mha = nn.MultiheadAttention(width, heads, batch_first=True)
+        mha.load_state_dict(t_mha.state_dict())
+        xt, gt = ggrad.tensor(x, requires_grad=True), ggrad.tensor(g)
+        with ggrad.autocast(dtype=dtype), ggrad.grad_tape():
+            out, _ = mha(xt, xt, xt, need_weights=False, is_causal=causal)
+            out.numpy()
+            (out * gt).sum().backward()
+        return [t.float().numpy() for t in (out, xt.grad, *(p.grad for p in mha.parameters()))]
     (on, again), counts_on, nodes_on = run(True)
     (off, _), counts_off, nodes_off = run(False)
+    for k, (a, b) in enumerate(zip(eager(), on)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max(), err_msg=f"result {k} eager vs compiled")
     assert counts_on == (1, 1, 0) and counts_off[:2] == (0, 0) and counts_off[2] >= 2, (counts_on, counts_off)
     assert nodes_on < nodes_off, (nodes_on, nodes_off)
     for a, b in zip(on, again):
