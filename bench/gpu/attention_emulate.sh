@@ -4,7 +4,7 @@
 # accesses) swapped for the emulator's checked ones, then compiled with g++ against the CUDA
 # toolkit's headers (cuda_bf16.h, cuda_fp16.h: host conversions only).
 #   bash bench/gpu/attention_emulate.sh        # every case (~2 min on 2 cores)
-#   bash bench/gpu/attention_emulate.sh 4      # case 4 alone (the block's causal shape)
+#   bash bench/gpu/attention_emulate.sh 1 5    # cases 1 and 5 (attention_emulator.cpp's run_case)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 if [ -z "${CUDA_INCLUDE:-}" ]; then  # the newest toolkit installed

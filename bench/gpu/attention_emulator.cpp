@@ -260,20 +260,33 @@ static bool run(const Case & c, float qscale = 1.0f) {
     return ok;
 }
 
+// the cases: the probe's, f16, causal with more keys than queries, 3x larger scores, one query
+static bool run_case(int which) {
+    switch (which) {
+        case 0: return run<64, nv_bfloat16>({2, 3, 100, 77, 64, 0, false});
+        case 1: return run<64, nv_bfloat16>({2, 3, 130, 130, 64, 1, true});
+        case 2: return run<32, nv_bfloat16>({2, 4, 70, 70, 32, 1, true});
+        case 3: return run<128, nv_bfloat16>({2, 2, 96, 200, 128, 0, false});
+        case 4: return run<64, nv_bfloat16>({1, 2, 256, 256, 64, 1, true});
+        case 5: return run<64, half>({2, 2, 100, 77, 64, 0, false});
+        case 6: return run<128, nv_bfloat16>({1, 1, 200, 96, 128, 1, false});
+        case 7: return run<64, nv_bfloat16>({1, 2, 130, 130, 64, 1, true}, 3.0f);
+        case 8: return run<32, nv_bfloat16>({1, 2, 70, 200, 32, 1, false});
+        case 9: return run<32, half>({1, 1, 1, 1, 32, 1, false});
+        case 10: return run<64, nv_bfloat16>({1, 1, 64, 64, 64, 0, false});
+        default: std::printf("no case %d (0-10)\n", which); return false;
+    }
+}
+
+// the cases named on the command line, or every one
 int main(int argc, char ** argv) {
     bool ok = true;
-    const int which = argc > 1 ? std::atoi(argv[1]) : -1;
-    if (which < 0 || which == 0) ok &= run<64, nv_bfloat16>({2, 3, 100, 77, 64, 0, false});
-    if (which < 0 || which == 1) ok &= run<64, nv_bfloat16>({2, 3, 130, 130, 64, 1, true});
-    if (which < 0 || which == 2) ok &= run<32, nv_bfloat16>({2, 4, 70, 70, 32, 1, true});
-    if (which < 0 || which == 3) ok &= run<128, nv_bfloat16>({2, 2, 96, 200, 128, 0, false});
-    if (which < 0 || which == 4) ok &= run<64, nv_bfloat16>({1, 2, 256, 256, 64, 1, true});
-    if (which < 0 || which == 5) ok &= run<64, half>({2, 2, 100, 77, 64, 0, false});
-    if (which < 0 || which == 6) ok &= run<128, nv_bfloat16>({1, 1, 200, 96, 128, 1, false});
-    if (which < 0 || which == 7) ok &= run<64, nv_bfloat16>({1, 2, 130, 130, 64, 1, true}, 3.0f);
-    if (which == 8) ok &= run<32, nv_bfloat16>({1, 2, 70, 200, 32, 1, false});
-    if (which == 9) ok &= run<32, half>({1, 1, 1, 1, 32, 1, false});
-    if (which == 10) ok &= run<64, nv_bfloat16>({1, 1, 64, 64, 64, 0, false});
+    for (int i = 1; i < argc; ++i) {
+        ok &= run_case(std::atoi(argv[i]));
+    }
+    for (int which = 0; argc == 1 && which <= 10; ++which) {
+        ok &= run_case(which);
+    }
     std::printf("%s\n", ok ? "all ok" : "FAILED");
     return ok ? 0 : 1;
 }
