@@ -1549,6 +1549,68 @@ def test_self_attention_in_one_kernel_each_way_equals_the_composed_path(dev, mon
         np.testing.assert_allclose(a, c, rtol=0, atol=3e-2 * np.abs(c).max(), err_msg=f"result {k} vs torch")
 
 
+@pytest.mark.parametrize("queries, keys, causal", [(70, 90, False), (70, 70, True), (90, 70, True)])
+def test_scaled_dot_product_attention_in_one_kernel_each_way_equals_the_composed_path(dev, monkeypatch, queries,
+                                                                                      keys, causal):
+    """F.scaled_dot_product_attention under bf16 autocast over (B, H, L, 64) slices of one
+    projection (as nanoGPT splits its c_attn) runs as set 59's two kernels on CUDA: one node each
+    way, the gradients of q, k and v written one after another (L and S may differ); equal to the
+    composed path and to torch's, compiled and eager (the output read before the backward)."""
+    if not dev.startswith("cuda"):
+        pytest.skip(f"{dev}: set 59's attention kernels are CUDA's")
+    if kernels.version() < kernels.SINCE[kernels.ATTENTION]:
+        pytest.skip(f"{dev}: kernel set {kernels.version()} predates the attention kernels")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, max(queries, keys), 3 * 128)).astype(np.float32)
+    g = rng.standard_normal((2, 2, queries, 64)).astype(np.float32)
+
+    def heads(t, rows):  # (B, rows, 128) -> (B, 2, rows, 64)
+        return F.permute(F.reshape(t[:, :rows], (2, rows, 2, 64)), (0, 2, 1, 3))
+
+    def attend(xt, gt):
+        with ggrad.autocast(dtype=ggrad.bfloat16), ggrad.grad_tape():
+            q, k, v = F.chunk(xt, 3, -1)
+            out = F.scaled_dot_product_attention(heads(q, queries), heads(k, keys), heads(v, keys), is_causal=causal)
+            yield out
+            (out * gt).sum().backward()
+        yield xt.grad
+
+    def run(fused, compiled):
+        monkeypatch.setattr(ggrad.functional.attention, "fuses_attention",
+                            ggrad.ops.fuses_attention if fused else (lambda: False))
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"sdpa {fused} {queries} {keys} {causal}")
+        xt, gt = ggrad.tensor(x, requires_grad=True), ggrad.tensor(g)
+        if not compiled:
+            steps = attend(xt, gt)
+            out = next(steps)
+            out.numpy()  # the backward built in a graph of its own
+            return [out.numpy(), next(steps).numpy()], None
+
+        @ggrad.compile
+        def step(xt, gt):
+            xt.grad = None
+            return tuple(attend(xt, gt))
+        step(xt, gt)
+        results = [t.numpy() for t in step(xt, gt)]
+        ours = [n.op_params[0] for n in compiled_nodes(step) if n.op == kernels._ggrad_op()]
+        return results, (ours.count(kernels.ATTENTION), ours.count(kernels.ATTENTION_BACK))
+    on, counts = run(True, True)
+    off, none = run(False, True)
+    eager, _ = run(True, False)
+    assert counts == (1, 1) and none == (0, 0), (counts, none)
+    t_x = torch.tensor(x, requires_grad=True)
+    tq, tk, tv = (t.reshape(2, -1, 2, 64).transpose(1, 2) for t in t_x.chunk(3, -1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        t_out = torch.nn.functional.scaled_dot_product_attention(tq[:, :, :queries], tk[:, :, :keys], tv[:, :, :keys],
+                                                                 is_causal=causal)
+    (t_out.float() * torch.from_numpy(g)).sum().backward()
+    theirs = [t_out.float().detach().numpy(), t_x.grad.numpy()]
+    for k, (a, b, c, e) in enumerate(zip(on, off, theirs, eager)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-2 * np.abs(b).max(), err_msg=f"result {k} vs composed")
+        np.testing.assert_allclose(a, c, rtol=0, atol=3e-2 * np.abs(c).max(), err_msg=f"result {k} vs torch")
+        np.testing.assert_allclose(e, a, rtol=0, atol=1e-4 * np.abs(a).max(), err_msg=f"result {k} eager vs compiled")
+
+
 @pytest.mark.parametrize("amp", [None, "bfloat16"])
 @pytest.mark.parametrize("read_elsewhere", [False, True])
 def test_attention_products_write_where_their_copies_would(dev, monkeypatch, amp, read_elsewhere):

@@ -411,57 +411,88 @@ def fuses_attention() -> bool:
     return kernels.supported(backend, kernels.ATTENTION) and kernels.supported(backend, kernels.ATTENTION_BACK)
 
 
-def _heads_low(ctx, qkv, heads: int, storage: str) -> list:
-    """q, k, v of a fused projection's float32 output `qkv` (3E, L, B), in the low type of
-    `storage`, as (D, L, heads, B) views of one cast of it (the product writes that type where
-    the cast is its only reader: narrow_casts)."""
-    low = as_type(ctx, contiguous(ctx, qkv), DTYPES[storage])
+def _low_operand(ctx, x, low_type: int):
+    """The float32 (D, rows, heads, batches) tensor `x` in `low_type` for the attention kernels:
+    a view of one cast of the tensor it views, where its strides suit them (rows on 16 bytes;
+    the product that made that tensor writes the low type where the cast is its only reader:
+    narrow_casts); else a contiguous cast of it."""
+    c = x.contents
+    root = c.view_src if c.view_src else x
+    size = G.ggml_type_size(low_type)
+    low = [n // 4 * size for n in (c.nb[1], c.nb[2], c.nb[3], c.view_offs if c.view_src else 0)]
+    if c.type == F32 and c.nb[0] == 4 and root.contents.type == F32 and G.ggml_is_contiguous(root) \
+            and all(n % 16 == 0 for n in low):
+        return G.ggml_view_4d(ctx, as_type(ctx, root, low_type), *c.ne, *low)
+    return as_type(ctx, contiguous(ctx, x), low_type)
+
+
+def attention(ctx, q, k, v, scale: float, causal: bool, storage: str):
+    """softmax(q k^T * scale [+ causal mask]) v over float32 q (D, L, H, B) and k, v (D, S, H, B),
+    as one ggrad kernel (ATTENTION, set 59) over their `storage` (autocast's low) type, or None
+    where the backend refuses it. The node holds the output (B, L, H, D) in float32 (heads
+    merged), then each row's max and 1/sum for attention_back."""
+    d, length, heads, batch = (q.contents.ne[i] for i in range(4))
+    low = DTYPES[storage]
+    operands = [_low_operand(ctx, t, low) for t in (q, k, v)]
+    rows = -(-(batch * length * heads * d + 2 * batch * heads * length) // d)
+    return _supported(kernels.op(ctx, kernels.ATTENTION, (d, rows), operands, [float(scale), int(causal)]))
+
+
+def attention_back(ctx, node, grad, scale: float, causal: bool, packed: bool):
+    """The gradient of ATTENTION's `node` given its output's gradient `grad` (D, L, H, B; rows
+    contiguous), as one (D, rows) float32 tensor (ATTENTION_BACK): `packed` (L == S), dq, dk and dv
+    side by side in each row, (B, L, 3, H, D); else dq (B, H, L, D), then dk and dv (B, H, S, D)."""
+    src = node.contents.src
+    d, length, heads, batch = (src[0].contents.ne[i] for i in range(4))
+    keys = src[1].contents.ne[1]
+    rows = 3 * batch * length * heads if packed else batch * heads * (length + 2 * keys)
+    grad = grad if grad.contents.nb[0] == 4 else contiguous(ctx, grad)
+    back = kernels.op(ctx, kernels.ATTENTION_BACK, (d, rows), [src[0], src[1], src[2], node, grad],
+                      [float(scale), int(causal), int(packed)])
+    if _supported(back) is None:
+        raise RuntimeError(f"the backend ran ggrad's attention kernel but refuses its gradient (heads of {d}, "
+                           f"{heads} x {batch}, {length} queries, {keys} keys)")
+    return back
+
+
+def attention_node(ctx, out, *forward):
+    """The ATTENTION node whose output `out` views in this graph; else (its values kept from an
+    earlier graph, without the rows' statistics) the node of `attention(ctx, *forward)` again."""
+    node = _view_chain(out)[-1]
+    if kernels.kernel_of(node) == kernels.ATTENTION:
+        return node
+    again = attention(ctx, *forward)
+    if again is None:
+        raise RuntimeError("the backend no longer runs ggrad's attention kernel for this gradient's forward")
+    return again
+
+
+def _heads(ctx, qkv, heads: int) -> list:
+    """q, k, v of a fused projection's float32 output `qkv` (3E, L, B) as (D, L, heads, B) views."""
     e3, length, batch = (qkv.contents.ne[i] for i in range(3))
-    e, size = e3 // 3, G.ggml_type_size(DTYPES[storage])
+    qkv = contiguous(ctx, qkv)
+    e = e3 // 3
     d = e // heads
-    return [G.ggml_view_4d(ctx, low, d, length, heads, batch, e3 * size, d * size, length * e3 * size, i * e * size)
-            for i in range(3)]
+    return [G.ggml_view_4d(ctx, qkv, d, length, heads, batch, e3 * 4, d * 4, length * e3 * 4, i * e * 4) for i in range(3)]
 
 
 def self_attention(ctx, qkv, heads: int, scale: float, causal: bool, storage: str):
-    """softmax(q k^T * scale [+ causal mask]) v of each head, q, k, v side by side in the rows of
-    a fused projection's float32 output `qkv` (3E, L, B), as one ggrad kernel (ATTENTION, set
-    59) over their `storage` (autocast's low) type: the (E, L, B) output in float32, the heads
-    merged; None where the backend refuses it. The node also keeps each row's max and 1/sum
-    for self_attention_back."""
+    """attention() over q, k, v side by side in the rows of a fused projection's float32 output
+    `qkv` (3E, L, B), read as views of one cast of it: the (E, L, B) output, heads merged."""
     e3, length, batch = (qkv.contents.ne[i] for i in range(3))
-    e = e3 // 3
-    d = e // heads
-    q, k, v = _heads_low(ctx, qkv, heads, storage)
-    rows = -(-(batch * length * e + 2 * batch * heads * length) // d)
-    node = _supported(kernels.op(ctx, kernels.ATTENTION, (d, rows), [q, k, v], [float(scale), int(causal)]))
-    if node is None:
-        return None
-    return G.ggml_view_3d(ctx, node, e, length, batch, e * 4, length * e * 4, 0)
+    node = attention(ctx, *_heads(ctx, qkv, heads), scale, causal, storage)
+    return None if node is None else G.ggml_view_3d(ctx, node, e3 // 3, length, batch, e3 // 3 * 4, length * e3 // 3 * 4, 0)
 
 
 def self_attention_back(ctx, grad, out, qkv, heads: int, scale: float, causal: bool, storage: str):
-    """The gradient of self_attention's (E, L, B) output `out` given `grad`: the (3E, L, B)
-    gradient of `qkv`, dq, dk and dv side by side in each row as the projection's rows hold
-    them (ATTENTION_BACK). The forward's node where `out` is its view in this graph; else (its
-    values kept from an earlier graph, without the rows' statistics) the forward again."""
-    node = _view_chain(out)[-1]
-    if kernels.kernel_of(node) != kernels.ATTENTION:
-        again = self_attention(ctx, qkv, heads, scale, causal, storage)
-        if again is None:
-            raise RuntimeError("the backend no longer runs ggrad's attention kernel for this gradient's forward")
-        node = _view_chain(again)[-1]
+    """The gradient of self_attention's output `out` given `grad` (E, L, B): the (3E, L, B)
+    gradient of `qkv`, dq, dk and dv side by side in each row as the projection's rows hold them."""
     e3, length, batch = (qkv.contents.ne[i] for i in range(3))
     e = e3 // 3
     d = e // heads
+    node = attention_node(ctx, out, *_heads(ctx, qkv, heads), scale, causal, storage)
     g = G.ggml_view_4d(ctx, contiguous(ctx, grad), d, length, heads, batch, e * 4, d * 4, length * e * 4, 0)
-    src = node.contents.src
-    back = kernels.op(ctx, kernels.ATTENTION_BACK, (d, 3 * batch * length * heads), [src[0], src[1], src[2], node, g],
-                      [float(scale), int(causal), 1])
-    if _supported(back) is None:
-        raise RuntimeError(f"the backend ran ggrad's attention kernel but refuses its gradient ({e} wide, "
-                           f"{heads} heads, {length} x {batch})")
-    return G.ggml_reshape_3d(ctx, back, e3, length, batch)
+    return G.ggml_reshape_3d(ctx, attention_back(ctx, node, g, scale, causal, True), e3, length, batch)
 
 
 def computed_by(t, op: int) -> bool:

@@ -12,6 +12,7 @@ from .. import ops
 from ..ops import (compute, computed_by, contiguous, fuses_attention, reshape, soft_max, softmax_low, softmax_low_back,
                    softmax_low_source, writes_weights_low)
 from ..runtime import precision
+from . import _core
 from ._core import Tensor, _apply, _as_tensor, _constant, _float, _out, cast
 from .compare import gt, where
 from .layout import matmul, matmul_nt
@@ -54,8 +55,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
                          f"value {v.shape}")
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention takes attn_mask or is_causal, not both (as torch)")
-    scores = matmul_nt(q, k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if attn_mask is None and not (dropout_p > 0.0 and training):
+        fused = _fused_attention(q, k, v, scale, is_causal)
+        if fused is not None:
+            return fused
+    scores = matmul_nt(q, k)
     if attn_mask is None:
         mask = causal_mask(q.shape[-2], k.shape[-2], scores.dtype) if is_causal else None
         weights = attention_weights(scores, scale, mask, for_product=not (dropout_p > 0.0 and training))
@@ -66,6 +71,46 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if dropout_p > 0.0 and training:
         weights = dropout(weights, dropout_p)
     return matmul(weights, v)
+
+
+def _fused_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool) -> Tensor | None:
+    """scaled_dot_product_attention without a mask (or is_causal's) or dropout as one kernel each
+    way (set 59, CUDA) where autocast runs in a 16-bit type over float32 q (..., L, D), k, v
+    (..., S, D) of one or two batch axes, heads of 32, 64 or 128; else None (composed)."""
+    low = precision.autocast_dtype()
+    if low is None or any(t.dtype is not dtypes.float32 for t in (q, k, v)) or q.ndim not in (3, 4) \
+            or k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] not in (32, 64, 128) \
+            or max(q.shape[:-2]) > 65535 or max(q.shape[-2], k.shape[-2]) > 2 ** 30 or not fuses_attention():
+        return None
+    return _apply("attention", (q, k, v), q.shape, _attention_rule, (scale, bool(causal), low.storage), dtypes.float32)
+
+
+def _attention_rule(ctx, g):
+    q, k, v = ctx.parents
+    n_q, n_kv = math.prod(q.shape), math.prod(k.shape)
+    grads = _apply("attention_back", (g, _out(ctx), q.detach(), k.detach(), v.detach()), (n_q + 2 * n_kv,), None,
+                   ctx.arg, g.dtype)  # dq, then dk and dv, each contiguous
+    return (_core.reshape(grads[:n_q], q.shape), _core.reshape(grads[n_q:n_q + n_kv], k.shape),
+            _core.reshape(grads[n_q + n_kv:], v.shape))
+
+
+@compute("attention")
+def _attention(ctx, s, node):
+    q = s[0]
+    d, length, heads, batch = (q.contents.ne[i] for i in range(4))
+    made = ops.attention(ctx, *s, *node.arg)
+    if made is None:
+        raise RuntimeError(f"the backend refuses ggrad's attention kernel for {node.shape}")
+    # the output (B, L, H, D) seen as (B, H, L, D): merging its heads afterwards copies nothing
+    return G.ggml_view_4d(ctx, made, d, length, heads, batch, heads * d * 4, d * 4, length * heads * d * 4, 0)
+
+
+@compute("attention_back")
+def _attention_back(ctx, s, node):
+    g, out, q, k, v = s
+    scale, causal, storage = node.arg
+    made = ops.attention_node(ctx, out, q, k, v, scale, causal, storage)
+    return G.ggml_reshape_1d(ctx, ops.attention_back(ctx, made, g, scale, causal, False), node.shape[0])
 
 
 def self_attention(qkv: Tensor, heads: int, scale: float, causal: bool) -> Tensor | None:
