@@ -1084,7 +1084,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
     grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
     echo "block at $(el) s"
-    cuda_tests 60 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
+    cuda_tests 90 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set80)
