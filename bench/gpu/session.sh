@@ -129,7 +129,7 @@
 #                                      permuted copies and the launch fuzzer
 #   bash bench/gpu/session.sh set80    ~480 s: set 58's binary_x4 and silu_back_x4 tested on CUDA, with
 #                                      set79's tests; the bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set81    ~380 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
+#   bash bench/gpu/session.sh set81    ~400 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
 #                                      ops on CUDA, the bf16 block with and without them, their tests
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
@@ -1070,7 +1070,7 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set81)
-    # ~380 s, CUDA: set 59's attention kernels alone against float64 (bench/gpu/attention_probe.cu,
+    # ~400 s, CUDA: set 59's attention kernels alone against float64 (bench/gpu/attention_probe.cu,
     # while the wheel builds; the call ends there if they fail), then as ggml ops: the bf16 block
     # with and without them in one process, their test and the attention tests
     build_cuda_in_background
