@@ -187,77 +187,21 @@ static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, co
     emu_launch(dim3((s.L + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_back_q<D, T>(q, k, v, g_low, stats, dot, dq, s); });
 }
 
-template <typename T> static float tof(T x);
-template <> float tof<nv_bfloat16>(nv_bfloat16 x) { return __bfloat162float(x); }
-template <> float tof<half>(half x) { return __half2float(x); }
-template <typename T> static T fromf(float x);
-template <> nv_bfloat16 fromf<nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> half fromf<half>(float x) { return __float2half_rn(x); }
-template <typename T> static float lowround(float x) { return tof<T>(fromf<T>(x)); }
-
 template <int D, typename T>
 static bool run(const Case & c, float qscale = 1.0f) {
-    const int B = c.B, H = c.H, L = c.L, S = c.S;
-    std::mt19937 rng(1234);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    const int64_t row = c.packed ? 3*H*D : H*D;
-    const size_t qn = (size_t) B*L*row, kn = c.packed ? 0 : (size_t) B*S*row;
-    std::vector<T> hq(qn), hk(kn), hv(kn);
-    for (auto & x : hq) x = fromf<T>(normal(rng)*qscale);
-    for (auto & x : hk) x = fromf<T>(normal(rng)*qscale);
-    for (auto & x : hv) x = fromf<T>(normal(rng));
-    std::vector<float> hg((size_t) B*L*H*D);
-    for (auto & x : hg) x = normal(rng);
-    const T * q = hq.data();
-    const T * k = c.packed ? hq.data() + H*D : hk.data();
-    const T * v = c.packed ? hq.data() + 2*H*D : hv.data();
-    ggrad_attn_shape s{};
-    s.L = L; s.S = S; s.H = H; s.B = B;
-    s.q1 = row; s.q2 = D; s.q3 = (int64_t) L*row;
-    s.k1 = row; s.k2 = D; s.k3 = (int64_t) S*row;
-    s.v1 = s.k1; s.v2 = s.k2; s.v3 = s.k3;
-    s.o1 = H*D; s.o2 = D; s.o3 = (int64_t) L*H*D;
-    s.dq1 = s.o1; s.dq2 = s.o2; s.dq3 = s.o3;
-    s.dk1 = H*D; s.dk2 = D; s.dk3 = (int64_t) S*H*D;
-    s.g1 = H*D; s.g2 = D; s.g3 = (int64_t) L*H*D;
-    s.scale = 1.0f/std::sqrt((float) D);
-    s.causal = c.causal;
-    const size_t on = (size_t) B*L*H*D, kvn = (size_t) B*S*H*D;
+    const Inputs<T> in(c, qscale);
+    const ggrad_attn_shape s = shape_of(c);
+    const T * q = in.q.data();
+    const T * k = c.packed ? in.q.data() + c.H*D : in.k.data();
+    const T * v = c.packed ? in.q.data() + 2*c.H*D : in.v.data();
+    const size_t on = (size_t) c.B*c.L*c.H*D, kvn = (size_t) c.B*c.S*c.H*D, rows = (size_t) c.B*c.H*c.L;
     const float NaN = std::nanf("");
-    std::vector<float> out(on, NaN), stats((size_t) B*H*L*2, NaN), dot((size_t) B*H*L, NaN), dq(on, NaN), dk(kvn, NaN), dv(kvn, NaN);
+    std::vector<float> out(on, NaN), stats(2*rows, NaN), dot(rows, NaN), dq(on, NaN), dk(kvn, NaN), dv(kvn, NaN);
     std::vector<T> g_low(on);
     ggrad_attn_forward_launch<D, T>(q, k, v, out.data(), stats.data(), s);
-    ggrad_attn_backward_launch<D, T>(q, k, v, out.data(), stats.data(), hg.data(), g_low.data(), dot.data(), dq.data(), dk.data(), dv.data(), s);
-    double e[4] = {0, 0, 0, 0};
-    bool finite = true;
-    for (int b : {0, B - 1}) for (int h = 0; h < H; ++h) {
-        std::vector<float> rq((size_t) L*D), rk((size_t) S*D), rv((size_t) S*D), rg((size_t) L*D);
-        for (int i = 0; i < L; ++i) for (int d = 0; d < D; ++d) {
-            rq[i*D + d] = tof<T>(hq[(size_t) b*s.q3 + i*s.q1 + h*D + d]);
-            rg[i*D + d] = lowround<T>(hg[(size_t) b*s.g3 + i*s.g1 + h*D + d]);
-        }
-        for (int j = 0; j < S; ++j) for (int d = 0; d < D; ++d) {
-            rk[j*D + d] = tof<T>(c.packed ? hq[(size_t) b*s.k3 + j*s.k1 + H*D + h*D + d] : hk[(size_t) b*s.k3 + j*s.k1 + h*D + d]);
-            rv[j*D + d] = tof<T>(c.packed ? hq[(size_t) b*s.v3 + j*s.v1 + 2*H*D + h*D + d] : hv[(size_t) b*s.v3 + j*s.v1 + h*D + d]);
-        }
-        std::vector<double> ro, rdq, rdk, rdv;
-        reference(c, rq, rk, rv, rg, ro, rdq, rdk, rdv, s.scale);
-        double big;
-        e[0] = std::max(e[0], worst(ro, out.data() + b*s.o3 + h*D, L, D, s.o1, big));
-        e[1] = std::max(e[1], worst(rdq, dq.data() + b*s.o3 + h*D, L, D, s.o1, big));
-        e[2] = std::max(e[2], worst(rdk, dk.data() + b*s.dk3 + h*D, S, D, s.dk1, big));
-        e[3] = std::max(e[3], worst(rdv, dv.data() + b*s.dk3 + h*D, S, D, s.dk1, big));
-    }
-    for (float x : out) finite = finite && std::isfinite(x);
-    for (float x : dq) finite = finite && std::isfinite(x);
-    for (float x : dk) finite = finite && std::isfinite(x);
-    for (float x : dv) finite = finite && std::isfinite(x);
-    const bool ok = finite && e[0] < 2e-2 && e[1] < 3e-2 && e[2] < 3e-2 && e[3] < 2e-2;
-    std::printf("%s B %d H %d L %d S %d D %d causal %d packed %d qscale %g: out %.2e dq %.2e dk %.2e dv %.2e%s -> %s\n",
-                sizeof(T) == 2 && std::is_same<T, half>::value ? "f16 " : "bf16", B, H, L, S, D, c.causal, c.packed, qscale,
-                e[0], e[1], e[2], e[3], finite ? "" : " (not finite)", ok ? "ok" : "FAIL");
-    std::fflush(stdout);
-    return ok;
+    ggrad_attn_backward_launch<D, T>(q, k, v, out.data(), stats.data(), in.g.data(), g_low.data(), dot.data(), dq.data(),
+                                     dk.data(), dv.data(), s);
+    return check(c, in, qscale, out, dq, dk, dv);
 }
 
 // the cases: the probe's, f16, causal with more keys than queries, 3x larger scores, one query
