@@ -1285,14 +1285,15 @@ static bool ggrad_attention_supported(const ggml_tensor * op) {
         return false;
     }
     const int64_t D = q->ne[0], L = q->ne[1], H = q->ne[2], B = q->ne[3], S = op->src[1]->ne[1];
+    const size_t forward_bytes = (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float);  // the output, each row's max and 1/sum
     if (kernel == 35) {
-        return ggml_nbytes(op) >= (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float);
+        return ggml_nbytes(op) >= forward_bytes;
     }
     const ggml_tensor * fwd = op->src[3];
     const ggml_tensor * g = op->src[4];
     const bool packed = ggml_get_op_params_i32(op, 3) != 0;
     return fwd != nullptr && fwd->op == op->op && ggml_get_op_params_i32(fwd, 0) == 35 && fwd->src[0] == q &&
-           ggml_nbytes(fwd) >= (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float) && g != nullptr && g->type == GGML_TYPE_F32 &&
+           ggml_nbytes(fwd) >= forward_bytes && g != nullptr && g->type == GGML_TYPE_F32 &&
            g->nb[0] == sizeof(float) && g->ne[0] == D && g->ne[1] == L && g->ne[2] == H && g->ne[3] == B &&
            (!packed || L == S) && ggml_nbytes(op) >= (size_t) (B*L*H*D + 2*B*H*S*D)*sizeof(float);
 }

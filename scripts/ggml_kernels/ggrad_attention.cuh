@@ -136,16 +136,36 @@ template <> __device__ __forceinline__ uint32_t ggrad_pack<half>(float lo, float
     return *(const uint32_t *) &v;
 }
 
+// accumulator tiles set to 0
+template <int N>
+static __device__ __forceinline__ void ggrad_attn_zero(float (&acc)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    }
+}
+
+// q, k and v moved to head h of batch b
+template <typename T>
+static __device__ __forceinline__ void ggrad_attn_at_head(const T *& q, const T *& k, const T *& v, const ggrad_attn_shape & s,
+                                                          int b, int h) {
+    q += b*s.q3 + h*s.q2;
+    k += b*s.k3 + h*s.k2;
+    v += b*s.v3 + h*s.v2;
+}
+
+// the keys that queries [q0, q0 + 64) see: all, or (causal) those up to the block's last query
+static __device__ __forceinline__ int ggrad_attn_key_end(const ggrad_attn_shape & s, int q0) {
+    return s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
+}
+
 // acc[8][4] (16 rows, 64 columns) = a (16, D) b^T: a's rows r0.. of the tile `a`, b's 64 rows the
 // tile `b` (both row-major, row stride LT)
 template <int D, typename T>
 static __device__ __forceinline__ void ggrad_attn_scores(float (&acc)[8][4], const T * a, const T * b) {
     constexpr int LT = ggrad_attn_layout<D>::LT;
     const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    }
+    ggrad_attn_zero(acc);
 #pragma unroll
     for (int kk = 0; kk < D/16; ++kk) {
         uint32_t fa[4];
@@ -215,20 +235,15 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
-    q += b*s.q3 + h*s.q2;
-    k += b*s.k3 + h*s.k2;
-    v += b*s.v3 + h*s.v2;
+    ggrad_attn_at_head(q, k, v, s, b, h);
     uint4 kr[D/16], vr[D/16];
     ggrad_attn_fetch<D>(kr, k, s.k1, 0, s.S);
     ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
     ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
     float o[D/8][4];
-#pragma unroll
-    for (int n = 0; n < D/8; ++n) {
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    }
+    ggrad_attn_zero(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' part
-    const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
+    const int kend = ggrad_attn_key_end(s, q0);
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
         ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
         float p[8][4];
@@ -373,9 +388,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     const int k0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int keys[2] = {k0 + r0 + lane/4, k0 + r0 + lane/4 + 8};
-    q += b*s.q3 + h*s.q2;
-    k += b*s.k3 + h*s.k2;
-    v += b*s.v3 + h*s.v2;
+    ggrad_attn_at_head(q, k, v, s, b, h);
     g_low += ((int64_t) b*s.H + h)*s.L*D;
     // causal: the queries before this block's first key see none of its keys
     const int qstart = s.causal ? k0 : 0;
@@ -391,13 +404,8 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     ggrad_attn_load<D>(ks, k, s.k1, k0, s.S);
     ggrad_attn_load<D>(vs, v, s.v1, k0, s.S);
     float dk_acc[D/8][4], dv_acc[D/8][4];
-#pragma unroll
-    for (int n = 0; n < D/8; ++n) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            dk_acc[n][j] = dv_acc[n][j] = 0.0f;
-        }
-    }
+    ggrad_attn_zero(dk_acc);
+    ggrad_attn_zero(dv_acc);
     for (int q0 = qstart; q0 < s.L; q0 += GGRAD_ATTN_ROWS) {
         __syncthreads();
         ggrad_attn_stash<D>(qs, qr);
@@ -452,9 +460,7 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
-    q += b*s.q3 + h*s.q2;
-    k += b*s.k3 + h*s.k2;
-    v += b*s.v3 + h*s.v2;
+    ggrad_attn_at_head(q, k, v, s, b, h);
     uint4 kr[D/16], vr[D/16];
     ggrad_attn_fetch<D>(kr, k, s.k1, 0, s.S);
     ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
@@ -462,11 +468,8 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     ggrad_attn_load<D>(gs, g_low + ((int64_t) b*s.H + h)*s.L*D, D, q0, s.L);
     const float3 rs[2] = {ggrad_attn_row_stats(stats, dot, s, b, h, rows[0]), ggrad_attn_row_stats(stats, dot, s, b, h, rows[1])};
     float acc[D/8][4];
-#pragma unroll
-    for (int n = 0; n < D/8; ++n) {
-        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    }
-    const int kend = s.causal ? min(s.S, q0 + GGRAD_ATTN_ROWS) : s.S;
+    ggrad_attn_zero(acc);
+    const int kend = ggrad_attn_key_end(s, q0);
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
         ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
         float ds[8][4], dp[8][4];
