@@ -455,13 +455,13 @@ def attention_back(ctx, node, grad, scale: float, causal: bool, packed: bool):
     return back
 
 
-def attention_node(ctx, out, *forward):
+def attention_node(out, forward):
     """The ATTENTION node whose output `out` views in this graph; else (its values kept from an
-    earlier graph, without the rows' statistics) the node of `attention(ctx, *forward)` again."""
+    earlier graph, without the rows' statistics) the node `forward()` makes again (attention())."""
     node = _view_chain(out)[-1]
     if kernels.kernel_of(node) == kernels.ATTENTION:
         return node
-    again = attention(ctx, *forward)
+    again = forward()
     if again is None:
         raise RuntimeError("the backend no longer runs ggrad's attention kernel for this gradient's forward")
     return again
@@ -479,9 +479,9 @@ def _heads(ctx, qkv, heads: int) -> list:
 def self_attention(ctx, qkv, heads: int, scale: float, causal: bool, storage: str):
     """attention() over q, k, v side by side in the rows of a fused projection's float32 output
     `qkv` (3E, L, B), read as views of one cast of it: the (E, L, B) output, heads merged."""
-    e3, length, batch = (qkv.contents.ne[i] for i in range(3))
+    e, length, batch = qkv.contents.ne[0] // 3, qkv.contents.ne[1], qkv.contents.ne[2]
     node = attention(ctx, *_heads(ctx, qkv, heads), scale, causal, storage)
-    return None if node is None else G.ggml_view_3d(ctx, node, e3 // 3, length, batch, e3 // 3 * 4, length * e3 // 3 * 4, 0)
+    return None if node is None else G.ggml_view_3d(ctx, node, e, length, batch, e * 4, length * e * 4, 0)
 
 
 def self_attention_back(ctx, grad, out, qkv, heads: int, scale: float, causal: bool, storage: str):
@@ -490,7 +490,7 @@ def self_attention_back(ctx, grad, out, qkv, heads: int, scale: float, causal: b
     e3, length, batch = (qkv.contents.ne[i] for i in range(3))
     e = e3 // 3
     d = e // heads
-    node = attention_node(ctx, out, *_heads(ctx, qkv, heads), scale, causal, storage)
+    node = attention_node(out, lambda: attention(ctx, *_heads(ctx, qkv, heads), scale, causal, storage))
     g = G.ggml_view_4d(ctx, contiguous(ctx, grad), d, length, heads, batch, e * 4, d * 4, length * e * 4, 0)
     return G.ggml_reshape_3d(ctx, attention_back(ctx, node, g, scale, causal, True), e3, length, batch)
 

@@ -109,7 +109,7 @@ def _attention(ctx, s, node):
 def _attention_back(ctx, s, node):
     g, out, q, k, v = s
     scale, causal, storage = node.arg
-    made = ops.attention_node(ctx, out, q, k, v, scale, causal, storage)
+    made = ops.attention_node(out, lambda: ops.attention(ctx, q, k, v, scale, causal, storage))
     return G.ggml_reshape_1d(ctx, ops.attention_back(ctx, made, g, scale, causal, False), node.shape[0])
 
 
