@@ -129,8 +129,8 @@
 #                                      permuted copies and the launch fuzzer
 #   bash bench/gpu/session.sh set80    ~480 s: set 58's binary_x4 and silu_back_x4 tested on CUDA, with
 #                                      set79's tests; the bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set81    ~400 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
-#                                      ops on CUDA, the bf16 block with and without them, their tests
+#   bash bench/gpu/session.sh set81    ~450 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
+#                                      ops on CUDA, the bf16 block with and without them, their tests, its kernels
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1086,6 +1086,9 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     echo "block at $(el) s"
     cuda_tests 90 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
+    echo "tests at $(el) s"
+    cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
+      --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
     echo "done at $(el) s" ;;
   set80)
     # ~480 s, CUDA: set 58's four-a-thread binary ops and relu gradients (binary_x4, silu_back_x4),
