@@ -131,6 +131,7 @@
 #                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set81    ~450 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
 #                                      ops on CUDA, the bf16 block with and without them, their tests, its kernels
+#   bash bench/gpu/session.sh set81p   ~30 s: set81's probe alone
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1069,6 +1070,11 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
       tests/test_launch_limits.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
+  set81p)
+    # ~30 s: set81's first part alone, the kernels against float64 and timed (no wheel)
+    nvcc -O3 -std=c++17 -arch=sm_90 -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe \
+      && /tmp/attention_probe > $OUT/attention-probe.txt 2>&1
+    tail -14 $OUT/attention-probe.txt ;;
   set81)
     # ~400 s, CUDA: set 59's attention kernels alone against float64 (bench/gpu/attention_probe.cu,
     # while the wheel builds; the call ends there if they fail), then as ggml ops: the bf16 block
