@@ -129,9 +129,9 @@
 #                                      permuted copies and the launch fuzzer
 #   bash bench/gpu/session.sh set80    ~480 s: set 58's binary_x4 and silu_back_x4 tested on CUDA, with
 #                                      set79's tests; the bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set81    ~450 s: set 59's attention kernels alone (attention_probe.cu) and as ggml
-#                                      ops on CUDA, the bf16 block with and without them, their tests, its kernels
-#   bash bench/gpu/session.sh set81p   ~30 s: set81's probe alone
+#   bash bench/gpu/session.sh set81    ~560 s: set 59's attention kernels as ggml ops on CUDA, their tests, the
+#                                      bf16 block with and without them, its kernels
+#   bash bench/gpu/session.sh set81p   ~30 s: the kernels alone against float64, timed (attention_probe.cu)
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1071,30 +1071,27 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set81p)
-    # ~30 s: set81's first part alone, the kernels against float64 and timed (no wheel)
+    # ~30 s: the attention kernels alone against float64 and timed (no wheel)
     nvcc -O3 -std=c++17 -arch=sm_90 -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe \
       && /tmp/attention_probe > $OUT/attention-probe.txt 2>&1
     tail -14 $OUT/attention-probe.txt ;;
   set81)
-    # ~400 s, CUDA: set 59's attention kernels alone against float64 (bench/gpu/attention_probe.cu,
-    # while the wheel builds; the call ends there if they fail), then as ggml ops: the bf16 block
-    # with and without them in one process, their test and the attention tests
+    # ~560 s, CUDA: set 59's attention kernels as ggml ops (their probe passed on an H100: set81p),
+    # their test and the attention tests, then the bf16 block with and without them in one process,
+    # its kernels in the time left. The wheel alone took over 330 s beside the probe's nvcc (the
+    # seventeenth session's second call), so nothing else builds meanwhile
     build_cuda_in_background
-    nvcc -O3 -std=c++17 -arch=sm_90 -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe \
-      && /tmp/attention_probe > $OUT/attention-probe.txt 2>&1
-    tail -14 $OUT/attention-probe.txt
-    grep -q "^all ok" $OUT/attention-probe.txt || exit 1
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 330 || exit 1
-    cu timeout 80 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
-    grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
-    echo "block at $(el) s"
+    cuda_wheel_installed 420 || exit 1
     cuda_tests 90 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "tests at $(el) s"
-    cu timeout $(( 590 - $(el) )) python3 bench/profile_step.py --device cuda --model block --block-batch 32 \
-      --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
+    cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
+    grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
+    echo "block at $(el) s"
+    [ "$(el)" -lt 560 ] && cu timeout $(( 595 - $(el) )) python3 bench/profile_step.py --device cuda --model block \
+      --block-batch 32 --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
     echo "done at $(el) s" ;;
   set80)
     # ~480 s, CUDA: set 58's four-a-thread binary ops and relu gradients (binary_x4, silu_back_x4),
