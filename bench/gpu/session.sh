@@ -131,7 +131,8 @@
 #                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set81    ~560 s: set 59's attention kernels as ggml ops on CUDA, their tests, the
 #                                      bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set81p   ~30 s: the kernels alone against float64, timed (attention_probe.cu)
+#   bash bench/gpu/session.sh set81p   ~60 s: the kernels alone against float64, timed (attention_probe.cu), with
+#                                      ptxas' registers and with more blocks a multiprocessor
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1071,10 +1072,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set81p)
-    # ~30 s: the attention kernels alone against float64 and timed (no wheel)
-    nvcc -O3 -std=c++17 -arch=sm_90 -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe \
-      && /tmp/attention_probe > $OUT/attention-probe.txt 2>&1
-    tail -14 $OUT/attention-probe.txt ;;
+    # ~60 s: the attention kernels alone against float64 and timed (no wheel), as built (ptxas'
+    # own registers) and asked to hold more blocks a multiprocessor (forward 4: 128 registers;
+    # backward 3: 168), each build its own file
+    for blocks in 0_0 4_3; do
+      nvcc -O3 -std=c++17 -arch=sm_90 -DGGRAD_ATTN_FORWARD_BLOCKS=${blocks%_*} -DGGRAD_ATTN_BACKWARD_BLOCKS=${blocks#*_} \
+        -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe_$blocks &
+    done
+    wait
+    for blocks in 0_0 4_3; do
+      /tmp/attention_probe_$blocks > $OUT/attention-probe-$blocks.txt 2>&1
+      echo "blocks $blocks:"; grep "ms a call\|all ok\|FAILED" $OUT/attention-probe-$blocks.txt
+    done ;;
   set81)
     # ~560 s, CUDA: set 59's attention kernels as ggml ops (their probe passed on an H100: set81p),
     # their test and the attention tests, then the bf16 block with and without them in one process,

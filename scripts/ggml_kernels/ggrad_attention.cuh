@@ -27,6 +27,17 @@
 
 #define GGRAD_ATTN_ROWS 64     // a block's rows, and the other side's rows a step
 #define GGRAD_ATTN_THREADS 128 // 4 warps of 16 rows
+// The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
+// registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (167-250 registers at
+// heads of 64: 2-3 blocks). Heads of 128 hold 128 accumulators a thread and always leave it. Set
+// at build time to time the kernels each way (bench/gpu/session.sh set81p).
+#ifndef GGRAD_ATTN_FORWARD_BLOCKS
+#define GGRAD_ATTN_FORWARD_BLOCKS 0
+#endif
+#ifndef GGRAD_ATTN_BACKWARD_BLOCKS
+#define GGRAD_ATTN_BACKWARD_BLOCKS 0
+#endif
+template <int D> constexpr int ggrad_attn_min_blocks(int blocks) { return D > 64 ? 0 : blocks; }
 
 // strides in elements; columns (the head dimension) contiguous
 struct ggrad_attn_shape {
@@ -223,7 +234,7 @@ static __device__ __forceinline__ void ggrad_attn_next_keys(T * ks, T * vs, uint
 // q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `stats` each
 // row's max and 1/sum. A lane's rows: row0 = its warp's first + lane/4, and row0 + 8.
 template <int D, typename T>
-static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
+static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_FORWARD_BLOCKS))
 ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * stats, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using Lay = ggrad_attn_layout<D>;
@@ -373,7 +384,7 @@ static __device__ __forceinline__ void ggrad_attn_write(float * dst, int64_t ld,
 // dk and dv: a block per 64 keys of (b, h), both written at the strides dk. A warp's 16 keys are
 // the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
 template <int D, typename T>
-static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
+static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
 ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
                    float * dk, float * dv, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -446,7 +457,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
 
 // dq: a block per 64 queries of (b, h), written at the strides dq; a lane's rows as the forward's
 template <int D, typename T>
-static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS)
+static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
 ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
                   float * dq, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
