@@ -1075,12 +1075,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     # ~60 s: the attention kernels alone against float64 and timed (no wheel), as built (ptxas'
     # own registers) and asked to hold more blocks a multiprocessor (forward 4: 128 registers;
     # backward 3: 168), each build its own file
-    for blocks in 0_0 4_3; do
+    builds="0_0 4_3"  # forward_backward blocks
+    for blocks in $builds; do
       nvcc -O3 -std=c++17 -arch=sm_90 -DGGRAD_ATTN_FORWARD_BLOCKS=${blocks%_*} -DGGRAD_ATTN_BACKWARD_BLOCKS=${blocks#*_} \
         -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe_$blocks &
     done
     wait
-    for blocks in 0_0 4_3; do
+    for blocks in $builds; do
       /tmp/attention_probe_$blocks > $OUT/attention-probe-$blocks.txt 2>&1
       echo "blocks $blocks:"; grep "ms a call\|all ok\|FAILED" $OUT/attention-probe-$blocks.txt
     done ;;
