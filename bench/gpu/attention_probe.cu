@@ -1,7 +1,8 @@
 // ggrad's fused attention kernels (scripts/ggml_kernels/ggrad_attention.cuh) alone, against a
 // float64 reference on the host, and timed at the bf16 transformer block's shape:
 //   nvcc -O3 -std=c++17 -arch=sm_90 -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe
-//   /tmp/attention_probe          (bash bench/gpu/session.sh set81 runs it)
+//   /tmp/attention_probe          (bash bench/gpu/session.sh set81p runs it)
+//   ncu --kernel-name regex:ggrad_attn /tmp/attention_probe once   (set82p: each kernel's counters)
 // q, k, v are read where a self-attention's fused projection puts them ((B, L, 3, H, D) in
 // bfloat16); the reference takes the same rounded values, computes in float64 and rounds
 // nothing else, so the differences are the kernels' roundings of p and dS (~1e-2 of the
@@ -13,10 +14,34 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
     std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); std::exit(1); } } while (0)
+
+// the mean time of 50 back-to-back calls after a warm-up call, and the rate of the products
+// that `flops` counts (0: none)
+template <typename F>
+static void timed_calls(const char * what, double flops, F call) {
+    const int reps = 50;
+    cudaEvent_t t0, t1;
+    CHECK(cudaEventCreate(&t0)); CHECK(cudaEventCreate(&t1));
+    call();
+    CHECK(cudaEventRecord(t0));
+    for (int i = 0; i < reps; ++i) {
+        call();
+    }
+    CHECK(cudaEventRecord(t1)); CHECK(cudaEventSynchronize(t1));
+    CHECK(cudaGetLastError());
+    float ms; CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    std::printf("  %s: %.4f ms a call", what, ms/reps);
+    if (flops > 0) {
+        std::printf(", %.0f TFLOP/s of its products", flops/(ms/reps*1e-3)/1e12);
+    }
+    std::printf("\n");
+    CHECK(cudaEventDestroy(t0)); CHECK(cudaEventDestroy(t1));
+}
 
 template <int D>
 static bool run(const Case & c, bool timed) {
@@ -53,28 +78,35 @@ static bool run(const Case & c, bool timed) {
     CHECK(cudaMemcpy(hdv.data(), dv, kvn*4, cudaMemcpyDeviceToHost));
     const bool ok = check(c, in, 1.0f, ho, hdq, hdk, hdv);
     if (timed) {
-        cudaEvent_t t0, t1;
-        CHECK(cudaEventCreate(&t0)); CHECK(cudaEventCreate(&t1));
-        for (int pass = 0; pass < 2; ++pass) {
-            const int reps = 50;
-            CHECK(cudaEventRecord(t0));
-            for (int i = 0; i < reps; ++i) {
-                if (pass == 0) ggrad_attn_forward_launch<D>(q, k, v, out, stats, s, 0);
-                else ggrad_attn_backward_launch<D>(q, k, v, out, stats, g, g_low, dot, dq, dk, dv, s, 0);
-            }
-            CHECK(cudaEventRecord(t1)); CHECK(cudaEventSynchronize(t1));
-            float ms; CHECK(cudaEventElapsedTime(&ms, t0, t1));
-            const double flops = (pass == 0 ? 2.0 : 5.0)*2.0*B*H*(double) L*S*D*(c.causal ? 0.5 : 1.0);
-            std::printf("  %s: %.4f ms a call, %.0f TFLOP/s (of the composed path's products)\n",
-                        pass == 0 ? "forward" : "backward", ms/reps, flops/(ms/reps*1e-3)/1e12);
-        }
+        const double flops = 2.0*B*H*(double) L*S*D*(c.causal ? 0.5 : 1.0);  // of one product
+        const int64_t rows = (int64_t) B*H*L;
+        const size_t bytes = ggrad_attn_layout<D>::backward;
+        const dim3 kv_grid((S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B), q_grid((L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B);
+        // the backward's launcher has set its kernels' shared memory; each kernel timed alone too
+        timed_calls("forward", 2*flops, [&] { ggrad_attn_forward_launch<D>(q, k, v, out, stats, s, 0); });
+        timed_calls("backward", 5*flops, [&] {
+            ggrad_attn_backward_launch<D>(q, k, v, out, stats, g, g_low, dot, dq, dk, dv, s, 0);
+        });
+        timed_calls("  rows (dO rounded, D)", 0, [&] {
+            ggrad_attn_back_rows<D, nv_bfloat16><<<(unsigned int) ((rows + 3)/4), 128>>>(g, out, g_low, dot, s);
+        });
+        timed_calls("  dk, dv", 4*flops, [&] {
+            ggrad_attn_back_kv<D, nv_bfloat16><<<kv_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, stats, dot, dk, dv, s);
+        });
+        timed_calls("  dq", 3*flops, [&] {
+            ggrad_attn_back_q<D, nv_bfloat16><<<q_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, stats, dot, dq, s);
+        });
     }
     cudaFree(dq_in); cudaFree(dk_in); cudaFree(dv_in); cudaFree(out); cudaFree(stats); cudaFree(g); cudaFree(dot);
     cudaFree(g_low); cudaFree(dq); cudaFree(dk); cudaFree(dv);
     return ok;
 }
 
-int main() {
+int main(int argc, char ** argv) {
+    // "once": the block's case alone, each kernel launched once (for ncu's counters)
+    if (argc > 1 && std::string(argv[1]) == "once") {
+        return run<64>({32, 8, 256, 256, 64, 0, true}, false) ? 0 : 1;
+    }
     bool ok = true;
     ok &= run<64>({32, 8, 256, 256, 64, 0, true}, true);   // the bf16 block's attention
     ok &= run<64>({4, 2, 256, 256, 64, 1, true}, true);

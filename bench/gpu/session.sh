@@ -131,8 +131,8 @@
 #                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set81    ~560 s: set 59's attention kernels as ggml ops on CUDA, their tests, the
 #                                      bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set81p   ~60 s: the kernels alone against float64, timed (attention_probe.cu), with
-#                                      ptxas' registers and with more blocks a multiprocessor
+#   bash bench/gpu/session.sh set81p   ~90 s: the kernels alone against float64, timed (attention_probe.cu), with
+#                                      ptxas' registers and with more blocks a multiprocessor, and ncu's counters of each kernel
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
 #   bash bench/gpu/session.sh lt_probe ~40 s: cuBLASLt's bias-gradient epilogue (BGRADB) per type and layout
 #   bash bench/gpu/session.sh parts    ~90 s: Vulkan's products in parts alone
@@ -1084,7 +1084,13 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     for blocks in $builds; do
       /tmp/attention_probe_$blocks > $OUT/attention-probe-$blocks.txt 2>&1
       echo "blocks $blocks:"; grep "ms a call\|all ok\|FAILED" $OUT/attention-probe-$blocks.txt
-    done ;;
+    done
+    # each kernel's counters at the block's shape, as built
+    timeout 120 ncu --kernel-name regex:ggrad_attn --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis --section InstructionStats /tmp/attention_probe_0_0 once > $OUT/attention-ncu.txt 2>&1
+    grep -i "^  ggrad_attn\|Duration\|Registers Per\|Achieved Occupancy\|Compute (SM) Th\|Memory Th\|error" \
+      $OUT/attention-ncu.txt | head -40 ;;
   set81)
     # ~560 s, CUDA: set 59's attention kernels as ggml ops (their probe passed on an H100: set81p),
     # their test and the attention tests, then the bf16 block with and without them in one process,
