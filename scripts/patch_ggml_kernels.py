@@ -86,7 +86,8 @@
   arithmetic on each value as ggml's kernels). On CUDA (set 59): attention in one kernel each
   way (35, 36; ggrad_attention.cuh) for float16/bfloat16 q, k, v of head size 32, 64 or 128:
   the scores never written, the probabilities computed again in the gradient from each row's
-  max and 1/sum.
+  log-sum-exp (set 60: one float a row where set 59 kept the max and 1/sum; scores in base 2,
+  ex2.approx, the masks only in the steps a tail or the causal diagonal crosses).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.
@@ -105,7 +106,7 @@ from pathlib import Path
 from patch_ggml_adamw import _patch_file as _patch_with_mark
 
 MARK = "ggrad: kernels"
-KERNELS_VERSION = 59
+KERNELS_VERSION = 60
 
 
 # Vulkan lets a driver assume no NaN, inf or signed zero in float arithmetic unless a

@@ -59,16 +59,17 @@ static bool run(const Case & c, bool timed) {
     const nv_bfloat16 * k = c.packed ? dq_in + c.H*D : dk_in;
     const nv_bfloat16 * v = c.packed ? dq_in + 2*c.H*D : dv_in;
     const int B = c.B, H = c.H, L = c.L, S = c.S;
-    float *out, *stats, *g, *dot, *dq, *dk, *dv;
+    float *out, *lse, *g, *dot, *dq, *dk, *dv;
     nv_bfloat16 * g_low;
     const size_t on = (size_t) B*L*H*D, kvn = (size_t) B*S*H*D;
-    CHECK(cudaMalloc(&out, on*4)); CHECK(cudaMalloc(&stats, (size_t) B*H*L*8)); CHECK(cudaMalloc(&g, on*4));
+    // lse: room for two floats a row, as the kernels before set 60 kept (an A/B against them)
+    CHECK(cudaMalloc(&out, on*4)); CHECK(cudaMalloc(&lse, (size_t) B*H*L*8)); CHECK(cudaMalloc(&g, on*4));
     CHECK(cudaMalloc(&dot, (size_t) B*H*L*4)); CHECK(cudaMalloc(&g_low, on*2));
     CHECK(cudaMalloc(&dq, on*4)); CHECK(cudaMalloc(&dk, kvn*4)); CHECK(cudaMalloc(&dv, kvn*4));
     CHECK(cudaMemcpy(g, in.g.data(), on*4, cudaMemcpyHostToDevice));
-    ggrad_attn_forward_launch<D>(q, k, v, out, stats, s, 0);
+    ggrad_attn_forward_launch<D>(q, k, v, out, lse, s, 0);
     CHECK(cudaGetLastError());
-    ggrad_attn_backward_launch<D>(q, k, v, out, stats, g, g_low, dot, dq, dk, dv, s, 0);
+    ggrad_attn_backward_launch<D>(q, k, v, out, lse, g, g_low, dot, dq, dk, dv, s, 0);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     std::vector<float> ho(on), hdq(on), hdk(kvn), hdv(kvn);
@@ -83,21 +84,21 @@ static bool run(const Case & c, bool timed) {
         const size_t bytes = ggrad_attn_layout<D>::backward;
         const dim3 kv_grid((S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B), q_grid((L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B);
         // the backward's launcher has set its kernels' shared memory; each kernel timed alone too
-        timed_calls("forward", 2*flops, [&] { ggrad_attn_forward_launch<D>(q, k, v, out, stats, s, 0); });
+        timed_calls("forward", 2*flops, [&] { ggrad_attn_forward_launch<D>(q, k, v, out, lse, s, 0); });
         timed_calls("backward", 5*flops, [&] {
-            ggrad_attn_backward_launch<D>(q, k, v, out, stats, g, g_low, dot, dq, dk, dv, s, 0);
+            ggrad_attn_backward_launch<D>(q, k, v, out, lse, g, g_low, dot, dq, dk, dv, s, 0);
         });
         timed_calls("  rows (dO rounded, D)", 0, [&] {
             ggrad_attn_back_rows<D, nv_bfloat16><<<(unsigned int) ((rows + 3)/4), 128>>>(g, out, g_low, dot, s);
         });
         timed_calls("  dk, dv", 4*flops, [&] {
-            ggrad_attn_back_kv<D, nv_bfloat16><<<kv_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, stats, dot, dk, dv, s);
+            ggrad_attn_back_kv<D, nv_bfloat16><<<kv_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, lse, dot, dk, dv, s);
         });
         timed_calls("  dq", 3*flops, [&] {
-            ggrad_attn_back_q<D, nv_bfloat16><<<q_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, stats, dot, dq, s);
+            ggrad_attn_back_q<D, nv_bfloat16><<<q_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, lse, dot, dq, s);
         });
     }
-    cudaFree(dq_in); cudaFree(dk_in); cudaFree(dv_in); cudaFree(out); cudaFree(stats); cudaFree(g); cudaFree(dot);
+    cudaFree(dq_in); cudaFree(dk_in); cudaFree(dv_in); cudaFree(out); cudaFree(lse); cudaFree(g); cudaFree(dot);
     cudaFree(g_low); cudaFree(dq); cudaFree(dk); cudaFree(dv);
     return ok;
 }

@@ -131,6 +131,8 @@
 #                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set81    ~560 s: set 59's attention kernels as ggml ops on CUDA, their tests, the
 #                                      bf16 block with and without them, its kernels
+#   bash bench/gpu/session.sh set82    ~560 s: set 60's attention kernels in the probe against set 59's
+#                                      (with ncu's counters), then as set81
 #   bash bench/gpu/session.sh set81p   ~90 s: the kernels alone against float64, timed (attention_probe.cu), with
 #                                      ptxas' registers and with more blocks a multiprocessor, and ncu's counters of each kernel
 #   bash bench/gpu/session.sh set58v   ~110 s: set58's Vulkan A/B alone (no CUDA build)
@@ -156,6 +158,47 @@ cuda_wheel_installed() {
   while [ ! -f /tmp/build.done ] && [ "$(el)" -lt "$1" ]; do sleep 3; done
   cat /tmp/build.done 2>/dev/null || { echo "CUDA build not done at $(el) s"; tail -20 /tmp/build.log; return 1; }
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/ggml-cuda $wheel/ggml_python-*.whl
+}
+# the attention probe (bench/gpu/attention_probe.cu) built against each "name:dir:flags" given
+# (dir holding a ggrad_attention.cuh; skipped where it does not), in parallel, each run into
+# $OUT/attention-probe-<name>.txt; then ncu's counters of each kernel of the first at the block's
+# shape, into $OUT/attention-ncu.txt
+attention_probes() {
+  local spec name dir flags names=""
+  for spec in "$@"; do
+    IFS=: read -r name dir flags <<< "$spec"
+    [ -f "$dir/ggrad_attention.cuh" ] || { echo "probe $name: no $dir/ggrad_attention.cuh"; continue; }
+    names="$names $name"
+    nvcc -O3 -std=c++17 -arch=sm_90 $flags -I "$dir" -I bench/gpu bench/gpu/attention_probe.cu -o /tmp/attention_probe_$name &
+  done
+  wait
+  for name in $names; do
+    /tmp/attention_probe_$name > $OUT/attention-probe-$name.txt 2>&1
+    echo "probe $name:"; grep "ms a call\|all ok\|FAILED" $OUT/attention-probe-$name.txt
+  done
+  set -- $names
+  timeout 120 ncu --kernel-name regex:ggrad_attn --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section InstructionStats /tmp/attention_probe_$1 once > $OUT/attention-ncu.txt 2>&1
+  grep -i "^  ggrad_attn\|Duration\|Registers Per\|Achieved Occupancy\|Compute (SM) Th\|Memory Th\|error" \
+    $OUT/attention-ncu.txt | head -40
+}
+# the attention kernels as ggml ops once the wheel (build_cuda_in_background) is in: their test
+# and the attention tests, the bf16 block with and without them in one process, its kernels in
+# the time left
+attention_ops() {
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+  cuda_wheel_installed 420 || return 1
+  cuda_tests 90 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
+  grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
+  echo "tests at $(el) s"
+  cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+    --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
+  grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
+  echo "block at $(el) s"
+  [ "$(el)" -lt 560 ] && cu timeout $(( 595 - $(el) )) python3 bench/profile_step.py --device cuda --model block \
+    --block-batch 32 --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
+  echo "done at $(el) s"
 }
 # the tests on device $1 (cuda or vulkan) of the files $4... matching $3 (in $2 s at most), into
 # tests-$1.txt
@@ -1072,43 +1115,28 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
     echo "done at $(el) s" ;;
   set81p)
-    # ~60 s: the attention kernels alone against float64 and timed (no wheel), as built (ptxas'
+    # ~90 s: the attention kernels alone against float64 and timed (no wheel), as built (ptxas'
     # own registers) and asked to hold more blocks a multiprocessor (forward 4: 128 registers;
-    # backward 3: 168), each build its own file
-    builds="0_0 4_3"  # forward_backward blocks
-    for blocks in $builds; do
-      nvcc -O3 -std=c++17 -arch=sm_90 -DGGRAD_ATTN_FORWARD_BLOCKS=${blocks%_*} -DGGRAD_ATTN_BACKWARD_BLOCKS=${blocks#*_} \
-        -I scripts/ggml_kernels bench/gpu/attention_probe.cu -o /tmp/attention_probe_$blocks &
-    done
-    wait
-    for blocks in $builds; do
-      /tmp/attention_probe_$blocks > $OUT/attention-probe-$blocks.txt 2>&1
-      echo "blocks $blocks:"; grep "ms a call\|all ok\|FAILED" $OUT/attention-probe-$blocks.txt
-    done
-    # each kernel's counters at the block's shape, as built
-    timeout 120 ncu --kernel-name regex:ggrad_attn --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis --section InstructionStats /tmp/attention_probe_0_0 once > $OUT/attention-ncu.txt 2>&1
-    grep -i "^  ggrad_attn\|Duration\|Registers Per\|Achieved Occupancy\|Compute (SM) Th\|Memory Th\|error" \
-      $OUT/attention-ncu.txt | head -40 ;;
+    # backward 3: 168), each build its own file; ncu's counters of the first
+    attention_probes "0_0:scripts/ggml_kernels:" \
+      "4_3:scripts/ggml_kernels:-DGGRAD_ATTN_FORWARD_BLOCKS=4 -DGGRAD_ATTN_BACKWARD_BLOCKS=3" ;;
+  set82)
+    # ~560 s, CUDA: set 60's attention kernels (base-2 scores, ex2.approx, masks only where a step
+    # needs them) in the probe against set 59's (base_attention/: a copy made for the call, not
+    # committed; skipped where absent), with ncu's counters, while the wheel builds (niced); then
+    # set81's tests, block A/B and profile
+    build_cuda_in_background
+    attention_probes "set60:scripts/ggml_kernels:" "set59:base_attention:" \
+      "set60_4_3:scripts/ggml_kernels:-DGGRAD_ATTN_FORWARD_BLOCKS=4 -DGGRAD_ATTN_BACKWARD_BLOCKS=3"
+    echo "probes at $(el) s"
+    attention_ops ;;
   set81)
     # ~560 s, CUDA: set 59's attention kernels as ggml ops (their probe passed on an H100: set81p),
     # their test and the attention tests, then the bf16 block with and without them in one process,
     # its kernels in the time left. The wheel alone took over 330 s beside the probe's nvcc (the
     # seventeenth session's second call), so nothing else builds meanwhile
     build_cuda_in_background
-    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
-    cuda_wheel_installed 420 || exit 1
-    cuda_tests 90 "one_kernel_each_way or attention" tests/test_kernels.py tests/test_attention.py
-    grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
-    echo "tests at $(el) s"
-    cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
-    grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
-    echo "block at $(el) s"
-    [ "$(el)" -lt 560 ] && cu timeout $(( 595 - $(el) )) python3 bench/profile_step.py --device cuda --model block \
-      --block-batch 32 --amp bf16 --precision high --kernels --top 45 > $OUT/profile-block.txt 2>&1
-    echo "done at $(el) s" ;;
+    attention_ops ;;
   set80)
     # ~480 s, CUDA: set 58's four-a-thread binary ops and relu gradients (binary_x4, silu_back_x4),
     # unverified: their bit test and the suites they touch, set79's tests, then the bf16 block with

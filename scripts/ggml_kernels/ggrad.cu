@@ -1285,7 +1285,7 @@ static bool ggrad_attention_supported(const ggml_tensor * op) {
         return false;
     }
     const int64_t D = q->ne[0], L = q->ne[1], H = q->ne[2], B = q->ne[3], S = op->src[1]->ne[1];
-    const size_t forward_bytes = (size_t) (B*L*H*D + 2*B*H*L)*sizeof(float);  // the output, each row's max and 1/sum
+    const size_t forward_bytes = (size_t) (B*L*H*D + B*H*L)*sizeof(float);  // the output, each row's log-sum-exp
     if (kernel == 35) {
         return ggml_nbytes(op) >= forward_bytes;
     }

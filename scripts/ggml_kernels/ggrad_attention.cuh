@@ -10,12 +10,15 @@
 // registers in mma's accumulator layout (lane l: rows l/4 and l/4 + 8, columns 2(l%4) and the
 // next of each 8), which is the layout of the next product's first operand once rounded.
 // - Forward: the running max and sum of each row (the online softmax), the output's float32
-//   partial sums rescaled as the max grows; then the output, and each row's max and 1/sum.
+//   partial sums rescaled as the max grows; then the output, and each row's log-sum-exp.
 // - dk, dv: per key block, over the query blocks, each probability computed again from its row's
-//   max and 1/sum as the forward normalised it (exp(x - max) * (1/sum), float32), dv += p^T dO,
-//   dS = p (dP - D) with dP = dO v^T and D = rowsum(dO * out), dk += dS^T q.
+//   log-sum-exp (p = 2^(x - lse), float32), dv += p^T dO, dS = p (dP - D) with dP = dO v^T and
+//   D = rowsum(dO * out), dk += dS^T q.
 // - dq: per query block, over the key blocks, the same p and dS, dq += dS k. Each gradient is
 //   written once by one block: no atomics, the same bits every run.
+// Scores are taken in base 2 (x = q.k * scale * log2(e)) so that a probability is one FMA and one
+// ex2.approx (relative error ~2^-22, below float32's sum of 64 terms; the operands round p to 8 or
+// 11 bits); the masks are applied only in the steps that a tail or the causal diagonal crosses.
 // The probabilities and dS meet the products rounded to the operands' type, as the composed
 // path's casts round them; dS is scaled after its products (the composed path scales before
 // rounding: the same where the scale is a power of two, 1/sqrt(64)).
@@ -27,6 +30,7 @@
 
 #define GGRAD_ATTN_ROWS 64     // a block's rows, and the other side's rows a step
 #define GGRAD_ATTN_THREADS 128 // 4 warps of 16 rows
+#define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
 // registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (167-250 registers at
 // heads of 64: 2-3 blocks). Heads of 128 hold 128 accumulators a thread and always leave it. Set
@@ -53,9 +57,9 @@ struct ggrad_attn_shape {
     int causal;                     // key j masked for query i where j > i (top-left, torch's)
 };
 
-// the rows' statistics (max, 1/sum) of (b, h, row): in order of b, h, row
+// the index of row `row` of (b, h) in the rows' statistics (log-sum-exp, D): in order of b, h, row
 static __device__ __forceinline__ int64_t ggrad_attn_stat(const ggrad_attn_shape & s, int b, int h, int row) {
-    return 2*(((int64_t) b*s.H + h)*s.L + row);
+    return ((int64_t) b*s.H + h)*s.L + row;
 }
 
 template <int D>
@@ -63,7 +67,7 @@ struct ggrad_attn_layout {  // shared memory: (64, D) tiles of q, k, v or dO, ro
     static constexpr int LT = D + 8;  // (ldmatrix's 8 rows of a matrix fall in distinct banks)
     static constexpr size_t tile = (size_t) GGRAD_ATTN_ROWS*LT*2;
     static constexpr size_t forward = 3*tile;
-    static constexpr size_t backward = 4*tile + GGRAD_ATTN_ROWS*sizeof(float3);
+    static constexpr size_t backward = 4*tile + GGRAD_ATTN_ROWS*sizeof(float2);
 };
 
 // rows [r0, r0 + 64) of a (rows, D) matrix at `src` (row stride `ld` elements, rows on 16
@@ -116,6 +120,13 @@ static __device__ __forceinline__ void ggrad_ldsm(uint32_t (&r)[4], const void *
 static __device__ __forceinline__ void ggrad_ldsm_t(uint32_t (&r)[4], const void * p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"((uint32_t) __cvta_generic_to_shared(p)));
+}
+
+// 2^x (ex2.approx.ftz: 2^-22 relative; 0 for -inf and below 2^-126)
+static __device__ __forceinline__ float ggrad_attn_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 // d (16x8, float32) += a (16x16) b (16x8)
@@ -216,6 +227,28 @@ static __device__ __forceinline__ int ggrad_attn_col(int n, int j) {
     return 8*n + 2*(threadIdx.x % 4) + (j & 1);
 }
 
+// whether a mask may apply in the step of keys [k0, k0 + 64) for queries [q0, q0 + 64): keys past
+// S, or (causal) a key after one of the queries
+static __device__ __forceinline__ bool ggrad_attn_edge(const ggrad_attn_shape & s, int q0, int k0) {
+    return k0 + GGRAD_ATTN_ROWS > s.S || (s.causal && k0 + GGRAD_ATTN_ROWS - 1 > q0);
+}
+
+// the scores of a lane's tile of keys k0.. (columns) and queries `rows` made base-2 logits
+// (times scale2 = scale * log2(e)); with MASK, -inf for keys past S and (causal) after the row
+template <bool MASK>
+static __device__ __forceinline__ void ggrad_attn_logits(float (&x)[8][4], float scale2, const ggrad_attn_shape & s, int k0,
+                                                         const int (&rows)[2]) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int col = k0 + ggrad_attn_col(n, j);
+            const bool masked = MASK && (col >= s.S || (s.causal && col > rows[j >> 1]));
+            x[n][j] = masked ? -INFINITY : x[n][j]*scale2;
+        }
+    }
+}
+
 // the keys k0.. moved from the registers they were fetched into to ks and vs, and the next 64
 // (below kend) fetched while this step computes
 template <int D, typename T>
@@ -231,11 +264,11 @@ static __device__ __forceinline__ void ggrad_attn_next_keys(T * ks, T * vs, uint
     }
 }
 
-// q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `stats` each
-// row's max and 1/sum. A lane's rows: row0 = its warp's first + lane/4, and row0 + 8.
+// q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `lse` each row's
+// log-sum-exp of its base-2 scores. A lane's rows: row0 = its warp's first + lane/4, and row0 + 8.
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_FORWARD_BLOCKS))
-ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * stats, const ggrad_attn_shape s) {
+ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * lse, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -254,28 +287,33 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
     float o[D/8][4];
     ggrad_attn_zero(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' part
+    const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     const int kend = ggrad_attn_key_end(s, q0);
     for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
         ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
         float p[8][4];
         ggrad_attn_scores<D>(p, qs + r0*Lay::LT, ks);
+        // rows past L need no mask: their output is not written
+        if (ggrad_attn_edge(s, q0, k0)) {
+            ggrad_attn_logits<true>(p, scale2, s, k0, rows);
+        } else {
+            ggrad_attn_logits<false>(p, scale2, s, k0, rows);
+        }
         float top[2] = {m[0], m[1]};
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const int col = k0 + ggrad_attn_col(n, j), row = rows[j >> 1];
-                const bool masked = col >= s.S || (s.causal && col > row);
-                p[n][j] = masked ? -INFINITY : p[n][j]*s.scale;
                 top[j >> 1] = fmaxf(top[j >> 1], p[n][j]);
             }
         }
+        // every row sees key 0: top is finite from the first step on, and 2^(-inf - top) = 0
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             top[i] = fmaxf(top[i], __shfl_xor_sync(0xffffffff, top[i], 1, 32));
             top[i] = fmaxf(top[i], __shfl_xor_sync(0xffffffff, top[i], 2, 32));
-            alpha[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - top[i]);
+            alpha[i] = ggrad_attn_exp2(m[i] - top[i]);
             m[i] = top[i];
             l[i] *= alpha[i];
         }
@@ -283,7 +321,7 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
         for (int n = 0; n < 8; ++n) {
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                p[n][j] = p[n][j] == -INFINITY ? 0.0f : expf(p[n][j] - top[j >> 1]);
+                p[n][j] = ggrad_attn_exp2(p[n][j] - top[j >> 1]);
                 l[j >> 1] += p[n][j];
             }
         }
@@ -314,8 +352,7 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * s
                     make_float2(__fmul_rn(o[n][2*i], inv[i]), __fmul_rn(o[n][2*i + 1], inv[i]));
             }
             if (lane % 4 == 0) {
-                stats[ggrad_attn_stat(s, b, h, rows[i])] = m[i];
-                stats[ggrad_attn_stat(s, b, h, rows[i]) + 1] = inv[i];
+                lse[ggrad_attn_stat(s, b, h, rows[i])] = m[i] + log2f(l[i]);
             }
         }
     }
@@ -345,23 +382,57 @@ static __global__ void ggrad_attn_back_rows(const float * g, const float * out, 
     }
 }
 
-// a probability computed again as the forward normalised it, and dS = p (dP - D); 0 where masked
-static __device__ __forceinline__ float2 ggrad_attn_p_ds(float x, float dp, float top, float inv, float dot, bool masked) {
-    if (masked) {
-        return make_float2(0.0f, 0.0f);
-    }
-    const float p = __fmul_rn(expf(x - top), inv);
-    return make_float2(p, p*(dp - dot));
+// a probability computed again from the score x (unscaled) and its row's statistics st (the
+// log-sum-exp of its base-2 scores, D), and dS = p (dP - D)
+static __device__ __forceinline__ float2 ggrad_attn_p_ds(float x, float dp, float scale2, float2 st) {
+    const float p = ggrad_attn_exp2(fmaf(x, scale2, -st.x));
+    return make_float2(p, p*(dp - st.y));
 }
 
-// the three statistics of query row `row` (its max, 1/sum and D), zeros past L
-static __device__ __forceinline__ float3 ggrad_attn_row_stats(const float * stats, const float * dot, const ggrad_attn_shape & s,
+// the statistics of query row `row` (its log-sum-exp and D), zeros past L
+static __device__ __forceinline__ float2 ggrad_attn_row_stats(const float * lse, const float * dot, const ggrad_attn_shape & s,
                                                               int b, int h, int row) {
     if (row >= s.L) {
-        return make_float3(0.0f, 0.0f, 0.0f);
+        return make_float2(0.0f, 0.0f);
     }
     const int64_t i = ggrad_attn_stat(s, b, h, row);
-    return make_float3(stats[i], stats[i + 1], dot[((int64_t) b*s.H + h)*s.L + row]);
+    return make_float2(lse[i], dot[i]);
+}
+
+// back_kv's p^T and dS^T from its tiles S^T (pt: keys `keys` the rows, queries q0.. the columns,
+// their statistics at qstats) and dP^T (dst); with MASK, 0 for queries past L, keys past S and
+// (causal) keys after the query
+template <bool MASK>
+static __device__ __forceinline__ void ggrad_attn_kv_p_ds(float (&pt)[8][4], float (&dst)[8][4], const float2 * qstats,
+                                                          float scale2, const ggrad_attn_shape & s, int q0, const int (&keys)[2]) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = ggrad_attn_col(n, j), row = q0 + c, key = keys[j >> 1];
+            const float2 pd = ggrad_attn_p_ds(pt[n][j], dst[n][j], scale2, qstats[c]);
+            const bool masked = MASK && (row >= s.L || key >= s.S || (s.causal && key > row));
+            pt[n][j] = masked ? 0.0f : pd.x;
+            dst[n][j] = masked ? 0.0f : pd.y;
+        }
+    }
+}
+
+// back_q's dS from its tiles S (ds: queries `rows` the rows, keys k0.. the columns) and dP, the
+// rows' statistics rs; with MASK, 0 for keys past S and (causal) after the row (rows past L are
+// not written)
+template <bool MASK>
+static __device__ __forceinline__ void ggrad_attn_q_ds(float (&ds)[8][4], const float (&dp)[8][4], const float2 (&rs)[2],
+                                                       float scale2, const ggrad_attn_shape & s, int k0, const int (&rows)[2]) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int key = k0 + ggrad_attn_col(n, j);
+            const float d = ggrad_attn_p_ds(ds[n][j], dp[n][j], scale2, rs[j >> 1]).y;
+            ds[n][j] = MASK && (key >= s.S || (s.causal && key > rows[j >> 1])) ? 0.0f : d;
+        }
+    }
 }
 
 // acc (16 rows, D columns) written at `dst` (row stride ld) times `scale`, rows from `row0` (the
@@ -385,7 +456,7 @@ static __device__ __forceinline__ void ggrad_attn_write(float * dst, int64_t ld,
 // the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
-ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
+ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * lse, const float * dot,
                    float * dk, float * dv, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using Lay = ggrad_attn_layout<D>;
@@ -394,7 +465,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
     T * qs = vs + GGRAD_ATTN_ROWS*Lay::LT;
     T * gs = qs + GGRAD_ATTN_ROWS*Lay::LT;
-    float3 * qstats = (float3 *) (gs + GGRAD_ATTN_ROWS*Lay::LT);
+    float2 * qstats = (float2 *) (gs + GGRAD_ATTN_ROWS*Lay::LT);
 
     const int k0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
@@ -404,12 +475,13 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     // causal: the queries before this block's first key see none of its keys
     const int qstart = s.causal ? k0 : 0;
     uint4 qr[D/16], gr[D/16];
-    float3 st = make_float3(0.0f, 0.0f, 0.0f);
+    float2 st = make_float2(0.0f, 0.0f);
+    const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     if (qstart < s.L) {
         ggrad_attn_fetch<D>(qr, q, s.q1, qstart, s.L);
         ggrad_attn_fetch<D>(gr, g_low, D, qstart, s.L);
         if (threadIdx.x < GGRAD_ATTN_ROWS) {
-            st = ggrad_attn_row_stats(stats, dot, s, b, h, qstart + threadIdx.x);
+            st = ggrad_attn_row_stats(lse, dot, s, b, h, qstart + threadIdx.x);
         }
     }
     ggrad_attn_load<D>(ks, k, s.k1, k0, s.S);
@@ -429,23 +501,16 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
             ggrad_attn_fetch<D>(qr, q, s.q1, q0 + GGRAD_ATTN_ROWS, s.L);
             ggrad_attn_fetch<D>(gr, g_low, D, q0 + GGRAD_ATTN_ROWS, s.L);
             if (threadIdx.x < GGRAD_ATTN_ROWS) {
-                st = ggrad_attn_row_stats(stats, dot, s, b, h, q0 + GGRAD_ATTN_ROWS + threadIdx.x);
+                st = ggrad_attn_row_stats(lse, dot, s, b, h, q0 + GGRAD_ATTN_ROWS + threadIdx.x);
             }
         }
         float pt[8][4], dst_[8][4];
         ggrad_attn_scores<D>(pt, ks + r0*Lay::LT, qs);    // S^T = k q^T
         ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gs);  // dP^T = v dO^T
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int c = ggrad_attn_col(n, j), row = q0 + c, key = keys[j >> 1];
-                const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
-                const float3 rs = qstats[c];
-                const float2 pd = ggrad_attn_p_ds(pt[n][j]*s.scale, dst_[n][j], rs.x, rs.y, rs.z, masked);
-                pt[n][j] = pd.x;
-                dst_[n][j] = pd.y;
-            }
+        if (q0 + GGRAD_ATTN_ROWS > s.L || ggrad_attn_edge(s, q0, k0)) {
+            ggrad_attn_kv_p_ds<true>(pt, dst_, qstats, scale2, s, q0, keys);
+        } else {
+            ggrad_attn_kv_p_ds<false>(pt, dst_, qstats, scale2, s, q0, keys);
         }
         ggrad_attn_apply<D>(dv_acc, pt, gs);    // dv += p^T dO
         ggrad_attn_apply<D>(dk_acc, dst_, qs);  // dk += dS^T q
@@ -458,7 +523,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
 // dq: a block per 64 queries of (b, h), written at the strides dq; a lane's rows as the forward's
 template <int D, typename T>
 static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
-ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * stats, const float * dot,
+ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * lse, const float * dot,
                   float * dq, const ggrad_attn_shape s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using Lay = ggrad_attn_layout<D>;
@@ -477,7 +542,8 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
     ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
     ggrad_attn_load<D>(gs, g_low + ((int64_t) b*s.H + h)*s.L*D, D, q0, s.L);
-    const float3 rs[2] = {ggrad_attn_row_stats(stats, dot, s, b, h, rows[0]), ggrad_attn_row_stats(stats, dot, s, b, h, rows[1])};
+    const float2 rs[2] = {ggrad_attn_row_stats(lse, dot, s, b, h, rows[0]), ggrad_attn_row_stats(lse, dot, s, b, h, rows[1])};
+    const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     float acc[D/8][4];
     ggrad_attn_zero(acc);
     const int kend = ggrad_attn_key_end(s, q0);
@@ -486,15 +552,10 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
         float ds[8][4], dp[8][4];
         ggrad_attn_scores<D>(ds, qs + r0*Lay::LT, ks);  // S = q k^T
         ggrad_attn_scores<D>(dp, gs + r0*Lay::LT, vs);  // dP = dO v^T
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int key = k0 + ggrad_attn_col(n, j), row = rows[j >> 1];
-                const bool masked = row >= s.L || key >= s.S || (s.causal && key > row);
-                const float3 r = rs[j >> 1];
-                ds[n][j] = ggrad_attn_p_ds(ds[n][j]*s.scale, dp[n][j], r.x, r.y, r.z, masked).y;
-            }
+        if (ggrad_attn_edge(s, q0, k0)) {
+            ggrad_attn_q_ds<true>(ds, dp, rs, scale2, s, k0, rows);
+        } else {
+            ggrad_attn_q_ds<false>(ds, dp, rs, scale2, s, k0, rows);
         }
         ggrad_attn_apply<D>(acc, ds, ks);  // dq += dS k
     }
@@ -502,19 +563,19 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
 #endif
 }
 
-// the launches (stream `stream`): forward into out/stats; backward from the forward's out/stats and
+// the launches (stream `stream`): forward into out and lse; backward from the forward's out, lse and
 // dO `g` into dq, dk and dv, with scratch for dO in T (B*H*L*D) and D (B*H*L)
 template <int D, typename T>
-static void ggrad_attn_forward_launch(const T * q, const T * k, const T * v, float * out, float * stats,
+static void ggrad_attn_forward_launch(const T * q, const T * k, const T * v, float * out, float * lse,
                                       const ggrad_attn_shape & s, cudaStream_t stream) {
     const size_t bytes = ggrad_attn_layout<D>::forward;
     cudaFuncSetAttribute(ggrad_attn_forward<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
     const dim3 grid((s.L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, s.H, s.B);
-    ggrad_attn_forward<D, T><<<grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, out, stats, s);
+    ggrad_attn_forward<D, T><<<grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, out, lse, s);
 }
 
 template <int D, typename T>
-static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, const float * out, const float * stats,
+static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, const float * out, const float * lse,
                                        const float * g, T * g_low, float * dot, float * dq, float * dk, float * dv,
                                        const ggrad_attn_shape & s, cudaStream_t stream) {
     const int64_t rows = (int64_t) s.B*s.H*s.L;
@@ -523,7 +584,7 @@ static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, co
     cudaFuncSetAttribute(ggrad_attn_back_kv<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
     cudaFuncSetAttribute(ggrad_attn_back_q<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
     const dim3 kv_grid((s.S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, s.H, s.B);
-    ggrad_attn_back_kv<D, T><<<kv_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, stats, dot, dk, dv, s);
+    ggrad_attn_back_kv<D, T><<<kv_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, lse, dot, dk, dv, s);
     const dim3 q_grid((s.L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, s.H, s.B);
-    ggrad_attn_back_q<D, T><<<q_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, stats, dot, dq, s);
+    ggrad_attn_back_q<D, T><<<q_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, lse, dot, dq, s);
 }

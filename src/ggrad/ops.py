@@ -430,11 +430,11 @@ def attention(ctx, q, k, v, scale: float, causal: bool, storage: str):
     """softmax(q k^T * scale [+ causal mask]) v over float32 q (D, L, H, B) and k, v (D, S, H, B),
     as one ggrad kernel (ATTENTION, set 59) over their `storage` (autocast's low) type, or None
     where the backend refuses it. The node holds the output (B, L, H, D) in float32 (heads
-    merged), then each row's max and 1/sum for attention_back."""
+    merged), then each row's log-sum-exp (base 2) for attention_back."""
     d, length, heads, batch = (q.contents.ne[i] for i in range(4))
     low = DTYPES[storage]
     operands = [_low_operand(ctx, t, low) for t in (q, k, v)]
-    rows = -(-(batch * length * heads * d + 2 * batch * heads * length) // d)
+    rows = -(-(batch * length * heads * d + batch * heads * length) // d)
     return _supported(kernels.op(ctx, kernels.ATTENTION, (d, rows), operands, [float(scale), int(causal)]))
 
 

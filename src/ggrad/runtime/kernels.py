@@ -57,7 +57,7 @@ LAYER_NORM_AFFINE_BACK = 31   # x, the output's gradient g (D, R), weight; eps, 
 CLASS_TOTAL = 32              # CLASS_CROSS_ENTROPY's (N, 2); mean -> the loss, the weights' sum, a target's share of a gradient of 1 (3)
 SOFTMAX_LOW = 33              # x (S, L, H, B), [mask]; scale -> softmax rows in f16/bf16, then each row's max and 1/sum (cpu, cuda)
 SOFTMAX_LOW_BACK = 34         # x, [mask], the rows' gradient, SOFTMAX_LOW's output; scale -> the gradient of x (S, R) (cpu, cuda)
-ATTENTION = 35                # q (D, L, H, B), k, v (D, S, H, B) f16/bf16 views; scale, causal -> out (B, L, H, D), then each row's max and 1/sum (cuda)
+ATTENTION = 35                # q (D, L, H, B), k, v (D, S, H, B) f16/bf16 views; scale, causal -> out (B, L, H, D), then each row's log-sum-exp, base 2 (cuda)
 ATTENTION_BACK = 36           # q, k, v, ATTENTION's node, out's gradient (D, L, H, B); scale, causal, packed -> dq, dk, dv (cuda)
 SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAYER_NORM_BACK: 4,
          TRANSPOSE: 5, GEMM: 7, GELU_BACK: 12, GELU: 13, ADAMW_GROUP: 15, MAX_POOL: 16,
@@ -66,7 +66,7 @@ SINCE = {CLASS_CROSS_ENTROPY: 2, CLASS_CROSS_ENTROPY_BACK: 2, ADAM_HYPER: 3, LAY
          BATCH_STATS: 26, BATCH_NORM: 26, BATCH_NORM_BACK: 26,
          FOLD: 30, QROWS: 30, RUNNING_STAT: 34, BATCH_STATS_PARTS: 35, BATCH_STATS_JOIN: 35,
          BATCH_NORM_BACK_PARTS: 35, BATCH_NORM_BACK_JOIN: 35, LAYER_NORM: 51, LAYER_NORM_AFFINE_BACK: 51,
-         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57, ATTENTION: 59, ATTENTION_BACK: 59}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
+         CLASS_TOTAL: 54, SOFTMAX_LOW: 57, SOFTMAX_LOW_BACK: 57, ATTENTION: 60, ATTENTION_BACK: 60}  # the kernel set's version that added each (QROWS: CUDA only, in set 30 builds after it)
 
 
 def names() -> dict[int, str]:
