@@ -87,7 +87,8 @@
   way (35, 36; ggrad_attention.cuh) for float16/bfloat16 q, k, v of head size 32, 64 or 128:
   the scores never written, the probabilities computed again in the gradient from each row's
   log-sum-exp (set 60: one float a row where set 59 kept the max and 1/sum; scores in base 2,
-  ex2.approx, the masks only in the steps a tail or the causal diagonal crosses).
+  ex2.approx, the masks only in the steps a tail or the causal diagonal crosses; tiles copied
+  with cp.async into two buffers taken in turn, one barrier a step).
 
 ggml-base exports `ggml_ggrad_kernels`, returning KERNELS_VERSION, so ggrad can tell a build
 that has these kernels (runtime/backend.py) and composes the old way otherwise.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ggrad's fused attention kernels on the CPU (bench/gpu/attention_emulator.cpp): the kernel file's
-# hardware parts (its ldmatrix/mma helpers, the launchers, dynamic shared memory, 16-byte and float2
-# accesses) swapped for the emulator's checked ones, then compiled with g++ against the CUDA
+# hardware parts (its ldmatrix/mma/cp.async helpers, the launchers, dynamic shared memory, float2
+# stores) swapped for the emulator's checked ones, then compiled with g++ against the CUDA
 # toolkit's headers (cuda_bf16.h, cuda_fp16.h: host conversions only).
 #   bash bench/gpu/attention_emulate.sh        # every case (~2 min on 2 cores)
 #   bash bench/gpu/attention_emulate.sh 1 5    # cases 1 and 5 (attention_emulator.cpp's run_case)
@@ -20,11 +20,9 @@ import re, sys
 s = open(sys.argv[1]).read()
 start = s.index("// the tensor cores' operands from shared memory")
 end = s.index("// two floats rounded into one register")
-s = s[:start] + s[end:]  # the emulator defines ggrad_ldsm, ggrad_ldsm_t and ggrad_mma
+s = s[:start] + s[end:]  # the emulator defines ggrad_ldsm, ggrad_ldsm_t, ggrad_mma, ggrad_cp* and ggrad_attn_exp2
 s = s[:s.index("// the launches (stream")]  # and the launchers
-swaps = [(r"\*\(const uint4 \*\) \((src [^;]*)\) :", r"emu_ld16(\1) :"),
-         (r"\*\(uint4 \*\) \((dst \+ r\*ggrad_attn_layout<D>::LT \+ c)\) = ", r"*emu_st16(\1) = "),
-         (r"extern __shared__ __align__\(128\) unsigned char smem\[\];", "unsigned char * smem = emu_smem;"),
+swaps = [(r"extern __shared__ __align__\(128\) unsigned char smem\[\];", "unsigned char * smem = emu_smem;"),
          (r"\*\(float2 \*\) \(", "*emu_f2(")]
 for pattern, repl in swaps:
     s, n = re.subn(pattern, repl, s)

@@ -4,8 +4,10 @@
 // ldmatrix, ldmatrix.trans, mma.sync m16n8k16 and shfl_xor are written here from the PTX ISA's
 // fragment tables, independently of the kernels' own reasoning; the emulation aborts where a warp
 // diverges at one of them, or shared memory is read out of range or misaligned. Shared memory
-// starts as NaN (0xff bytes), every output as NaN. Three planted faults (a B operand's column, an
-// A fragment's register order, the query statistics off by a column) each gave errors of ~1.
+// starts as NaN (0xff bytes), every output as NaN; cp.async's copies land only at their wait.
+// Planted faults (a B operand's column, an A fragment's register order, the query statistics off
+// by a column) each gave errors of ~1; a step without its wait aborts, one reading the other
+// buffer gives NaN.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -76,11 +78,27 @@ static inline void emu_check_smem(const void * p, size_t n, size_t align) {
     if (c < emu_smem || c + n > emu_smem + emu_smem_bytes) EMU_FAIL("smem access out of range: offset %td + %zu of %zu", c - emu_smem, n, emu_smem_bytes);
     if ((c - emu_smem) % align) EMU_FAIL("smem access misaligned: offset %td", c - emu_smem);
 }
-template <typename T> static inline uint4 emu_ld16(const T * p) {
-    if ((uintptr_t) p % 16) EMU_FAIL("global uint4 load misaligned");
-    return *(const uint4 *) p;
+// cp.async: a thread's copies held until its wait (cp.async.wait_group 0), and only the committed
+// ones done then, so that a tile read before its wait and barrier reads the step before's (or NaN)
+struct EmuCopy { void * dst; const void * src; int bytes; };
+thread_local std::vector<EmuCopy> emu_copies;
+thread_local size_t emu_committed;
+static inline void emu_cp(void * dst, const void * src, bool valid, int bytes) {
+    emu_check_smem(dst, bytes, bytes);
+    if (valid && (uintptr_t) src % bytes) EMU_FAIL("cp.async source misaligned");
+    emu_copies.push_back({dst, valid ? src : nullptr, bytes});
 }
-template <typename T> static inline uint4 * emu_st16(T * p) { emu_check_smem(p, 16, 16); return (uint4 *) p; }
+static inline void ggrad_cp16(void * dst, const void * src, bool valid) { emu_cp(dst, src, valid, 16); }
+static inline void ggrad_cp4(void * dst, const void * src, bool valid) { emu_cp(dst, src, valid, 4); }
+static inline void ggrad_cp_commit() { emu_committed = emu_copies.size(); }
+static inline void ggrad_cp_wait() {
+    for (size_t i = 0; i < emu_committed; ++i) {
+        const EmuCopy & c = emu_copies[i];
+        if (c.src) std::memcpy(c.dst, c.src, c.bytes); else std::memset(c.dst, 0, c.bytes);
+    }
+    emu_copies.erase(emu_copies.begin(), emu_copies.begin() + emu_committed);
+    emu_committed = 0;
+}
 static inline float2 * emu_f2(float * p) { if ((uintptr_t) p % 8) EMU_FAIL("float2 store misaligned"); return (float2 *) p; }
 
 // ldmatrix .m8n8.x4 .b16: lane i gives the address of row i%8 of matrix i/8; the lane's register j
@@ -165,6 +183,7 @@ static void emu_launch(dim3 grid, size_t smem_bytes, F kernel) {
                 threadIdx = make_uint3(t, 0, 0); blockIdx = make_uint3(x, y, z);
                 emu_block = blk; emu_smem = base; emu_smem_bytes = smem_bytes;
                 kernel();
+                if (!emu_copies.empty()) EMU_FAIL("a thread ended with cp.async copies never waited for");
             });
         }
         for (auto & t : th) t.join();

@@ -4,8 +4,9 @@
 // between them in a step): those are the oracle, and every other backend's path.
 //
 // A block of 4 warps takes 64 rows (queries forward and for dq, keys for dk and dv), each warp
-// 16, and steps through the other side's rows 64 at a time, staged in shared memory (the next
-// step's rows loaded into registers meanwhile). Products on the tensor cores (mma.sync m16n8k16,
+// 16, and steps through the other side's rows 64 at a time, staged in shared memory in two
+// buffers taken in turn (cp.async: the next step's rows copied while this step computes, through
+// no registers; one barrier a step). Products on the tensor cores (mma.sync m16n8k16,
 // float32 sums, operands through ldmatrix); a warp's scores, probabilities and sums stay in its
 // registers in mma's accumulator layout (lane l: rows l/4 and l/4 + 8, columns 2(l%4) and the
 // next of each 8), which is the layout of the next product's first operand once rounded.
@@ -32,9 +33,9 @@
 #define GGRAD_ATTN_THREADS 128 // 4 warps of 16 rows
 #define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
-// registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (167-250 registers at
-// heads of 64: 2-3 blocks). Heads of 128 hold 128 accumulators a thread and always leave it. Set
-// at build time to time the kernels each way (bench/gpu/session.sh set81p).
+// registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (at heads of 64: the
+// forward 126 registers, 4 blocks; dq 166, 3; dk/dv 235, 2). Heads of 128 hold 128 accumulators a
+// thread and always leave it. Set at build time to time the kernels each way (session.sh set82).
 #ifndef GGRAD_ATTN_FORWARD_BLOCKS
 #define GGRAD_ATTN_FORWARD_BLOCKS 0
 #endif
@@ -65,38 +66,10 @@ static __device__ __forceinline__ int64_t ggrad_attn_stat(const ggrad_attn_shape
 template <int D>
 struct ggrad_attn_layout {  // shared memory: (64, D) tiles of q, k, v or dO, rows padded 8 values
     static constexpr int LT = D + 8;  // (ldmatrix's 8 rows of a matrix fall in distinct banks)
-    static constexpr size_t tile = (size_t) GGRAD_ATTN_ROWS*LT*2;
-    static constexpr size_t forward = 3*tile;
-    static constexpr size_t backward = 4*tile + GGRAD_ATTN_ROWS*sizeof(float2);
+    static constexpr int tile = GGRAD_ATTN_ROWS*LT;  // values
+    static constexpr size_t forward = 5*tile*2;      // q; k, v twice
+    static constexpr size_t backward = 6*tile*2 + 2*GGRAD_ATTN_ROWS*sizeof(float2);  // and each query's statistics twice
 };
-
-// rows [r0, r0 + 64) of a (rows, D) matrix at `src` (row stride `ld` elements, rows on 16
-// bytes) into a thread's registers, 8 values a load, zeros past `rows`: all loads in flight
-// before the first is used; then from there into `dst` (row stride LT)
-template <int D, typename T>
-static __device__ __forceinline__ void ggrad_attn_fetch(uint4 (&reg)[D/16], const T * src, int64_t ld, int r0, int rows) {
-#pragma unroll
-    for (int n = 0; n < D/16; ++n) {
-        const int i = threadIdx.x + n*GGRAD_ATTN_THREADS, r = i/(D/8), c = (i % (D/8))*8;
-        reg[n] = r0 + r < rows ? *(const uint4 *) (src + (int64_t) (r0 + r)*ld + c) : make_uint4(0, 0, 0, 0);
-    }
-}
-
-template <int D, typename T>
-static __device__ __forceinline__ void ggrad_attn_stash(T * dst, const uint4 (&reg)[D/16]) {
-#pragma unroll
-    for (int n = 0; n < D/16; ++n) {
-        const int i = threadIdx.x + n*GGRAD_ATTN_THREADS, r = i/(D/8), c = (i % (D/8))*8;
-        *(uint4 *) (dst + r*ggrad_attn_layout<D>::LT + c) = reg[n];
-    }
-}
-
-template <int D, typename T>
-static __device__ __forceinline__ void ggrad_attn_load(T * dst, const T * src, int64_t ld, int r0, int rows) {
-    uint4 reg[D/16];
-    ggrad_attn_fetch<D>(reg, src, ld, r0, rows);
-    ggrad_attn_stash<D>(dst, reg);
-}
 
 template <typename T> static __device__ __forceinline__ T ggrad_attn_round(float x);
 template <> __device__ __forceinline__ half ggrad_attn_round<half>(float x) { return __float2half_rn(x); }
@@ -129,6 +102,20 @@ static __device__ __forceinline__ float ggrad_attn_exp2(float x) {
     return y;
 }
 
+// copies from global to shared memory that pass no register (cp.async; zeros where !valid, src
+// then unread), a thread's copies since the last commit one group; wait: all of the thread's
+// groups landed (a barrier after it shows every thread's)
+static __device__ __forceinline__ void ggrad_cp16(void * dst, const void * src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"((uint32_t) __cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+static __device__ __forceinline__ void ggrad_cp4(void * dst, const void * src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                 :: "r"((uint32_t) __cvta_generic_to_shared(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+static __device__ __forceinline__ void ggrad_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+static __device__ __forceinline__ void ggrad_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // d (16x8, float32) += a (16x16) b (16x8)
 template <typename T>
 static __device__ __forceinline__ void ggrad_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
@@ -156,6 +143,18 @@ template <> __device__ __forceinline__ uint32_t ggrad_pack<nv_bfloat16>(float lo
 template <> __device__ __forceinline__ uint32_t ggrad_pack<half>(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *(const uint32_t *) &v;
+}
+
+// rows [r0, r0 + 64) of a (rows, D) matrix at `src` (row stride `ld` elements, rows on 16 bytes)
+// copied to `dst` (row stride LT), zeros past `rows`
+template <int D, typename T>
+static __device__ __forceinline__ void ggrad_attn_copy(T * dst, const T * src, int64_t ld, int r0, int rows) {
+#pragma unroll
+    for (int n = 0; n < D/16; ++n) {
+        const int i = threadIdx.x + n*GGRAD_ATTN_THREADS, r = i/(D/8), c = (i % (D/8))*8;
+        const bool valid = r0 + r < rows;
+        ggrad_cp16(dst + r*ggrad_attn_layout<D>::LT + c, valid ? src + (int64_t) (r0 + r)*ld + c : src, valid);
+    }
 }
 
 // accumulator tiles set to 0
@@ -249,19 +248,20 @@ static __device__ __forceinline__ void ggrad_attn_logits(float (&x)[8][4], float
     }
 }
 
-// the keys k0.. moved from the registers they were fetched into to ks and vs, and the next 64
-// (below kend) fetched while this step computes
+// the keys [k0, k0 + 64) and their values copied to the step's buffers of ks and vs
 template <int D, typename T>
-static __device__ __forceinline__ void ggrad_attn_next_keys(T * ks, T * vs, uint4 (&kr)[D/16], uint4 (&vr)[D/16], const T * k,
-                                                            const T * v, const ggrad_attn_shape & s, int k0, int kend) {
-    __syncthreads();  // the step before is done with ks, vs (and the tiles loaded before the loop are written)
-    ggrad_attn_stash<D>(ks, kr);
-    ggrad_attn_stash<D>(vs, vr);
+static __device__ __forceinline__ void ggrad_attn_copy_keys(T * ks, T * vs, const T * k, const T * v, const ggrad_attn_shape & s,
+                                                            int k0) {
+    ggrad_attn_copy<D>(ks, k, s.k1, k0, s.S);
+    ggrad_attn_copy<D>(vs, v, s.v1, k0, s.S);
+    ggrad_cp_commit();
+}
+
+// a step's start: its tiles (copied in the step before) landed and seen by every thread, and every
+// warp done with the step before, whose buffers the next copies overwrite
+static __device__ __forceinline__ void ggrad_attn_step() {
+    ggrad_cp_wait();
     __syncthreads();
-    if (k0 + GGRAD_ATTN_ROWS < kend) {
-        ggrad_attn_fetch<D>(kr, k, s.k1, k0 + GGRAD_ATTN_ROWS, s.S);
-        ggrad_attn_fetch<D>(vr, v, s.v1, k0 + GGRAD_ATTN_ROWS, s.S);
-    }
 }
 
 // q (L, D), k, v (S, D) per (b, h); out: the output (float32, strides o) and at `lse` each row's
@@ -273,26 +273,27 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * l
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     T * qs = (T *) smem;
-    T * ks = qs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
+    T * ks = qs + Lay::tile;      // two buffers of keys, then two of values
+    T * vs = ks + 2*Lay::tile;
 
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
     ggrad_attn_at_head(q, k, v, s, b, h);
-    uint4 kr[D/16], vr[D/16];
-    ggrad_attn_fetch<D>(kr, k, s.k1, 0, s.S);
-    ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
-    ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
+    ggrad_attn_copy<D>(qs, q, s.q1, q0, s.L);
+    ggrad_attn_copy_keys<D>(ks, vs, k, v, s, 0);
     float o[D/8][4];
     ggrad_attn_zero(o);
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's columns' part
     const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     const int kend = ggrad_attn_key_end(s, q0);
-    for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
-        ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
+    for (int k0 = 0, buf = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS, buf ^= 1) {
+        ggrad_attn_step();
+        if (k0 + GGRAD_ATTN_ROWS < kend) {
+            ggrad_attn_copy_keys<D>(ks + (buf ^ 1)*Lay::tile, vs + (buf ^ 1)*Lay::tile, k, v, s, k0 + GGRAD_ATTN_ROWS);
+        }
         float p[8][4];
-        ggrad_attn_scores<D>(p, qs + r0*Lay::LT, ks);
+        ggrad_attn_scores<D>(p, qs + r0*Lay::LT, ks + buf*Lay::tile);
         // rows past L need no mask: their output is not written
         if (ggrad_attn_edge(s, q0, k0)) {
             ggrad_attn_logits<true>(p, scale2, s, k0, rows);
@@ -332,7 +333,7 @@ ggrad_attn_forward(const T * q, const T * k, const T * v, float * out, float * l
             o[n][2] *= alpha[1];
             o[n][3] *= alpha[1];
         }
-        ggrad_attn_apply<D>(o, p, vs);
+        ggrad_attn_apply<D>(o, p, vs + buf*Lay::tile);
     }
     float inv[2];
 #pragma unroll
@@ -452,6 +453,23 @@ static __device__ __forceinline__ void ggrad_attn_write(float * dst, int64_t ld,
     }
 }
 
+// the queries [q0, q0 + 64) (none past L: zeros), their rows of dO and their statistics
+// (log-sum-exp, D) copied to a step's buffers; one group with the copies before it
+template <int D, typename T>
+static __device__ __forceinline__ void ggrad_attn_copy_queries(T * qs, T * gs, float2 * st, const T * q, const T * g_low,
+                                                               const float * lse, const float * dot, const ggrad_attn_shape & s,
+                                                               int b, int h, int q0) {
+    ggrad_attn_copy<D>(qs, q, s.q1, q0, s.L);
+    ggrad_attn_copy<D>(gs, g_low, D, q0, s.L);
+    if (threadIdx.x < GGRAD_ATTN_ROWS) {
+        const bool valid = q0 + (int) threadIdx.x < s.L;
+        const int64_t i = valid ? ggrad_attn_stat(s, b, h, q0 + threadIdx.x) : 0;
+        ggrad_cp4(&st[threadIdx.x].x, lse + i, valid);
+        ggrad_cp4(&st[threadIdx.x].y, dot + i, valid);
+    }
+    ggrad_cp_commit();
+}
+
 // dk and dv: a block per 64 keys of (b, h), both written at the strides dk. A warp's 16 keys are
 // the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
 template <int D, typename T>
@@ -462,10 +480,10 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     T * ks = (T *) smem;
-    T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
-    T * qs = vs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * gs = qs + GGRAD_ATTN_ROWS*Lay::LT;
-    float2 * qstats = (float2 *) (gs + GGRAD_ATTN_ROWS*Lay::LT);
+    T * vs = ks + Lay::tile;
+    T * qs = vs + Lay::tile;                          // two buffers of queries, two of dO, two of
+    T * gs = qs + 2*Lay::tile;                        // the queries' statistics
+    float2 * qstats = (float2 *) (gs + 2*Lay::tile);
 
     const int k0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
@@ -474,46 +492,33 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     g_low += ((int64_t) b*s.H + h)*s.L*D;
     // causal: the queries before this block's first key see none of its keys
     const int qstart = s.causal ? k0 : 0;
-    uint4 qr[D/16], gr[D/16];
-    float2 st = make_float2(0.0f, 0.0f);
     const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     if (qstart < s.L) {
-        ggrad_attn_fetch<D>(qr, q, s.q1, qstart, s.L);
-        ggrad_attn_fetch<D>(gr, g_low, D, qstart, s.L);
-        if (threadIdx.x < GGRAD_ATTN_ROWS) {
-            st = ggrad_attn_row_stats(lse, dot, s, b, h, qstart + threadIdx.x);
-        }
+        ggrad_attn_copy<D>(ks, k, s.k1, k0, s.S);
+        ggrad_attn_copy<D>(vs, v, s.v1, k0, s.S);
+        ggrad_attn_copy_queries<D>(qs, gs, qstats, q, g_low, lse, dot, s, b, h, qstart);
     }
-    ggrad_attn_load<D>(ks, k, s.k1, k0, s.S);
-    ggrad_attn_load<D>(vs, v, s.v1, k0, s.S);
     float dk_acc[D/8][4], dv_acc[D/8][4];
     ggrad_attn_zero(dk_acc);
     ggrad_attn_zero(dv_acc);
-    for (int q0 = qstart; q0 < s.L; q0 += GGRAD_ATTN_ROWS) {
-        __syncthreads();
-        ggrad_attn_stash<D>(qs, qr);
-        ggrad_attn_stash<D>(gs, gr);
-        if (threadIdx.x < GGRAD_ATTN_ROWS) {
-            qstats[threadIdx.x] = st;
-        }
-        __syncthreads();
+    for (int q0 = qstart, buf = 0; q0 < s.L; q0 += GGRAD_ATTN_ROWS, buf ^= 1) {
+        ggrad_attn_step();
         if (q0 + GGRAD_ATTN_ROWS < s.L) {
-            ggrad_attn_fetch<D>(qr, q, s.q1, q0 + GGRAD_ATTN_ROWS, s.L);
-            ggrad_attn_fetch<D>(gr, g_low, D, q0 + GGRAD_ATTN_ROWS, s.L);
-            if (threadIdx.x < GGRAD_ATTN_ROWS) {
-                st = ggrad_attn_row_stats(lse, dot, s, b, h, q0 + GGRAD_ATTN_ROWS + threadIdx.x);
-            }
+            ggrad_attn_copy_queries<D>(qs + (buf ^ 1)*Lay::tile, gs + (buf ^ 1)*Lay::tile, qstats + (buf ^ 1)*GGRAD_ATTN_ROWS,
+                                       q, g_low, lse, dot, s, b, h, q0 + GGRAD_ATTN_ROWS);
         }
+        const T * qb = qs + buf*Lay::tile;
+        const T * gb = gs + buf*Lay::tile;
         float pt[8][4], dst_[8][4];
-        ggrad_attn_scores<D>(pt, ks + r0*Lay::LT, qs);    // S^T = k q^T
-        ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gs);  // dP^T = v dO^T
+        ggrad_attn_scores<D>(pt, ks + r0*Lay::LT, qb);    // S^T = k q^T
+        ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gb);  // dP^T = v dO^T
         if (q0 + GGRAD_ATTN_ROWS > s.L || ggrad_attn_edge(s, q0, k0)) {
-            ggrad_attn_kv_p_ds<true>(pt, dst_, qstats, scale2, s, q0, keys);
+            ggrad_attn_kv_p_ds<true>(pt, dst_, qstats + buf*GGRAD_ATTN_ROWS, scale2, s, q0, keys);
         } else {
-            ggrad_attn_kv_p_ds<false>(pt, dst_, qstats, scale2, s, q0, keys);
+            ggrad_attn_kv_p_ds<false>(pt, dst_, qstats + buf*GGRAD_ATTN_ROWS, scale2, s, q0, keys);
         }
-        ggrad_attn_apply<D>(dv_acc, pt, gs);    // dv += p^T dO
-        ggrad_attn_apply<D>(dk_acc, dst_, qs);  // dk += dS^T q
+        ggrad_attn_apply<D>(dv_acc, pt, gb);    // dv += p^T dO
+        ggrad_attn_apply<D>(dk_acc, dst_, qb);  // dk += dS^T q
     }
     ggrad_attn_write<D>(dk + b*s.dk3 + h*s.dk2, s.dk1, dk_acc, keys[0], s.S, s.scale);
     ggrad_attn_write<D>(dv + b*s.dk3 + h*s.dk2, s.dk1, dv_acc, keys[0], s.S, 1.0f);
@@ -529,35 +534,36 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     T * qs = (T *) smem;
-    T * gs = qs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * ks = gs + GGRAD_ATTN_ROWS*Lay::LT;
-    T * vs = ks + GGRAD_ATTN_ROWS*Lay::LT;
+    T * gs = qs + Lay::tile;
+    T * ks = gs + Lay::tile;      // two buffers of keys, then two of values
+    T * vs = ks + 2*Lay::tile;
 
     const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
     ggrad_attn_at_head(q, k, v, s, b, h);
-    uint4 kr[D/16], vr[D/16];
-    ggrad_attn_fetch<D>(kr, k, s.k1, 0, s.S);
-    ggrad_attn_fetch<D>(vr, v, s.v1, 0, s.S);
-    ggrad_attn_load<D>(qs, q, s.q1, q0, s.L);
-    ggrad_attn_load<D>(gs, g_low + ((int64_t) b*s.H + h)*s.L*D, D, q0, s.L);
+    ggrad_attn_copy<D>(qs, q, s.q1, q0, s.L);
+    ggrad_attn_copy<D>(gs, g_low + ((int64_t) b*s.H + h)*s.L*D, D, q0, s.L);
+    ggrad_attn_copy_keys<D>(ks, vs, k, v, s, 0);
     const float2 rs[2] = {ggrad_attn_row_stats(lse, dot, s, b, h, rows[0]), ggrad_attn_row_stats(lse, dot, s, b, h, rows[1])};
     const float scale2 = s.scale*GGRAD_ATTN_LOG2E;
     float acc[D/8][4];
     ggrad_attn_zero(acc);
     const int kend = ggrad_attn_key_end(s, q0);
-    for (int k0 = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS) {
-        ggrad_attn_next_keys<D>(ks, vs, kr, vr, k, v, s, k0, kend);
+    for (int k0 = 0, buf = 0; k0 < kend; k0 += GGRAD_ATTN_ROWS, buf ^= 1) {
+        ggrad_attn_step();
+        if (k0 + GGRAD_ATTN_ROWS < kend) {
+            ggrad_attn_copy_keys<D>(ks + (buf ^ 1)*Lay::tile, vs + (buf ^ 1)*Lay::tile, k, v, s, k0 + GGRAD_ATTN_ROWS);
+        }
         float ds[8][4], dp[8][4];
-        ggrad_attn_scores<D>(ds, qs + r0*Lay::LT, ks);  // S = q k^T
-        ggrad_attn_scores<D>(dp, gs + r0*Lay::LT, vs);  // dP = dO v^T
+        ggrad_attn_scores<D>(ds, qs + r0*Lay::LT, ks + buf*Lay::tile);  // S = q k^T
+        ggrad_attn_scores<D>(dp, gs + r0*Lay::LT, vs + buf*Lay::tile);  // dP = dO v^T
         if (ggrad_attn_edge(s, q0, k0)) {
             ggrad_attn_q_ds<true>(ds, dp, rs, scale2, s, k0, rows);
         } else {
             ggrad_attn_q_ds<false>(ds, dp, rs, scale2, s, k0, rows);
         }
-        ggrad_attn_apply<D>(acc, ds, ks);  // dq += dS k
+        ggrad_attn_apply<D>(acc, ds, ks + buf*Lay::tile);  // dq += dS k
     }
     ggrad_attn_write<D>(dq + b*s.dq3 + h*s.dq2, s.dq1, acc, rows[0], s.L, s.scale);
 #endif
