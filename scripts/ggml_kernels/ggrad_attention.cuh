@@ -34,7 +34,7 @@
 #define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
 // registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (at heads of 64: the
-// forward 126 registers, 4 blocks; dq 166, 3; dk/dv 235, 2). Heads of 128 hold 128 accumulators a
+// forward 126 registers, 4 blocks; dq 166, 3; dk/dv 168, 3). Heads of 128 hold 128 accumulators a
 // thread and always leave it. Set at build time to time the kernels each way (session.sh set82).
 #ifndef GGRAD_ATTN_FORWARD_BLOCKS
 #define GGRAD_ATTN_FORWARD_BLOCKS 0
@@ -400,21 +400,29 @@ static __device__ __forceinline__ float2 ggrad_attn_row_stats(const float * lse,
     return make_float2(lse[i], dot[i]);
 }
 
-// back_kv's p^T and dS^T from its tiles S^T (pt: keys `keys` the rows, queries q0.. the columns,
-// their statistics at qstats) and dP^T (dst); with MASK, 0 for queries past L, keys past S and
-// (causal) keys after the query
+// back_kv's p^T from its tile S^T in place (keys `keys` the rows, queries q0.. the columns, their
+// statistics at st); with MASK, 0 for queries past L, keys past S and (causal) keys after the query
 template <bool MASK>
-static __device__ __forceinline__ void ggrad_attn_kv_p_ds(float (&pt)[8][4], float (&dst)[8][4], const float2 * qstats,
-                                                          float scale2, const ggrad_attn_shape & s, int q0, const int (&keys)[2]) {
+static __device__ __forceinline__ void ggrad_attn_kv_p(float (&pt)[8][4], const float2 * st, float scale2, const ggrad_attn_shape & s,
+                                                       int q0, const int (&keys)[2]) {
 #pragma unroll
     for (int n = 0; n < 8; ++n) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = ggrad_attn_col(n, j), row = q0 + c, key = keys[j >> 1];
-            const float2 pd = ggrad_attn_p_ds(pt[n][j], dst[n][j], scale2, qstats[c]);
             const bool masked = MASK && (row >= s.L || key >= s.S || (s.causal && key > row));
-            pt[n][j] = masked ? 0.0f : pd.x;
-            dst[n][j] = masked ? 0.0f : pd.y;
+            pt[n][j] = masked ? 0.0f : ggrad_attn_exp2(fmaf(pt[n][j], scale2, -st[c].x));
+        }
+    }
+}
+
+// back_kv's dS^T = p^T (dP^T - D) in place of its tile dP^T (0 where p is)
+static __device__ __forceinline__ void ggrad_attn_kv_ds(float (&dst)[8][4], const float (&pt)[8][4], const float2 * st) {
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            dst[n][j] = pt[n][j]*(dst[n][j] - st[ggrad_attn_col(n, j)].y);
         }
     }
 }
@@ -507,18 +515,22 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
             ggrad_attn_copy_queries<D>(qs + (buf ^ 1)*Lay::tile, gs + (buf ^ 1)*Lay::tile, qstats + (buf ^ 1)*GGRAD_ATTN_ROWS,
                                        q, g_low, lse, dot, s, b, h, q0 + GGRAD_ATTN_ROWS);
         }
+        // one score tile at a time beside p^T (dv's product before dP^T): 166 registers at heads of
+        // 64 where both tiles at once took 235
         const T * qb = qs + buf*Lay::tile;
         const T * gb = gs + buf*Lay::tile;
+        const float2 * st = qstats + buf*GGRAD_ATTN_ROWS;
         float pt[8][4], dst_[8][4];
         ggrad_attn_scores<D>(pt, ks + r0*Lay::LT, qb);    // S^T = k q^T
-        ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gb);  // dP^T = v dO^T
         if (q0 + GGRAD_ATTN_ROWS > s.L || ggrad_attn_edge(s, q0, k0)) {
-            ggrad_attn_kv_p_ds<true>(pt, dst_, qstats + buf*GGRAD_ATTN_ROWS, scale2, s, q0, keys);
+            ggrad_attn_kv_p<true>(pt, st, scale2, s, q0, keys);
         } else {
-            ggrad_attn_kv_p_ds<false>(pt, dst_, qstats + buf*GGRAD_ATTN_ROWS, scale2, s, q0, keys);
+            ggrad_attn_kv_p<false>(pt, st, scale2, s, q0, keys);
         }
-        ggrad_attn_apply<D>(dv_acc, pt, gb);    // dv += p^T dO
-        ggrad_attn_apply<D>(dk_acc, dst_, qb);  // dk += dS^T q
+        ggrad_attn_apply<D>(dv_acc, pt, gb);              // dv += p^T dO
+        ggrad_attn_scores<D>(dst_, vs + r0*Lay::LT, gb);  // dP^T = v dO^T
+        ggrad_attn_kv_ds(dst_, pt, st);
+        ggrad_attn_apply<D>(dk_acc, dst_, qb);            // dk += dS^T q
     }
     ggrad_attn_write<D>(dk + b*s.dk3 + h*s.dk2, s.dk1, dk_acc, keys[0], s.S, s.scale);
     ggrad_attn_write<D>(dv + b*s.dk3 + h*s.dk2, s.dk1, dv_acc, keys[0], s.S, 1.0f);
