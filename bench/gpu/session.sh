@@ -1123,9 +1123,11 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
   set82)
     # ~560 s, CUDA: set 60's attention kernels (base-2 scores, ex2.approx, masks only where a step
     # needs them, cp.async into two buffers, dk/dv's products one score tile at a time) in the
-    # probe against set 59's (base_attention/) and set 60's first half (base60_attention/: commit
-    # a816fe8), copies made for the call, not committed (skipped where absent), with ncu's
-    # counters, while the wheel builds (niced); then set81's tests, block A/B and profile
+    # probe against set 59's (base_attention/) and set 60's first half (base60_attention/), copies
+    # made for the call, not committed (skipped where absent), with ncu's counters, while the wheel
+    # builds (niced); then set81's tests, block A/B and profile. The copies, before the call:
+    #   for b in base_attention:c783c3d base60_attention:a816fe8; do mkdir -p ${b%:*}; git show \
+    #     ${b#*:}:scripts/ggml_kernels/ggrad_attention.cuh > ${b%:*}/ggrad_attention.cuh; done
     build_cuda_in_background
     attention_probes "set60:scripts/ggml_kernels:" "set59:base_attention:" "set60a:base60_attention:"
     echo "probes at $(el) s"
