@@ -195,8 +195,9 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # Set 59's attention kernels (ATTENTION, ATTENTION_BACK): their first form (wmma through shared
 # memory) passed bench/gpu/attention_probe.cu's float64 comparison and, as ggml ops, their test and
 # the attention tests on an H100 (set81, 2026-12-07), but took 0.36 ms where the composed path takes
-# ~0.29. Today's form (mma.sync, the scores in registers) passed the probe on an H100 (eighteenth
-# session: 0.215 ms both ways) but has not run as ggml ops (bash bench/gpu/session.sh set81).
+# ~0.29. The mma.sync form (scores in registers) passed the probe on an H100 (eighteenth session:
+# 0.215 ms both ways). Set 60's (base-2 scores, cp.async; emulated only) has run on no GPU: bash
+# bench/gpu/session.sh set82 probes it and runs its tests as ggml ops.
 UNVERIFIED: dict[str, set[int]] = {"cuda": {ATTENTION, ATTENTION_BACK}}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
