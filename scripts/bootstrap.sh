@@ -171,7 +171,7 @@ if [ "${GGRAD_PORTABLE:-0}" = 1 ]; then TARGET=portable; CPU_ARGS="$CPU_ARGS;-DG
 # (ggml's AdamW kernel with PyTorch's exact update, ggrad's default Adam) and
 # scripts/patch_ggml_kernels.py (ggrad's kernel set); the suffix names the patches and
 # hashes their sources, so a wheel cached before any edit to them is not reused.
-PATCH_SUFFIX="adamw2-kernels59-$(cat "$ROOT"/scripts/patch_ggml_*.py "$ROOT"/scripts/ggml_kernels/* | sha256sum | cut -c1-8)"
+PATCH_SUFFIX="adamw2-kernels60-$(cat "$ROOT"/scripts/patch_ggml_*.py "$ROOT"/scripts/ggml_kernels/* | sha256sum | cut -c1-8)"
 
 build_wheel() {
   local flavor="$1" args="$2"
