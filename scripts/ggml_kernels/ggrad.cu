@@ -1261,8 +1261,8 @@ static void ggrad_softmax_low(ggml_backend_cuda_context & ctx, ggml_tensor * dst
 }
 
 // 35: q (D, L, H, B), k, v (D, S, H, B) of float16 or bfloat16 (views: contiguous rows on 16
-// bytes); scale, causal -> the output (B, L, H, D) in float32, then each row's max and 1/sum
-// (B, H, L, 2). 36: q, k, v, 35's node, the output's gradient (D, L, H, B) float32 (any strides,
+// bytes); scale, causal -> the output (B, L, H, D) in float32, then each row's log-sum-exp of its
+// base-2 scores (B, H, L). 36: q, k, v, 35's node, the output's gradient (D, L, H, B) float32 (any strides,
 // contiguous rows); scale, causal, packed -> dq, dk, dv in float32: packed (L == S), each row's
 // three gradients side by side, (B, L, 3, H, D), as a fused projection's gradient lays them;
 // else (B, H, L, D) then (B, H, S, D) twice. ggrad_attention.cuh computes.
@@ -1285,6 +1285,11 @@ static bool ggrad_attention_supported(const ggml_tensor * op) {
         return false;
     }
     const int64_t D = q->ne[0], L = q->ne[1], H = q->ne[2], B = q->ne[3], S = op->src[1]->ne[1];
+    // both ways or neither (a forward run here needs its gradient): the backward's blocks take the
+    // most shared memory, 103 KB at heads of 128, past what sm_86/89/120 give a block (99 KB)
+    if (ggrad_attn_backward_bytes(D) > ggml_cuda_info().devices[ggml_cuda_get_device()].smpbo) {
+        return false;
+    }
     const size_t forward_bytes = (size_t) (B*L*H*D + B*H*L)*sizeof(float);  // the output, each row's log-sum-exp
     if (kernel == 35) {
         return ggml_nbytes(op) >= forward_bytes;

@@ -33,9 +33,9 @@
 #define GGRAD_ATTN_THREADS 128 // 4 warps of 16 rows
 #define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
-// registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (at heads of 64: the
+// registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (sm_90, heads of 64: the
 // forward 126 registers, 4 blocks; dq 166, 3; dk/dv 168, 3). Heads of 128 hold 128 accumulators a
-// thread and always leave it. Set at build time to time the kernels each way (session.sh set82).
+// thread and always leave it. Set at build time to time the kernels each way (session.sh set81p).
 #ifndef GGRAD_ATTN_FORWARD_BLOCKS
 #define GGRAD_ATTN_FORWARD_BLOCKS 0
 #endif
@@ -70,6 +70,11 @@ struct ggrad_attn_layout {  // shared memory: (64, D) tiles of q, k, v or dO, ro
     static constexpr size_t forward = 5*tile*2;      // q; k, v twice
     static constexpr size_t backward = 6*tile*2 + 2*GGRAD_ATTN_ROWS*sizeof(float2);  // and each query's statistics twice
 };
+
+// a backward block's shared memory at heads of D (32, 64 or 128)
+static inline size_t ggrad_attn_backward_bytes(int64_t D) {
+    return D == 32 ? ggrad_attn_layout<32>::backward : D == 64 ? ggrad_attn_layout<64>::backward : ggrad_attn_layout<128>::backward;
+}
 
 template <typename T> static __device__ __forceinline__ T ggrad_attn_round(float x);
 template <> __device__ __forceinline__ half ggrad_attn_round<half>(float x) { return __float2half_rn(x); }
@@ -515,7 +520,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
             ggrad_attn_copy_queries<D>(qs + (buf ^ 1)*Lay::tile, gs + (buf ^ 1)*Lay::tile, qstats + (buf ^ 1)*GGRAD_ATTN_ROWS,
                                        q, g_low, lse, dot, s, b, h, q0 + GGRAD_ATTN_ROWS);
         }
-        // one score tile at a time beside p^T (dv's product before dP^T): 166 registers at heads of
+        // one score tile at a time beside p^T (dv's product before dP^T): 168 registers at heads of
         // 64 where both tiles at once took 235
         const T * qb = qs + buf*Lay::tile;
         const T * gb = gs + buf*Lay::tile;
