@@ -1611,6 +1611,51 @@ def test_scaled_dot_product_attention_in_one_kernel_each_way_equals_the_composed
         np.testing.assert_allclose(e, a, rtol=0, atol=1e-4 * np.abs(a).max(), err_msg=f"result {k} eager vs compiled")
 
 
+def test_attention_kernels_keep_nan_and_infinities_where_the_composed_path_has_them(dev, monkeypatch):
+    """A NaN in one query and an infinity in one key (bf16 autocast, F.scaled_dot_product_attention
+    over slices of one projection, as above; 130 queries and keys: two blocks and a tail) reach
+    the output and every gradient at the same places through the two kernels as through the
+    composed path, and the finite values agree: a +inf score makes its row NaN (inf - inf), a -inf
+    one a zero weight, and 0 * inf in dq's product NaN. Without a causal mask: where a mask meets a
+    NaN or an infinity, paths differ by design (torch's SDPA is_causal fills masked scores with
+    -inf, its MultiheadAttention and ggrad's composed path add -inf: inf + -inf is NaN; the
+    kernels fill, and skip the blocks a causal mask hides whole)."""
+    if not dev.startswith("cuda"):
+        pytest.skip(f"{dev}: the attention kernels are CUDA's")
+    if kernels.version() < kernels.SINCE[kernels.ATTENTION]:
+        pytest.skip(f"{dev}: kernel set {kernels.version()} predates the attention kernels")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 130, 3 * 128)).astype(np.float32)
+    x[0, 5, 3] = np.nan            # query 5 of batch 0, head 0
+    x[1, 9, 128 + 64 + 2] = np.inf  # key 9 of batch 1, head 1: scores of +-inf by the sign of q[2]
+    g = rng.standard_normal((2, 2, 130, 64)).astype(np.float32)
+
+    def run(fused):
+        monkeypatch.setattr(ggrad.functional.attention, "fuses_attention",
+                            ggrad.ops.fuses_attention if fused else (lambda: False))
+        monkeypatch.setattr(ggrad.lazy, "BUILD_TAG", f"sdpa nan {fused}")
+
+        @ggrad.compile
+        def step(xt, gt):
+            xt.grad = None
+            with ggrad.autocast(dtype=ggrad.bfloat16), ggrad.grad_tape():
+                q, k, v = (F.permute(F.reshape(t, (2, 130, 2, 64)), (0, 2, 1, 3)) for t in F.chunk(xt, 3, -1))
+                out = F.scaled_dot_product_attention(q, k, v)
+                (out * gt).sum().backward()
+            return out, xt.grad
+        results = [t.numpy() for t in step(ggrad.tensor(x, requires_grad=True), ggrad.tensor(g))]
+        ours = [n.op_params[0] for n in compiled_nodes(step) if n.op == kernels._ggrad_op()]
+        return results, ours.count(kernels.ATTENTION)
+    (on, fused), (off, composed) = run(True), run(False)
+    assert (fused, composed) == (1, 0), (fused, composed)
+    for k, (a, b) in enumerate(zip(on, off)):
+        assert np.isnan(b).any() and np.isfinite(b).any(), f"result {k}: the inputs should give both"
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"result {k}: NaN elsewhere")
+        finite = np.isfinite(b)
+        np.testing.assert_allclose(a[finite], b[finite], rtol=0, atol=1e-2 * np.abs(b[finite]).max(),
+                                   err_msg=f"result {k} vs composed")
+
+
 @pytest.mark.parametrize("amp", [None, "bfloat16"])
 @pytest.mark.parametrize("read_elsewhere", [False, True])
 def test_attention_products_write_where_their_copies_would(dev, monkeypatch, amp, read_elsewhere):
