@@ -203,8 +203,9 @@ static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, co
     const int64_t rows = (int64_t) s.B*s.H*s.L;
     emu_launch(dim3((unsigned) ((rows + 3)/4), 1, 1), 0, [=] { ggrad_attn_back_rows<D, T>(g, out, g_low, dot, s); });
     const size_t bytes = ggrad_attn_layout<D>::backward;
-    emu_launch(dim3((s.S + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_back_kv<D, T>(q, k, v, g_low, lse, dot, dk, dv, s); });
-    emu_launch(dim3((s.L + 63)/64, s.H, s.B), bytes, [=] { ggrad_attn_back_q<D, T>(q, k, v, g_low, lse, dot, dq, s); });
+    const int kv_blocks = (s.S + 63)/64;
+    emu_launch(dim3(kv_blocks + (s.L + 63)/64, s.H, s.B), bytes,
+               [=] { ggrad_attn_backward<D, T>(q, k, v, g_low, lse, dot, dq, dk, dv, s, kv_blocks); });
 }
 
 template <int D, typename T>

@@ -81,21 +81,14 @@ static bool run(const Case & c, bool timed) {
     if (timed) {
         const double flops = 2.0*B*H*(double) L*S*D*(c.causal ? 0.5 : 1.0);  // of one product
         const int64_t rows = (int64_t) B*H*L;
-        const size_t bytes = ggrad_attn_layout<D>::backward;
-        const dim3 kv_grid((S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B), q_grid((L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, H, B);
-        // the backward's launcher has set its kernels' shared memory; each kernel timed alone too
+        // the rows' kernel alone too (every form of the kernels has it): the rest of the backward is
+        // its products
         timed_calls("forward", 2*flops, [&] { ggrad_attn_forward_launch<D>(q, k, v, out, lse, s, 0); });
         timed_calls("backward", 5*flops, [&] {
             ggrad_attn_backward_launch<D>(q, k, v, out, lse, g, g_low, dot, dq, dk, dv, s, 0);
         });
-        timed_calls("  rows (dO rounded, D)", 0, [&] {
+        timed_calls("  of which rows (dO rounded, D)", 0, [&] {
             ggrad_attn_back_rows<D, nv_bfloat16><<<(unsigned int) ((rows + 3)/4), 128>>>(g, out, g_low, dot, s);
-        });
-        timed_calls("  dk, dv", 4*flops, [&] {
-            ggrad_attn_back_kv<D, nv_bfloat16><<<kv_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, lse, dot, dk, dv, s);
-        });
-        timed_calls("  dq", 3*flops, [&] {
-            ggrad_attn_back_q<D, nv_bfloat16><<<q_grid, GGRAD_ATTN_THREADS, bytes>>>(q, k, v, g_low, lse, dot, dq, s);
         });
     }
     cudaFree(dq_in); cudaFree(dk_in); cudaFree(dv_in); cudaFree(out); cudaFree(lse); cudaFree(g); cudaFree(dot);

@@ -16,7 +16,8 @@
 //   log-sum-exp (p = 2^(x - lse), float32), dv += p^T dO, dS = p (dP - D) with dP = dO v^T and
 //   D = rowsum(dO * out), dk += dS^T q.
 // - dq: per query block, over the key blocks, the same p and dS, dq += dS k. Each gradient is
-//   written once by one block: no atomics, the same bits every run.
+//   written once by one block: no atomics, the same bits every run. Both kinds of block in one
+//   launch, after a small kernel that rounds dO and takes D.
 // Scores are taken in base 2 (x = q.k * scale * log2(e)) so that a probability is one FMA and one
 // ex2.approx (relative error ~2^-22, below float32's sum of 64 terms; the operands round p to 8 or
 // 11 bits); the masks are applied only in the steps that a tail or the causal diagonal crosses.
@@ -34,7 +35,7 @@
 #define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
 // registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (sm_90, heads of 64: the
-// forward 126 registers, 4 blocks; dq 166, 3; dk/dv 168, 3). Heads of 128 hold 128 accumulators a
+// forward 126 registers, 4 blocks; the backward 166, 3). Heads of 128 hold 128 accumulators a
 // thread and always leave it. Set at build time to time the kernels each way (session.sh set81p).
 #ifndef GGRAD_ATTN_FORWARD_BLOCKS
 #define GGRAD_ATTN_FORWARD_BLOCKS 0
@@ -483,13 +484,12 @@ static __device__ __forceinline__ void ggrad_attn_copy_queries(T * qs, T * gs, f
     ggrad_cp_commit();
 }
 
-// dk and dv: a block per 64 keys of (b, h), both written at the strides dk. A warp's 16 keys are
-// the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
+// dk and dv of keys [64 kb, 64 kb + 64) of (b, h) (a block), both written at the strides dk. A
+// warp's 16 keys are the rows of its S^T and dP^T tiles, the block's 64 queries their columns.
 template <int D, typename T>
-static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
-ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * lse, const float * dot,
-                   float * dk, float * dv, const ggrad_attn_shape s) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+static __device__ __forceinline__ void ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const float * lse,
+                                                          const float * dot, float * dk, float * dv, const ggrad_attn_shape & s,
+                                                          int kb) {
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     T * ks = (T *) smem;
@@ -498,7 +498,7 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     T * gs = qs + 2*Lay::tile;                        // the queries' statistics
     float2 * qstats = (float2 *) (gs + 2*Lay::tile);
 
-    const int k0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
+    const int k0 = kb*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int keys[2] = {k0 + r0 + lane/4, k0 + r0 + lane/4 + 8};
     ggrad_attn_at_head(q, k, v, s, b, h);
@@ -539,15 +539,13 @@ ggrad_attn_back_kv(const T * q, const T * k, const T * v, const T * g_low, const
     }
     ggrad_attn_write<D>(dk + b*s.dk3 + h*s.dk2, s.dk1, dk_acc, keys[0], s.S, s.scale);
     ggrad_attn_write<D>(dv + b*s.dk3 + h*s.dk2, s.dk1, dv_acc, keys[0], s.S, 1.0f);
-#endif
 }
 
-// dq: a block per 64 queries of (b, h), written at the strides dq; a lane's rows as the forward's
+// dq of queries [64 qb, 64 qb + 64) of (b, h) (a block), written at the strides dq; a lane's rows
+// as the forward's
 template <int D, typename T>
-static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
-ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * lse, const float * dot,
-                  float * dq, const ggrad_attn_shape s) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+static __device__ __forceinline__ void ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const float * lse,
+                                                         const float * dot, float * dq, const ggrad_attn_shape & s, int qb) {
     using Lay = ggrad_attn_layout<D>;
     extern __shared__ __align__(128) unsigned char smem[];
     T * qs = (T *) smem;
@@ -555,7 +553,7 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
     T * ks = gs + Lay::tile;      // two buffers of keys, then two of values
     T * vs = ks + 2*Lay::tile;
 
-    const int q0 = blockIdx.x*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = qb*GGRAD_ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x/32, lane = threadIdx.x % 32, r0 = 16*warp;
     const int rows[2] = {q0 + r0 + lane/4, q0 + r0 + lane/4 + 8};
     ggrad_attn_at_head(q, k, v, s, b, h);
@@ -583,6 +581,21 @@ ggrad_attn_back_q(const T * q, const T * k, const T * v, const T * g_low, const 
         ggrad_attn_apply<D>(acc, ds, ks + buf*Lay::tile);  // dq += dS k
     }
     ggrad_attn_write<D>(dq + b*s.dq3 + h*s.dq2, s.dq1, acc, rows[0], s.L, s.scale);
+}
+
+// the backward's blocks in one launch: the first kv_blocks of x take 64 keys each (dk, dv), the
+// rest 64 queries each (dq), so that the two kinds share the multiprocessors' last wave (at the
+// block's shape 2 x 1024 blocks, 3 a multiprocessor: 6 waves as two launches, 5.2 as one)
+template <int D, typename T>
+static __global__ void __launch_bounds__(GGRAD_ATTN_THREADS, ggrad_attn_min_blocks<D>(GGRAD_ATTN_BACKWARD_BLOCKS))
+ggrad_attn_backward(const T * q, const T * k, const T * v, const T * g_low, const float * lse, const float * dot, float * dq,
+                    float * dk, float * dv, const ggrad_attn_shape s, int kv_blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if ((int) blockIdx.x < kv_blocks) {
+        ggrad_attn_back_kv<D>(q, k, v, g_low, lse, dot, dk, dv, s, blockIdx.x);
+    } else {
+        ggrad_attn_back_q<D>(q, k, v, g_low, lse, dot, dq, s, blockIdx.x - kv_blocks);
+    }
 #endif
 }
 
@@ -604,10 +617,8 @@ static void ggrad_attn_backward_launch(const T * q, const T * k, const T * v, co
     const int64_t rows = (int64_t) s.B*s.H*s.L;
     ggrad_attn_back_rows<D, T><<<(unsigned int) ((rows + 3)/4), 128, 0, stream>>>(g, out, g_low, dot, s);
     const size_t bytes = ggrad_attn_layout<D>::backward;
-    cudaFuncSetAttribute(ggrad_attn_back_kv<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
-    cudaFuncSetAttribute(ggrad_attn_back_q<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
-    const dim3 kv_grid((s.S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, s.H, s.B);
-    ggrad_attn_back_kv<D, T><<<kv_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, lse, dot, dk, dv, s);
-    const dim3 q_grid((s.L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, s.H, s.B);
-    ggrad_attn_back_q<D, T><<<q_grid, GGRAD_ATTN_THREADS, bytes, stream>>>(q, k, v, g_low, lse, dot, dq, s);
+    cudaFuncSetAttribute(ggrad_attn_backward<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes);
+    const int kv_blocks = (s.S + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS, q_blocks = (s.L + GGRAD_ATTN_ROWS - 1)/GGRAD_ATTN_ROWS;
+    ggrad_attn_backward<D, T><<<dim3(kv_blocks + q_blocks, s.H, s.B), GGRAD_ATTN_THREADS, bytes, stream>>>(
+        q, k, v, g_low, lse, dot, dq, dk, dv, s, kv_blocks);
 }
