@@ -131,7 +131,7 @@
 #                                      set79's tests; the bf16 block with and without them, its kernels
 #   bash bench/gpu/session.sh set81    ~560 s: set 59's attention kernels as ggml ops on CUDA, their tests, the
 #                                      bf16 block with and without them, its kernels
-#   bash bench/gpu/session.sh set83    ~420 s: set 60's attention kernels' tests again (with test_amp), the block again
+#   bash bench/gpu/session.sh set83    ~440 s: set 60's attention kernels' tests again (with test_amp), the block again
 #   bash bench/gpu/session.sh set82    ~560 s: set 60's attention kernels in the probe against set 59's
 #                                      (with ncu's counters), then as set81
 #   bash bench/gpu/session.sh set81p   ~90 s: the kernels alone against float64, timed (attention_probe.cu), with
@@ -1122,18 +1122,18 @@ or stride_one or reversed or wider)" > $OUT/tests-cuda.txt 2>&1
     attention_probes "0_0:scripts/ggml_kernels:" \
       "4_3:scripts/ggml_kernels:-DGGRAD_ATTN_FORWARD_BLOCKS=4 -DGGRAD_ATTN_BACKWARD_BLOCKS=3" ;;
   set83)
-    # ~420 s, CUDA: set 60's attention kernels as ggml ops again after set82 (H100: probe, block
+    # ~440 s, CUDA: set 60's attention kernels as ggml ops again after set82 (H100: probe, block
     # 1.047 ms; two set-57 tests failed, fixed: they test the composed softmax): the attention,
     # autocast, budget and product tests of test_kernels, test_attention and test_amp, then the
     # block with and without them in one process, a second measurement
     build_cuda_in_background
     python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
     cuda_wheel_installed 420 || exit 1
-    cuda_tests 150 "attention or autocast or budget or amp or one_kernel_each_way" tests/test_kernels.py \
+    cuda_tests 120 "attention or autocast or budget or amp or one_kernel_each_way" tests/test_kernels.py \
       tests/test_attention.py tests/test_amp.py
     grep "^FAILED\|^E  " $OUT/tests-cuda.txt | head -20
-    cu timeout 100 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
-      --models block --cuda-graph --blocks 6 --without ATTENTION > $OUT/block-cuda.txt 2>&1
+    cu timeout 75 python3 bench/train_step.py --device cuda --torch-device cuda --precision high --amp bf16 \
+      --models block --cuda-graph --blocks 4 --without ATTENTION > $OUT/block-cuda.txt 2>&1
     grep "CUDA graph\|without\|eager\|losses" $OUT/block-cuda.txt
     echo "done at $(el) s" ;;
   set82)
