@@ -192,13 +192,11 @@ _keep: list = []  # the loaded BLAS, alive as long as ggml may call it
 # H100, set66 (2026-12-07): set 54's CLASS_TOTAL passed its tests (the cross-entropy's, the budgets).
 # H100, set75 (2026-12-07, sixteenth session): set 57's attention softmax under autocast
 # (SOFTMAX_LOW, SOFTMAX_LOW_BACK) passed its tests and the attention, autocast and budget tests.
-# Set 59's attention kernels (ATTENTION, ATTENTION_BACK): their first form (wmma through shared
-# memory) passed bench/gpu/attention_probe.cu's float64 comparison and, as ggml ops, their test and
-# the attention tests on an H100 (set81, 2026-12-07), but took 0.36 ms where the composed path takes
-# ~0.29. The mma.sync form (scores in registers) passed the probe on an H100 (eighteenth session:
-# 0.215 ms both ways). Set 60's (base-2 scores, cp.async; emulated only) has run on no GPU: bash
-# bench/gpu/session.sh set82 probes it and runs its tests as ggml ops.
-UNVERIFIED: dict[str, set[int]] = {"cuda": {ATTENTION, ATTENTION_BACK}}
+# H100, set82-set83 (2026-12-07, nineteenth session): set 60's attention kernels (ATTENTION,
+# ATTENTION_BACK) passed the probe against float64 and, as ggml ops, their tests and
+# test_kernels' attention, autocast, budget and product tests, test_attention's and test_amp's
+# (88 passed); the bf16 block 1.036-1.047 ms with them, 1.209-1.220 composed.
+UNVERIFIED: dict[str, set[int]] = {}
 
 # Changes to ggml's own ops that a node asks for with a 1 in one of its op_params (a slot
 # ggml leaves 0), and to ggrad's kernels that a node asks for by its sources, named here with
