@@ -35,7 +35,7 @@
 #define GGRAD_ATTN_LOG2E 1.4426950408889634f
 // The blocks a multiprocessor is asked to hold (launch bounds' second argument, which caps the
 // registers a thread may take) for heads of 32 and 64; 0 leaves it to ptxas (sm_90, heads of 64: the
-// forward 126 registers, 4 blocks; the backward 166, 3). Heads of 128 hold 128 accumulators a
+// forward 123 registers, 4 blocks; the backward 166, 3). Heads of 128 hold 128 accumulators a
 // thread and always leave it. Set at build time to time the kernels each way (session.sh set81p).
 #ifndef GGRAD_ATTN_FORWARD_BLOCKS
 #define GGRAD_ATTN_FORWARD_BLOCKS 0
@@ -232,10 +232,15 @@ static __device__ __forceinline__ int ggrad_attn_col(int n, int j) {
     return 8*n + 2*(threadIdx.x % 4) + (j & 1);
 }
 
-// whether a mask may apply in the step of keys [k0, k0 + 64) for queries [q0, q0 + 64): keys past
-// S, or (causal) a key after one of the queries
+// whether key `key` is hidden from query `row`: past S, or (causal) after it
+static __device__ __forceinline__ bool ggrad_attn_masked(const ggrad_attn_shape & s, int key, int row) {
+    return key >= s.S || (s.causal && key > row);
+}
+
+// whether a mask may apply in the step of keys [k0, k0 + 64) for queries [q0, q0 + 64): whether
+// its last key is hidden from its first query
 static __device__ __forceinline__ bool ggrad_attn_edge(const ggrad_attn_shape & s, int q0, int k0) {
-    return k0 + GGRAD_ATTN_ROWS > s.S || (s.causal && k0 + GGRAD_ATTN_ROWS - 1 > q0);
+    return ggrad_attn_masked(s, k0 + GGRAD_ATTN_ROWS - 1, q0);
 }
 
 // the scores of a lane's tile of keys k0.. (columns) and queries `rows` made base-2 logits
@@ -248,8 +253,7 @@ static __device__ __forceinline__ void ggrad_attn_logits(float (&x)[8][4], float
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int col = k0 + ggrad_attn_col(n, j);
-            const bool masked = MASK && (col >= s.S || (s.causal && col > rows[j >> 1]));
-            x[n][j] = masked ? -INFINITY : x[n][j]*scale2;
+            x[n][j] = MASK && ggrad_attn_masked(s, col, rows[j >> 1]) ? -INFINITY : x[n][j]*scale2;
         }
     }
 }
@@ -389,11 +393,10 @@ static __global__ void ggrad_attn_back_rows(const float * g, const float * out, 
     }
 }
 
-// a probability computed again from the score x (unscaled) and its row's statistics st (the
-// log-sum-exp of its base-2 scores, D), and dS = p (dP - D)
-static __device__ __forceinline__ float2 ggrad_attn_p_ds(float x, float dp, float scale2, float2 st) {
-    const float p = ggrad_attn_exp2(fmaf(x, scale2, -st.x));
-    return make_float2(p, p*(dp - st.y));
+// a probability computed again from its score x (unscaled) and its row's log-sum-exp of base-2
+// scores
+static __device__ __forceinline__ float ggrad_attn_prob(float x, float scale2, float lse) {
+    return ggrad_attn_exp2(fmaf(x, scale2, -lse));
 }
 
 // the statistics of query row `row` (its log-sum-exp and D), zeros past L
@@ -416,8 +419,8 @@ static __device__ __forceinline__ void ggrad_attn_kv_p(float (&pt)[8][4], const 
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = ggrad_attn_col(n, j), row = q0 + c, key = keys[j >> 1];
-            const bool masked = MASK && (row >= s.L || key >= s.S || (s.causal && key > row));
-            pt[n][j] = masked ? 0.0f : ggrad_attn_exp2(fmaf(pt[n][j], scale2, -st[c].x));
+            const bool masked = MASK && (row >= s.L || ggrad_attn_masked(s, key, row));
+            pt[n][j] = masked ? 0.0f : ggrad_attn_prob(pt[n][j], scale2, st[c].x);
         }
     }
 }
@@ -433,9 +436,9 @@ static __device__ __forceinline__ void ggrad_attn_kv_ds(float (&dst)[8][4], cons
     }
 }
 
-// back_q's dS from its tiles S (ds: queries `rows` the rows, keys k0.. the columns) and dP, the
-// rows' statistics rs; with MASK, 0 for keys past S and (causal) after the row (rows past L are
-// not written)
+// back_q's dS = p (dP - D) from its tiles S (ds: queries `rows` the rows, keys k0.. the columns)
+// and dP, the rows' statistics rs (log-sum-exp, D); with MASK, 0 for keys past S and (causal)
+// after the row (rows past L are not written)
 template <bool MASK>
 static __device__ __forceinline__ void ggrad_attn_q_ds(float (&ds)[8][4], const float (&dp)[8][4], const float2 (&rs)[2],
                                                        float scale2, const ggrad_attn_shape & s, int k0, const int (&rows)[2]) {
@@ -444,8 +447,9 @@ static __device__ __forceinline__ void ggrad_attn_q_ds(float (&ds)[8][4], const 
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int key = k0 + ggrad_attn_col(n, j);
-            const float d = ggrad_attn_p_ds(ds[n][j], dp[n][j], scale2, rs[j >> 1]).y;
-            ds[n][j] = MASK && (key >= s.S || (s.causal && key > rows[j >> 1])) ? 0.0f : d;
+            const float2 r = rs[j >> 1];
+            const float p = ggrad_attn_prob(ds[n][j], scale2, r.x);
+            ds[n][j] = MASK && ggrad_attn_masked(s, key, rows[j >> 1]) ? 0.0f : p*(dp[n][j] - r.y);
         }
     }
 }
